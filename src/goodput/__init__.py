@@ -1,0 +1,66 @@
+"""goodput: goodput and badput of ML training jobs, recorded as OpenTelemetry spans.
+
+The training side. Mark the phases of a training loop; each becomes a span that
+the processor (``goodput report``) turns into goodput and a badput breakdown::
+
+    import goodput
+    goodput.configure(job_name="my-run")        # first thing in the script
+    with goodput.training_prep():
+        model, opt, data = build()
+    for n, batch in enumerate(data):
+        with goodput.step(n):
+            train_step(model, opt, batch)
+        if n % 100 == 0:
+            with goodput.checkpoint_save(step=n):
+                save(model, n)
+
+See ``docs/span-schema.md`` for the spans and ``docs/accounting.md`` for the buckets.
+"""
+
+from goodput import schema
+from goodput.api import (
+    configure,
+    flush,
+    get_recorder,
+    job_end,
+    job_start,
+    shutdown,
+    step_start,
+)
+from goodput.compat import GoodputRecorder
+from goodput.phases import (
+    Phase,
+    accelerator_init,
+    checkpoint_restore,
+    checkpoint_save,
+    custom_badput,
+    data_loading,
+    program_startup,
+    step,
+    training_prep,
+)
+from goodput.recorder import Recorder
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GoodputRecorder",
+    "Phase",
+    "Recorder",
+    "accelerator_init",
+    "checkpoint_restore",
+    "checkpoint_save",
+    "configure",
+    "custom_badput",
+    "data_loading",
+    "flush",
+    "get_recorder",
+    "job_end",
+    "job_start",
+    "program_startup",
+    "schema",
+    "shutdown",
+    "step",
+    "step_start",
+    "training_prep",
+]

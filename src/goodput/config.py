@@ -1,0 +1,203 @@
+"""Where the recorder's settings come from: arguments, then environment variables.
+
+Environment variables (arguments of :func:`goodput.configure` win over them):
+
+- ``OTEL_SERVICE_NAME`` / ``GOODPUT_JOB_NAME``: the job name.
+- ``GOODPUT_RUN_DIR``: the spool directory (default ``./goodput-runs/<job>``).
+- ``GOODPUT_PROCESS_INDEX`` (``RANK``, ``JAX_PROCESS_ID``) and
+  ``GOODPUT_PROCESS_COUNT`` (``WORLD_SIZE``, ``JAX_NUM_PROCESSES``).
+- ``GOODPUT_ATTEMPT`` (``TORCHELASTIC_RESTART_COUNT``): the attempt number.
+- ``GOODPUT_FLUSH_INTERVAL_S``: spool flush interval in seconds (default 1).
+- ``GOODPUT_SPOOL``: ``0`` turns the local spool off.
+- ``OTEL_TRACES_EXPORTER``: extra exporters by entry-point name (``otlp``,
+  ``console``, ...), as ``opentelemetry-instrument`` reads it; ``none`` or unset
+  means the spool only.
+- ``OTEL_RESOURCE_ATTRIBUTES``: more resource attributes, kept as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+
+from opentelemetry.sdk.resources import Resource
+
+from goodput import schema
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_JOB_NAME = "goodput-job"
+DEFAULT_FLUSH_INTERVAL_S = 1.0
+_IMPORT_NS = time.time_ns()
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        raw = os.environ.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            return int(raw)
+        except ValueError:
+            _log.warning("goodput: ignoring %s=%r: not an integer", name, raw)
+    return None
+
+
+def job_name(explicit: str | None) -> str:
+    """The job name: ``OTEL_SERVICE_NAME``, else ``GOODPUT_JOB_NAME``, else ``explicit``."""
+    return (
+        os.environ.get("OTEL_SERVICE_NAME")
+        or os.environ.get("GOODPUT_JOB_NAME")
+        or explicit
+        or DEFAULT_JOB_NAME
+    )
+
+
+def process_index(explicit: int | None) -> int:
+    """Rank of this host process (``>= 0``)."""
+    if explicit is not None:
+        return int(explicit)
+    value = _env_int("GOODPUT_PROCESS_INDEX", "RANK", "JAX_PROCESS_ID")
+    return value if value is not None and value >= 0 else 0
+
+
+def process_count(explicit: int | None) -> int:
+    """Number of host processes of the job (``>= 1``)."""
+    if explicit is not None:
+        return int(explicit)
+    value = _env_int("GOODPUT_PROCESS_COUNT", "WORLD_SIZE", "JAX_NUM_PROCESSES")
+    return value if value is not None and value >= 1 else 1
+
+
+def run_dir(explicit, job: str) -> str:
+    """The spool directory: ``explicit``, else ``GOODPUT_RUN_DIR``, else ``./goodput-runs/<job>``."""
+    if explicit is not None:
+        return os.fspath(explicit)
+    env = os.environ.get("GOODPUT_RUN_DIR")
+    if env:
+        return env
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", job)
+    return os.path.join("goodput-runs", safe)
+
+
+def flush_interval_s(explicit: float | None) -> float:
+    """Spool flush interval in seconds (> 0)."""
+    if explicit is None:
+        raw = os.environ.get("GOODPUT_FLUSH_INTERVAL_S")
+        try:
+            explicit = float(raw) if raw else DEFAULT_FLUSH_INTERVAL_S
+        except ValueError:
+            _log.warning("goodput: ignoring GOODPUT_FLUSH_INTERVAL_S=%r", raw)
+            explicit = DEFAULT_FLUSH_INTERVAL_S
+    if not explicit > 0:
+        raise ValueError(f"flush_interval_s must be > 0 seconds, got {explicit!r}")
+    return float(explicit)
+
+
+def spool_enabled(explicit: bool | None) -> bool:
+    """Whether to write the local spool (default yes; ``GOODPUT_SPOOL=0`` turns it off)."""
+    if explicit is not None:
+        return bool(explicit)
+    return os.environ.get("GOODPUT_SPOOL", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+_SPOOL_RE = re.compile(r"^spans-p(\d+)-a(\d+)\.jsonl$")
+
+
+def spool_path(directory: str, index: int, attempt: int) -> str:
+    """File of one process and attempt: ``DIR/spans-p<index:05d>-a<attempt:04d>.jsonl``."""
+    return os.path.join(directory, f"spans-p{index:05d}-a{attempt:04d}.jsonl")
+
+
+def first_attempt(directory: str | None, index: int) -> int:
+    """Attempt number of this process's first attempt.
+
+    ``GOODPUT_ATTEMPT``, else ``TORCHELASTIC_RESTART_COUNT``, else one more than
+    the highest attempt of process ``index`` already in ``directory`` (0 if none).
+    """
+    value = _env_int("GOODPUT_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
+    if value is not None and value >= 0:
+        return value
+    highest = -1
+    if directory:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            names = []
+        for name in names:
+            m = _SPOOL_RE.match(name)
+            if m and int(m.group(1)) == index:
+                highest = max(highest, int(m.group(2)))
+    return highest + 1
+
+
+def make_resource(job: str, attempt: int, index: int, count: int) -> Resource:
+    """The resource of one process's attempt (see ``docs/span-schema.md``).
+
+    ``OTEL_RESOURCE_ATTRIBUTES`` are merged in by the SDK; ours win on conflicts.
+    """
+    attrs = {
+        schema.RES_SERVICE_NAME: job,
+        schema.RES_SERVICE_INSTANCE_ID: uuid.uuid4().hex,
+        schema.RES_HOST_NAME: socket.gethostname(),
+        schema.RES_PROCESS_PID: os.getpid(),
+        schema.RES_JOB_NAME: job,
+        schema.RES_ATTEMPT: attempt,
+        schema.RES_PROCESS_INDEX: index,
+        schema.RES_PROCESS_COUNT: count,
+        schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
+    }
+    return Resource.create(attrs)
+
+
+def extra_exporters() -> list:
+    """Exporters named in ``OTEL_TRACES_EXPORTER`` (entry points ``opentelemetry_traces_exporter``).
+
+    Names that cannot be loaded are logged and skipped: the spool still works.
+    """
+    raw = os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
+    names = [n.strip() for n in raw.split(",") if n.strip() and n.strip() != "none"]
+    if not names:
+        return []
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
+    exporters = []
+    for name in names:
+        ep = found.get(name)
+        if ep is None:
+            _log.warning(
+                "goodput: OTEL_TRACES_EXPORTER names %r but no such exporter is installed "
+                "(for 'otlp': pip install 'goodput-otel[otlp]')",
+                name,
+            )
+            continue
+        try:
+            exporters.append(ep.load()())
+        except Exception as exc:  # an exporter's constructor may fail in many ways
+            _log.warning("goodput: cannot create exporter %r: %s", name, exc)
+    return exporters
+
+
+def process_start_ns() -> int:
+    """Wall-clock start of this OS process in ns since the epoch (10 ms resolution).
+
+    Read from ``/proc/self/stat`` (Linux); elsewhere, or if that fails, the time
+    the ``goodput`` package was imported.
+    """
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            stat = f.read()
+        start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+        ticks = os.sysconf("SC_CLK_TCK")
+        age_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - start_ticks * 1_000_000_000 // ticks
+        start = time.time_ns() - age_ns
+        if 0 <= _IMPORT_NS - start < 86_400 * 1_000_000_000:
+            return start
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    return _IMPORT_NS

@@ -1,0 +1,242 @@
+"""The phase API: context managers and decorators that mark a training loop.
+
+Every phase function returns a :class:`Phase`, which is a context manager, a
+decorator, and has explicit :meth:`Phase.begin`/:meth:`Phase.finish` for code
+whose start and end are in different places::
+
+    with goodput.step(n):
+        loss = train_step(batch)
+
+    @goodput.data_loading()
+    def next_batch(): ...
+
+    goodput.checkpoint_save(step=100, start=t0, end=t1)   # back-filled: recorded at once
+
+Times (``start``, ``end``, ``at``) are ``datetime`` objects (naive ones are
+local time, as ``datetime.timestamp`` reads them) or seconds since the Unix
+epoch (int or float). A bad time or argument is logged and counted (see
+``goodput.get_recorder().stats()``) and that phase is not recorded; nothing
+here raises into the training loop.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import time
+
+from goodput import api, schema
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_time_ns = time.time_ns
+
+
+def to_ns(value, name: str = "time") -> int:
+    """A ``datetime`` or epoch seconds as integer ns since the epoch.
+
+    Raises:
+        TypeError: ``value`` is neither; ValueError: it is NaN, infinite or negative.
+    """
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.astimezone()
+        delta = value - _EPOCH
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not value == value or value in (float("inf"), float("-inf")) or value < 0:
+            raise ValueError(f"{name} must be finite seconds since the epoch, got {value!r}")
+        return int(value) * 1_000_000_000 if isinstance(value, int) else round(value * 1e9)
+    raise TypeError(
+        f"{name} must be a datetime or seconds since the epoch, got {type(value).__name__} {value!r}"
+    )
+
+
+_recorder = api.get_recorder
+
+
+class Phase:
+    """One phase of the training loop: becomes one span named ``name``.
+
+    Args:
+        name: span name from :mod:`goodput.schema` (e.g. ``schema.STEP``).
+        attrs: span attributes (dict) or None.
+        start, end: optional explicit times; with both, the phase is recorded
+            at once (back-fill) and using it as a context manager is a no-op.
+        sync: ask for a spool write and fsync when the phase ends (checkpoint saves).
+    """
+
+    __slots__ = ("name", "attrs", "_t0", "_start", "_sync", "_done")
+
+    def __init__(self, name: str, attrs=None, start=None, end=None, sync: bool = False):
+        self.name = name
+        self.attrs = attrs
+        self._sync = sync
+        self._t0 = None
+        self._done = False
+        self._start = None
+        try:
+            if start is not None:
+                self._start = to_ns(start, "start")
+            if end is not None:
+                if self._start is None:
+                    raise ValueError("end= given without start=")
+                self._record(self._start, to_ns(end, "end"), None)
+        except (TypeError, ValueError) as exc:
+            self._done = True
+            _recorder().error("%s not recorded: %s", name, exc)
+
+    def _record(self, t0: int, t1: int, err) -> None:
+        self._done = True
+        rec = _recorder()
+        if t1 < t0:
+            rec.error("%s not recorded: end is before start", self.name)
+            return
+        rec.record(self.name, t0, t1, self.attrs, err)
+        if self._sync:
+            rec.request_sync()
+
+    def begin(self, at=None) -> Phase:
+        """Mark the start (``at``: explicit time, default now). Returns self."""
+        if at is None:
+            self._t0 = _time_ns()
+        else:
+            try:
+                self._t0 = to_ns(at, "at")
+            except (TypeError, ValueError) as exc:
+                _recorder().error("%s start not recorded: %s", self.name, exc)
+        return self
+
+    def finish(self, at=None, error: str | None = None) -> None:
+        """Mark the end (``at``: explicit time, default now) and record the phase."""
+        if self._done:
+            return
+        t0 = self._t0 if self._t0 is not None else self._start
+        if t0 is None:
+            _recorder().error("%s finished but never begun: not recorded", self.name)
+            self._done = True
+            return
+        try:
+            t1 = _time_ns() if at is None else to_ns(at, "at")
+        except (TypeError, ValueError) as exc:
+            _recorder().error("%s end not recorded: %s", self.name, exc)
+            self._done = True
+            return
+        self._record(t0, t1, error)
+
+    def __enter__(self) -> Phase:
+        if not self._done and self._start is None:
+            self._t0 = _time_ns()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._done:
+            return
+        t0 = self._t0 if self._t0 is not None else self._start
+        self._record(t0, _time_ns(), None if exc_type is None else exc_type.__name__)
+
+    def __call__(self, func):
+        """Use as a decorator: each call of ``func`` is one such phase."""
+        name, attrs, sync = self.name, self.attrs, self._sync
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            t0 = _time_ns()
+            err = None
+            try:
+                return func(*args, **kwargs)
+            except BaseException as exc:
+                err = type(exc).__name__
+                raise
+            finally:
+                rec = _recorder()
+                rec.record(name, t0, _time_ns(), attrs, err)
+                if sync:
+                    rec.request_sync()
+
+        return wrapper
+
+
+class _Step(Phase):
+    """A step whose number, if not given, is the recorder's next step number."""
+
+    __slots__ = ()
+
+    def __call__(self, func):
+        if self.attrs is not None:
+            return super().__call__(func)
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            rec = _recorder()
+            n = rec.next_step
+            rec.next_step = n + 1
+            with Phase(schema.STEP, {schema.ATTR_STEP: n}):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+def _phase_or_decorate(name, attrs, start, end, func=None, sync=False):
+    phase = Phase(name, attrs, start, end, sync)
+    return phase(func) if func is not None else phase
+
+
+def accelerator_init(func=None, *, start=None, end=None) -> Phase:
+    """Accelerator (TPU/GPU) discovery and initialisation: bucket ``accelerator_init``."""
+    return _phase_or_decorate(schema.ACCELERATOR_INIT, None, start, end, func)
+
+
+def training_prep(func=None, *, start=None, end=None) -> Phase:
+    """Building the model, optimizer, data pipeline, checkpoint manager: ``training_prep``."""
+    return _phase_or_decorate(schema.TRAINING_PREP, None, start, end, func)
+
+
+def program_startup(func=None, *, start=None, end=None) -> Phase:
+    """Compilation, tracing, runtime start: bucket ``program_startup``."""
+    return _phase_or_decorate(schema.PROGRAM_STARTUP, None, start, end, func)
+
+
+def data_loading(func=None, *, blocking: bool = True, start=None, end=None) -> Phase:
+    """Waiting for a batch: ``data_loading``; ``blocking=False`` for prefetch that overlaps steps."""
+    attrs = None if blocking else {schema.ATTR_BLOCKING: False}
+    return _phase_or_decorate(schema.DATA_LOADING, attrs, start, end, func)
+
+
+def step(step: int | None = None, *, start=None, end=None) -> Phase:
+    """One training step number ``step`` (int >= 0): ``productive`` / ``training_slowdown``.
+
+    With ``step=None`` the recorder's next step number is used (handy as a
+    decorator: ``@goodput.step()``).
+    """
+    rec = _recorder()
+    if step is None:
+        if start is None:  # a decorator or context manager: numbered per use
+            return _Step(schema.STEP, None, start, end)
+        step = rec.next_step
+    rec.next_step = step + 1
+    return Phase(schema.STEP, {schema.ATTR_STEP: step}, start, end)
+
+
+def checkpoint_save(step: int | None = None, *, blocking: bool = True, start=None, end=None) -> Phase:
+    """Saving the checkpoint of ``step``: ``checkpoint_save`` if ``blocking``, else async work.
+
+    The spool is written and fsynced when a save ends.
+    """
+    attrs = {schema.ATTR_BLOCKING: bool(blocking)}
+    if step is not None:
+        attrs[schema.ATTR_CHECKPOINT_STEP] = step
+    return Phase(schema.CHECKPOINT_SAVE, attrs, start, end, sync=True)
+
+
+def checkpoint_restore(step: int | None = None, *, start=None, end=None) -> Phase:
+    """Restoring the checkpoint of ``step`` (the step training resumes from)."""
+    attrs = {schema.ATTR_CHECKPOINT_STEP: step} if step is not None else None
+    return Phase(schema.CHECKPOINT_RESTORE, attrs, start, end)
+
+
+def custom_badput(badput_type: str, *, blocking: bool = True, start=None, end=None) -> Phase:
+    """Other non-training work of type ``badput_type`` (e.g. ``"eval"``): ``custom:<type>``."""
+    attrs = {schema.ATTR_BADPUT_TYPE: str(badput_type)}
+    if not blocking:
+        attrs[schema.ATTR_BLOCKING] = False
+    return Phase(schema.CUSTOM_BADPUT, attrs, start, end)

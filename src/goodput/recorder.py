@@ -1,0 +1,431 @@
+"""The recorder: a cheap hot path on the training thread, spans built off it.
+
+The training thread only reads the clock and appends a tuple to a deque
+(``collections.deque.append`` is thread-safe). A background thread drains the
+deque every flush interval (or at once after a checkpoint save), turns the
+records into OpenTelemetry SDK spans and hands them to the exporters. Lifecycle
+records (attempt start and end, step starts) go through the same deque, so
+their order with the phases is kept.
+
+Each attempt has its own ``TracerProvider`` (its resource carries the attempt
+number) and its own spool file. Every failure is counted in :meth:`Recorder.stats`
+and written on the next heartbeat or end marker; nothing raises into training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from goodput import config, schema
+from goodput.spool import SpoolSpanExporter
+
+_log = logging.getLogger(__name__)
+
+# Control records share the deque with phase records (name, t0, t1, attrs, error).
+_START = "<job_start>"
+_END = "<job_end>"
+_STEP_START = "<step_start>"
+_SYNC = "<sync>"
+_EXPORT_BATCH = 512
+_VERSION = "0.1.0"
+
+
+class _AttemptIds(RandomIdGenerator):
+    """Gives every span of an attempt the attempt's trace id."""
+
+    def __init__(self):
+        self.trace_id = super().generate_trace_id()
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+
+class _SpoolProcessor(SpanProcessor):
+    """Collects ended spans; :meth:`force_flush` writes them in lines of up to 512."""
+
+    def __init__(self, exporter: SpoolSpanExporter):
+        self.exporter = exporter
+        self._pending: list = []
+
+    def on_end(self, span) -> None:
+        self._pending.append(span)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        pending, self._pending = self._pending, []
+        ok = True
+        for i in range(0, len(pending), _EXPORT_BATCH):
+            ok = self.exporter.export(pending[i : i + _EXPORT_BATCH]).value == 0 and ok
+        return ok
+
+    def shutdown(self) -> None:
+        self.force_flush()
+        self.exporter.shutdown()
+
+
+class _Shared(SpanProcessor):
+    """Forwards to a processor that outlives one attempt's provider."""
+
+    def __init__(self, inner: SpanProcessor):
+        self.inner = inner
+
+    def on_start(self, span, parent_context=None) -> None:
+        self.inner.on_start(span, parent_context=parent_context)
+
+    def on_end(self, span) -> None:
+        self.inner.on_end(span)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:  # the recorder shuts the inner processor down itself
+        self.inner.force_flush(2000)
+
+
+class Recorder:
+    """Records the phases of one training process as OpenTelemetry spans.
+
+    Use the module functions (:func:`goodput.configure`, :func:`goodput.step`, ...)
+    rather than this class directly. Times are integers in ns since the epoch.
+
+    Args:
+        job_name: the job; ``OTEL_SERVICE_NAME`` / ``GOODPUT_JOB_NAME`` win.
+        run_dir: spool directory; see :mod:`goodput.config`.
+        process_index, process_count: rank and size of the job's host processes.
+        flush_interval_s: how often spans are written (seconds, > 0); a process
+            killed with SIGKILL loses at most this much.
+        exporters: extra ``SpanExporter`` objects (each behind a
+            ``BatchSpanProcessor``), in addition to ``OTEL_TRACES_EXPORTER``.
+        spool: write the local spool (default: yes unless ``GOODPUT_SPOOL=0``).
+        handle_signals: record the attempt's end on SIGTERM (main thread only).
+
+    Raises:
+        ValueError: ``flush_interval_s`` is not > 0.
+    """
+
+    def __init__(
+        self,
+        job_name: str | None = None,
+        run_dir=None,
+        process_index: int | None = None,
+        process_count: int | None = None,
+        flush_interval_s: float | None = None,
+        exporters=None,
+        spool: bool | None = None,
+        handle_signals: bool = True,
+    ):
+        self.job_name = config.job_name(job_name)
+        self.process_index = config.process_index(process_index)
+        self.process_count = config.process_count(process_count)
+        self.flush_interval_s = config.flush_interval_s(flush_interval_s)
+        self.spool = config.spool_enabled(spool)
+        self.run_dir = config.run_dir(run_dir, self.job_name) if self.spool else None
+        extra = list(exporters or []) + config.extra_exporters()
+        self._shared = [BatchSpanProcessor(e) for e in extra]
+        self._handle_signals = handle_signals
+
+        self._q: deque = deque()
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._draining = False
+
+        self.attempt: int | None = None  # current attempt, None when none is open
+        self._next_attempt: int | None = None
+        self._provider: TracerProvider | None = None
+        self._tracer = None
+        self._spool: SpoolSpanExporter | None = None
+        self._spool_failures_before = 0
+        self._pending_step: tuple[int, int] | None = None
+        self._last_tick = time.time_ns()
+        self._sync_requested = False
+        self._exception_seen = False
+        self._prev_sigterm = None
+        self._prev_excepthook = None
+        self.next_step = 0
+        self._shut = False
+
+        self._counts = {"recorded": 0, "spans": 0, "errors": 0, "dropped": 0, "export_failures": 0}
+
+    # --- hot path ---------------------------------------------------------
+
+    def record(self, name: str, start_ns: int, end_ns: int, attrs=None, error=None) -> None:
+        """Append one finished phase (span name from :mod:`goodput.schema`). Never raises."""
+        self._q.append((name, start_ns, end_ns, attrs, error))
+
+    def step_start(self, step: int, at_ns: int) -> None:
+        """Mark the start of ``step`` (and the end of the step before). Never raises."""
+        self._q.append((_STEP_START, at_ns, at_ns, step, None))
+
+    def request_sync(self) -> None:
+        """Ask the background thread to write and fsync now (after a checkpoint save)."""
+        self._q.append((_SYNC, 0, 0, None, None))
+        self._wake.set()
+
+    def error(self, message: str, *args) -> None:
+        """Count a recorder error and log it (the first few) instead of raising."""
+        self._counts["errors"] += 1
+        if self._counts["errors"] <= 10:
+            _log.warning("goodput: " + message, *args)
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def start(self, at_ns: int | None = None) -> None:
+        """Start the background thread and begin an attempt at ``at_ns`` (default: now)."""
+        self._ensure_thread()
+        self.job_start(at_ns)
+
+    def job_start(self, at_ns: int | None = None) -> None:
+        """Begin a new attempt (ending the open one, reason ``restart``); written at once."""
+        self._ensure_thread()
+        self._q.append((_START, time.time_ns() if at_ns is None else at_ns, 0, None, None))
+        self.flush()
+
+    def job_end(self, at_ns: int | None = None, reason: str = "explicit") -> None:
+        """End the open attempt at ``at_ns`` (default: now) and write everything."""
+        self._q.append((_END, time.time_ns() if at_ns is None else at_ns, 0, reason, None))
+        self.flush()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Drain and write everything recorded so far, on the calling thread.
+
+        Returns False if the export lock could not be taken within ``timeout_s``.
+        """
+        if not self._lock.acquire(timeout=timeout_s):
+            self.error("flush timed out after %.1f s", timeout_s)
+            return False
+        try:
+            if self._draining:  # re-entered from a signal handler mid-drain
+                return False
+            self._drain_and_write()
+            return True
+        finally:
+            self._lock.release()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """End the open attempt (reason ``exit``), write everything, stop the thread.
+
+        Restores the SIGTERM handler and ``sys.excepthook`` it replaced. Safe to call twice.
+        """
+        if self._shut:
+            return
+        self._shut = True
+        if self.attempt is not None or self._q:
+            reason = "exception" if self._exception_seen else "exit"
+            self._q.append((_END, time.time_ns(), 0, reason, None))
+        self._stop.set()
+        self._wake.set()
+        self.flush(timeout_s)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        for proc in self._shared:
+            try:
+                proc.shutdown()
+            except Exception as exc:
+                self.error("exporter shutdown failed: %s", exc)
+        self._restore_hooks()
+
+    def _restore_hooks(self) -> None:
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_excepthook or sys.__excepthook__
+        try:
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, self._prev_sigterm or signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass  # not the main thread: leave it
+        atexit.unregister(self.shutdown)
+
+    def stats(self) -> dict:
+        """Counters: ``recorded`` phases, ``spans`` exported, ``errors``, ``dropped``,
+        ``export_failures``; plus ``attempt`` and ``spool_path``."""
+        out = dict(self._counts)
+        out["attempt"] = self.attempt
+        out["spool_path"] = self._spool.path if self._spool else None
+        return out
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="goodput-export", daemon=True)
+        self._thread.start()
+        atexit.register(self.shutdown)
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        if self._handle_signals and threading.current_thread() is threading.main_thread():
+            try:
+                prev = signal.getsignal(signal.SIGTERM)
+                if prev is not signal.SIG_IGN:
+                    self._prev_sigterm = prev
+                    signal.signal(signal.SIGTERM, self._on_sigterm)
+            except (ValueError, OSError) as exc:
+                self.error("cannot install SIGTERM handler: %s", exc)
+
+    def _excepthook(self, exc_type, exc, tb):
+        self._exception_seen = True
+        (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+    def _on_sigterm(self, signum, frame):
+        self.job_end(reason="sigterm")
+        prev = self._prev_sigterm
+        if callable(prev):
+            prev(signum, frame)
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # --- background side ------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            if self._lock.acquire(timeout=self.flush_interval_s):
+                try:
+                    self._drain_and_write(heartbeat=True)
+                except Exception as exc:  # keep the thread alive whatever happens
+                    self.error("export loop failed: %s", exc)
+                finally:
+                    self._lock.release()
+
+    def _drain_and_write(self, heartbeat: bool = False) -> None:
+        self._draining = True
+        try:
+            drained = self._drain()
+            now = time.time_ns()
+            if heartbeat and drained == 0 and self._tracer is not None:
+                self._emit(schema.HEARTBEAT, self._last_tick, now, self._health())
+            self._last_tick = now
+            self._write()
+        finally:
+            self._draining = False
+
+    def _drain(self) -> int:
+        n = 0
+        q = self._q
+        while True:
+            try:
+                name, t0, t1, attrs, err = q.popleft()
+            except IndexError:
+                return n
+            n += 1
+            try:
+                if name is _STEP_START:
+                    self._on_step_start(attrs, t0)
+                elif name is _START:
+                    self._open_attempt(t0)
+                elif name is _END:
+                    self._close_attempt(t0, attrs)
+                elif name is _SYNC:
+                    self._sync_requested = True
+                elif self._tracer is None:
+                    self._counts["dropped"] += 1
+                    self.error("%s recorded while no attempt is open: dropped", name)
+                else:
+                    self._counts["recorded"] += 1
+                    self._emit(name, t0, t1, attrs, err)
+            except Exception as exc:
+                self.error("cannot record %s: %s", name, exc)
+
+    def _emit(self, name, t0, t1, attrs=None, err=None) -> None:
+        span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs, start_time=t0)
+        if err is not None:
+            span.set_status(Status(StatusCode.ERROR, err))
+        span.end(end_time=max(t0, t1))
+        self._counts["spans"] += 1
+
+    def _on_step_start(self, step: int, at: int) -> None:
+        if self._tracer is None:
+            self._counts["dropped"] += 1
+            self.error("step_start(%s) while no attempt is open: dropped", step)
+            return
+        self._close_pending_step(at)
+        self._pending_step = (step, at)
+
+    def _close_pending_step(self, at: int) -> None:
+        if self._pending_step is not None:
+            step, t0 = self._pending_step
+            self._pending_step = None
+            self._counts["recorded"] += 1
+            self._emit(schema.STEP, t0, at, {schema.ATTR_STEP: step})
+
+    def _health(self) -> dict:
+        return {
+            schema.ATTR_RECORDER_ERRORS: self._counts["errors"],
+            schema.ATTR_RECORDER_DROPPED: self._counts["dropped"],
+        }
+
+    def _open_attempt(self, at: int) -> None:
+        if self._tracer is not None:
+            self._close_attempt(at, "restart")
+        if self._next_attempt is None:
+            self._next_attempt = config.first_attempt(self.run_dir, self.process_index)
+        self.attempt = self._next_attempt
+        self._next_attempt += 1
+        resource = config.make_resource(
+            self.job_name, self.attempt, self.process_index, self.process_count
+        )
+        provider = TracerProvider(
+            resource=resource,
+            sampler=ALWAYS_ON,
+            id_generator=_AttemptIds(),
+            shutdown_on_exit=False,  # we end the attempt at exit ourselves, in order
+        )
+        if self.spool:
+            path = config.spool_path(self.run_dir, self.process_index, self.attempt)
+            self._spool = SpoolSpanExporter(path)
+            provider.add_span_processor(_SpoolProcessor(self._spool))
+        for proc in self._shared:
+            provider.add_span_processor(_Shared(proc))
+        self._provider = provider
+        self._tracer = provider.get_tracer(schema.SCOPE_NAME, _VERSION)
+        interval_ms = int(self.flush_interval_s * 1000)
+        self._emit(schema.JOB_START, at, at, {schema.ATTR_HEARTBEAT_INTERVAL_MS: interval_ms})
+        self._sync_requested = True
+
+    def _close_attempt(self, at: int, reason: str) -> None:
+        if self._tracer is None:
+            return
+        self._close_pending_step(at)
+        attrs = {schema.ATTR_END_REASON: reason, **self._health()}
+        self._emit(schema.JOB_END, at, at, attrs)
+        self._write()
+        provider, self._provider, self._tracer = self._provider, None, None
+        provider.shutdown()
+        self._collect_spool_failures()
+        self._spool = None
+        self.attempt = None
+
+    def _write(self) -> None:
+        if self._provider is None:
+            return
+        self._provider.force_flush()
+        if self._spool is not None:
+            if self._sync_requested:
+                self._spool.sync()
+            self._collect_spool_failures()
+        self._sync_requested = False
+
+    def _collect_spool_failures(self) -> None:
+        if self._spool is not None:
+            new = self._spool.failures - self._spool_failures_before
+            if new:
+                self._counts["export_failures"] += new
+                self._counts["errors"] += new
+            self._spool_failures_before = self._spool.failures
+            if self._tracer is None:
+                self._spool_failures_before = 0

@@ -1,0 +1,107 @@
+"""The span schema: the contract between the training side and the processor.
+
+Every name the two sides share lives here and nowhere else; ``docs/span-schema.md``
+documents it for people. The processor (``goodput_processor``) imports this module
+(it is dependency-free) and never anything else from the training side.
+
+Times are OpenTelemetry span start/end times (nanoseconds since the Unix epoch).
+Integers are used for everything the processor needs, never floats: some
+backends (Cloud Trace) turn float attributes into ``%.4f`` strings.
+"""
+
+from __future__ import annotations
+
+#: Version of this schema, written as the ``goodput.schema.version`` resource
+#: attribute. Bump the major number on any change that an older processor
+#: would misread.
+SCHEMA_VERSION = "1"
+
+#: Instrumentation scope name of the tracer that emits goodput spans.
+SCOPE_NAME = "goodput"
+
+# --- span names -------------------------------------------------------------
+
+#: Zero-length marker written (and flushed) the moment an attempt starts.
+JOB_START = "goodput.job_start"
+#: Zero-length marker written when an attempt ends cleanly (explicit call,
+#: interpreter exit, SIGTERM). Absent when the process was killed.
+JOB_END = "goodput.job_end"
+#: Liveness marker written when a process has had nothing else to export for
+#: one flush interval; its end time says the process was alive then.
+HEARTBEAT = "goodput.heartbeat"
+
+ACCELERATOR_INIT = "goodput.accelerator_init"
+TRAINING_PREP = "goodput.training_prep"
+PROGRAM_STARTUP = "goodput.program_startup"
+DATA_LOADING = "goodput.data_loading"
+STEP = "goodput.step"
+CHECKPOINT_SAVE = "goodput.checkpoint_save"
+CHECKPOINT_RESTORE = "goodput.checkpoint_restore"
+CUSTOM_BADPUT = "goodput.custom_badput"
+
+#: Phase spans (each covers a stretch of wall-clock time of one process).
+PHASES = (
+    ACCELERATOR_INIT,
+    TRAINING_PREP,
+    PROGRAM_STARTUP,
+    DATA_LOADING,
+    STEP,
+    CHECKPOINT_SAVE,
+    CHECKPOINT_RESTORE,
+    CUSTOM_BADPUT,
+)
+#: Markers (lifecycle of an attempt of one process).
+MARKERS = (JOB_START, JOB_END, HEARTBEAT)
+#: Every span name of this schema.
+SPAN_NAMES = PHASES + MARKERS
+
+# --- span attributes --------------------------------------------------------
+
+ATTR_STEP = "goodput.step"  # int: training step number (STEP)
+ATTR_CHECKPOINT_STEP = "goodput.checkpoint.step"  # int: step of the checkpoint saved / restored
+ATTR_BLOCKING = "goodput.blocking"  # bool: False = asynchronous work overlapping training, not badput
+ATTR_BADPUT_TYPE = "goodput.badput.type"  # str: CUSTOM_BADPUT type, e.g. "eval", "sdc_check"
+ATTR_END_REASON = "goodput.end.reason"  # str on JOB_END: one of END_REASONS
+ATTR_HEARTBEAT_INTERVAL_MS = "goodput.heartbeat.interval_ms"  # int on JOB_START
+ATTR_RECORDER_ERRORS = "goodput.recorder.errors"  # int on JOB_END/HEARTBEAT: failures so far
+ATTR_RECORDER_DROPPED = "goodput.recorder.dropped"  # int on JOB_END/HEARTBEAT: records lost so far
+
+END_REASONS = ("explicit", "exit", "sigterm", "exception", "restart")
+
+# --- resource attributes ----------------------------------------------------
+
+# OpenTelemetry semantic conventions, used as they are:
+RES_SERVICE_NAME = "service.name"  # the job name (OTEL_SERVICE_NAME wins)
+RES_SERVICE_INSTANCE_ID = "service.instance.id"  # unique per process and attempt
+RES_HOST_NAME = "host.name"
+RES_PROCESS_PID = "process.pid"
+# This project's own:
+RES_JOB_NAME = "goodput.job.name"  # str: the job; the processor groups by it
+RES_ATTEMPT = "goodput.attempt"  # int >= 0: restart count of the job
+RES_PROCESS_INDEX = "goodput.process.index"  # int: rank of the host process in the job
+RES_PROCESS_COUNT = "goodput.process.count"  # int: number of host processes
+RES_SCHEMA_VERSION = "goodput.schema.version"  # str: SCHEMA_VERSION
+
+# --- accounting buckets (the processor's output vocabulary) -----------------
+
+PRODUCTIVE = "productive"
+#: Badput buckets in report order; ``custom:<type>`` buckets come after
+#: ``training_slowdown`` and before ``other``.
+BADPUT_BUCKETS = (
+    "accelerator_init",
+    "training_prep",
+    "program_startup",
+    "data_loading",
+    "checkpoint_save",
+    "checkpoint_restore",
+    "wasted_progress",
+    "infrastructure_recovery",
+    "training_slowdown",
+    "other",
+)
+CUSTOM_PREFIX = "custom:"
+
+
+def custom_bucket(badput_type: str) -> str:
+    """Bucket name for a custom badput type, e.g. ``custom_bucket("eval") == "custom:eval"``."""
+    return CUSTOM_PREFIX + badput_type
