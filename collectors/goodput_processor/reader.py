@@ -4,7 +4,10 @@ The training side writes ``RUN_DIR/spans-p<index>-a<attempt>.jsonl`` files, one 
 ``ExportTraceServiceRequest`` per line (see ``docs/span-schema.md``). :func:`read_run_dir`
 streams every ``*.jsonl`` file under the directory (recursively, in sorted order) line by
 line and keeps, per (job, attempt, process index), one ``int64`` record per span
-(:data:`COLUMNS`), so a million spans take about 70 MB and no parsed JSON is retained.
+(:data:`~goodput_processor.timeline.COLUMNS`): a million spans take about 70 MB and no
+parsed JSON is retained. On Linux, inputs of 64 MiB or more are split at line boundaries
+and parsed by forked worker processes (one per CPU, at most 4); the result is identical to
+reading serially.
 
 Nothing is dropped silently: every skipped line or span is counted by reason in
 :attr:`JobSpans.skipped` (or :attr:`SpanSet.skipped` when it cannot be tied to a job):
@@ -22,15 +25,19 @@ Nothing is dropped silently: every skipped line or span is counted by reason in
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-from array import array
+import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from goodput import schema
+
+from . import timeline as tl
+from .timeline import JobSpans, ProcessSpans, SpanSet
 
 try:  # optional speed-up, never a dependency
     import orjson
@@ -39,84 +46,27 @@ try:  # optional speed-up, never a dependency
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 
-__all__ = [
-    "COLUMNS",
-    "KIND_NAMES",
-    "NONE",
-    "JobSpans",
-    "ProcessSpans",
-    "ReadError",
-    "RunDirError",
-    "SpanSet",
-    "SpoolFormatError",
-    "read_run_dir",
-]
+__all__ = ["ReadError", "RunDirError", "SpoolFormatError", "read_run_dir"]
 
-#: Span kind codes (column ``kind``), indexes into :data:`KIND_NAMES`.
-KIND_NAMES = (
-    schema.JOB_START,
-    schema.JOB_END,
-    schema.HEARTBEAT,
-    schema.ACCELERATOR_INIT,
-    schema.TRAINING_PREP,
-    schema.PROGRAM_STARTUP,
-    schema.DATA_LOADING,
-    schema.STEP,
-    schema.CHECKPOINT_SAVE,
-    schema.CHECKPOINT_RESTORE,
-    schema.CUSTOM_BADPUT,
-)
-(
-    K_JOB_START,
-    K_JOB_END,
-    K_HEARTBEAT,
-    K_ACCELERATOR_INIT,
-    K_TRAINING_PREP,
-    K_PROGRAM_STARTUP,
-    K_DATA_LOADING,
-    K_STEP,
-    K_CHECKPOINT_SAVE,
-    K_CHECKPOINT_RESTORE,
-    K_CUSTOM_BADPUT,
-) = range(len(KIND_NAMES))
-_KIND_CODES = {name: code for code, name in enumerate(KIND_NAMES)}
-
-#: Columns of a span record, all int64. ``start``/``end``: ns since the Unix epoch.
-#: ``ival``: ``goodput.step`` (step), ``goodput.checkpoint.step`` (save, restore),
-#: ``goodput.heartbeat.interval_ms`` (job_start), ``goodput.recorder.errors`` (job_end,
-#: heartbeat). ``aux``: ``goodput.recorder.dropped`` (job_end, heartbeat). ``flags``: bit 0
-#: set = ``goodput.blocking`` false, bit 1 set = status ERROR. ``sidx``: index into
-#: :attr:`SpanSet.strings` of ``goodput.badput.type`` (custom) or ``goodput.end.reason``
-#: (job_end). ``tidx``: index of the trace id. ``sid``: the 64-bit span id (as signed).
-#: Absent integer attributes are :data:`NONE`.
-COLUMNS = ("start", "end", "kind", "ival", "aux", "flags", "sidx", "tidx", "sid")
-C_START, C_END, C_KIND, C_IVAL, C_AUX, C_FLAGS, C_SIDX, C_TIDX, C_SID = range(len(COLUMNS))
-NCOLS = len(COLUMNS)
-#: Sentinel for an absent integer attribute.
-NONE = -(2**63)
-F_NONBLOCKING = 1
-F_ERROR = 2
-
+_KIND_CODES = {name: code for code, name in enumerate(tl.KIND_NAMES)}
 # Per kind: attribute key -> slot (0 = ival, 1 = aux, 2 = string, 3 = blocking flag).
 _BLOCKING = {schema.ATTR_BLOCKING: 3}
 _RECORDER = {schema.ATTR_RECORDER_ERRORS: 0, schema.ATTR_RECORDER_DROPPED: 1}
 _KIND_ATTRS: tuple[dict[str, int], ...] = (
-    {schema.ATTR_HEARTBEAT_INTERVAL_MS: 0},
-    {**_RECORDER, schema.ATTR_END_REASON: 2},
-    _RECORDER,
-    _BLOCKING,
-    _BLOCKING,
-    _BLOCKING,
-    _BLOCKING,
-    {schema.ATTR_STEP: 0, **_BLOCKING},
-    {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING},
-    {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING},
+    {schema.ATTR_HEARTBEAT_INTERVAL_MS: 0}, {**_RECORDER, schema.ATTR_END_REASON: 2}, _RECORDER,
+    _BLOCKING, _BLOCKING, _BLOCKING, _BLOCKING, {schema.ATTR_STEP: 0, **_BLOCKING},
+    {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING}, {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING},
     {schema.ATTR_BADPUT_TYPE: 2, **_BLOCKING},
 )
 _MAX_EXAMPLES = 20
 _SUPPORTED_MAJOR = schema.SCHEMA_VERSION.split(".")[0]
 _U64 = 1 << 64
 _I64_MAX = (1 << 63) - 1
+#: Parallel reading: bytes per work unit, and the least input worth starting workers for.
+_UNIT_BYTES = 32 << 20
+_PARALLEL_MIN_BYTES = 64 << 20
+_MAX_WORKERS = 4
+_CAN_FORK = sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
 
 
 class ReadError(Exception):
@@ -131,104 +81,54 @@ class SpoolFormatError(ReadError):
     """A ``*.jsonl`` file is not OTLP JSON lines; the message names the file and line."""
 
 
-@dataclass
-class ProcessSpans:
-    """Spans of one process in one attempt of a job.
-
-    ``data`` is an ``(n, len(COLUMNS))`` int64 array (see :data:`COLUMNS`), deduplicated,
-    in file order (not sorted). ``host``/``process_count`` come from the resource.
-    """
-
-    job: str
-    attempt: int
-    index: int
-    host: str | None = None
-    process_count: int | None = None
-    schema_version: str | None = None
-    data: np.ndarray = field(default_factory=lambda: np.empty((0, NCOLS), np.int64))
-    _buf: array = field(default_factory=lambda: array("q"), repr=False)
-
-
-@dataclass
-class JobSpans:
-    """All spans of one job: ``processes[(attempt, process_index)] -> ProcessSpans``.
-
-    ``skipped`` counts skipped records by reason (see the module docstring);
-    ``examples`` holds up to 20 ``"path:line: reason"`` strings; ``strings`` is the shared
-    string table that column ``sidx`` indexes.
-    """
-
-    name: str
-    processes: dict[tuple[int, int], ProcessSpans] = field(default_factory=dict)
-    skipped: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)
-    strings: list[str] = field(default_factory=list)
-    schema_versions: set[str] = field(default_factory=set)
-
-
-@dataclass
-class SpanSet:
-    """Everything read from a run directory.
-
-    ``jobs`` maps job name to :class:`JobSpans`; ``skipped``/``examples`` hold what could
-    not be tied to any job; ``files`` is the number of files read.
-    """
-
-    path: str
-    jobs: dict[str, JobSpans]
-    skipped: Counter
-    examples: list[str]
-    strings: list[str]
-    files: int
+_VALUE_TYPES = (("intValue", int), ("stringValue", str), ("boolValue", bool),
+                ("doubleValue", float))
 
 
 def _attr_value(value):
     """Python value of an OTLP ``AnyValue`` dict (int64 may be a JSON string or number)."""
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "boolValue" in value:
-        return bool(value["boolValue"])
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
+    for key, convert in _VALUE_TYPES:
+        if key in value:
+            return convert(value[key])
     return None
 
 
 def _as_int(v) -> int:
-    if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            raise ValueError("not a finite number")
-        return int(v)
-    r = int(v)
-    if not NONE < r <= _I64_MAX:
+    r = int(v)  # floats truncate; NaN and infinities raise
+    if not tl.NONE < r <= _I64_MAX:
         raise ValueError("out of int64 range")
     return r
 
 
-def _as_bool(v) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() not in ("false", "0", "")
-    return bool(v)
-
-
 class _Reader:
+    """Reads lines into per-process buffers; parallel readers are merged into one."""
+
     def __init__(self) -> None:
         self.jobs: dict[str, JobSpans] = {}
         self.skipped: Counter = Counter()
-        self.examples: list[str] = []
         self.strings: list[str] = []
         self._string_ids: dict[str, int] = {}
         self._trace_ids: dict[str, int] = {}
-        self.total_spans = 0
+        # Examples per job name (None: not tied to a job) as (path, line, why).
+        self._examples: dict[str | None, list[tuple]] = {}
+        self.examples: list[str] = []  # not tied to a job; filled by finish()
+        # Line skips before any job of the range was seen: (reason, where, why).
+        self._orphans: list[tuple] = []
+        self.nlines, self.last_job = 0, None
 
-    def _skip(self, job: JobSpans | None, reason: str, where: str, why: str, n: int = 1):
-        counter, examples = (job.skipped, job.examples) if job else (self.skipped, self.examples)
-        counter[reason] += n
+    def _job(self, name: str) -> JobSpans:
+        job = self.jobs.get(name)
+        return job or self.jobs.setdefault(name, JobSpans(name, strings=self.strings))
+
+    def _proc(self, job: JobSpans, attempt: int, index: int) -> ProcessSpans:
+        key = (attempt, index)
+        return job.processes.get(key) or job.processes.setdefault(key, ProcessSpans(job.name, *key))
+
+    def _skip(self, job: JobSpans | None, reason: str, where, why: str, n: int = 1):
+        (job.skipped if job else self.skipped)[reason] += n
+        examples = self._examples.setdefault(job.name if job else None, [])
         if len(examples) < _MAX_EXAMPLES:
-            examples.append(f"{where}: {why}")
+            examples.append((*where, why))
 
     def _sid(self, s: str) -> int:
         i = self._string_ids.get(s)
@@ -237,53 +137,60 @@ class _Reader:
             self.strings.append(s)
         return i
 
-    def read_file(self, path: Path) -> None:
+    def read_range(self, path: str, start: int = 0, end: int | None = None) -> None:
+        """Read the lines of ``path`` in bytes [start, end) (line-aligned; end None = EOF).
+
+        Line numbers in messages count from the start of the range.
+        """
+        first, last_job = start == 0, None  # torn/malformed lines count for the file's job
+        expected = 'a JSON object with "resourceSpans" (an OTLP ExportTraceServiceRequest)'
+        left = -1 if end is None else end - start
         try:
-            f = open(path, "rb")  # noqa: SIM115
-        except OSError as e:
-            raise RunDirError(f"cannot read {path}: {e.strerror or e}") from e
-        first = True
-        last_job: JobSpans | None = None
-        with f:
-            try:
+            with open(path, "rb") as f:
+                f.seek(start)
                 for lineno, line in enumerate(f, 1):
+                    self.nlines = lineno
+                    if left >= 0:
+                        if left == 0:
+                            self.nlines -= 1
+                            break
+                        left -= len(line)
                     if not line.strip():
                         continue
-                    where = f"{path}:{lineno}"
+                    where = (path, lineno)
                     try:
                         req = _loads(line)
+                        ok = isinstance(req, dict) and "resourceSpans" in req
+                        got = f"got {type(req).__name__}" + (
+                            f" with keys {sorted(req)[:5]}" if isinstance(req, dict) else "")
                     except (ValueError, RecursionError) as e:
                         if not line.endswith(b"\n") and (
-                            not first or (line.lstrip().startswith(b"{") and b'"resourceSpans"' in line)
+                            not first or (line.lstrip()[:1] == b"{" and b"resourceSpans" in line)
                         ):
-                            self._skip(last_job, "torn", where, "incomplete last line (torn write)")
-                        elif first:
-                            raise SpoolFormatError(
-                                f"{where}: not an OTLP JSON lines file: expected a JSON object "
-                                f'with "resourceSpans" (OTLP ExportTraceServiceRequest), got '
-                                f"invalid JSON ({e})"
-                            ) from None
-                        else:
-                            self._skip(last_job, "malformed", where, f"invalid JSON ({e})")
-                        first = False
-                        continue
-                    if not isinstance(req, dict) or "resourceSpans" not in req:
-                        msg = 'expected a JSON object with "resourceSpans" (OTLP request)'
+                            self._skip_line(last_job, "torn", where, "incomplete last line")
+                            continue
+                        ok, got = False, f"got invalid JSON ({e})"
+                    if not ok:
                         if first:
-                            raise SpoolFormatError(
-                                f"{where}: not an OTLP JSON lines file: {msg}, got "
-                                f"{type(req).__name__}"
-                                + (f" with keys {sorted(req)[:5]}" if isinstance(req, dict) else "")
-                            )
-                        self._skip(last_job, "malformed", where, msg)
+                            raise SpoolFormatError(f"{path}:{lineno}: not an OTLP JSON lines "
+                                                   f"file: expected {expected}, {got}")
+                        self._skip_line(last_job, "malformed", where, f"expected {expected}, {got}")
                         continue
                     first = False
                     try:
                         last_job = self._request(req, where) or last_job
-                    except (TypeError, AttributeError, KeyError, ValueError) as e:
-                        self._skip(last_job, "malformed", where, f"bad OTLP structure ({e!r})")
-            except OSError as e:
-                raise RunDirError(f"cannot read {path}: {e.strerror or e}") from e
+                    except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
+                        self._skip_line(last_job, "malformed", where, f"bad OTLP structure ({e!r})")
+        except OSError as e:
+            raise RunDirError(f"cannot read {path}: {e.strerror or e}") from e
+        self.last_job = last_job.name if last_job else None
+
+    def _skip_line(self, job: JobSpans | None, reason: str, where, why: str) -> None:
+        """Skip a line; before the first job of the range is known, keep it for later."""
+        if job is None:
+            self._orphans.append((reason, where, why))
+        else:
+            self._skip(job, reason, where, why)
 
     def _resource(self, rs: dict, where: str):
         attrs = {}
@@ -297,23 +204,15 @@ class _Reader:
         try:
             attempt = _as_int(attrs.get(schema.RES_ATTEMPT, 0))
             index = _as_int(attrs.get(schema.RES_PROCESS_INDEX, 0))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             attempt, index = 0, 0
-        job = self.jobs.get(name)
-        if job is None:
-            job = self.jobs[name] = JobSpans(name=name, strings=self.strings)
-        proc = job.processes.get((attempt, index))
-        if proc is None:
-            proc = job.processes[(attempt, index)] = ProcessSpans(name, attempt, index)
-        host = attrs.get(schema.RES_HOST_NAME)
-        if host is not None:
-            proc.host = str(host)
-        count = attrs.get(schema.RES_PROCESS_COUNT)
-        if isinstance(count, int):
-            proc.process_count = count
+        job = self._job(name)
+        proc = self._proc(job, attempt, index)
+        host, count = attrs.get(schema.RES_HOST_NAME), attrs.get(schema.RES_PROCESS_COUNT)
+        proc.host = proc.host if host is None else str(host)
+        proc.process_count = count if isinstance(count, int) else proc.process_count
         version = attrs.get(schema.RES_SCHEMA_VERSION)
-        version = None if version is None else str(version)
-        proc.schema_version = version
+        proc.schema_version = version = None if version is None else str(version)
         ok = version is None or version.split(".")[0] == _SUPPORTED_MAJOR
         if version is not None and ok:
             job.schema_versions.add(version)
@@ -331,38 +230,38 @@ class _Reader:
                 if scope != schema.SCOPE_NAME:
                     job.skipped["unknown"] += len(spans)
                 elif not ok:
-                    self._skip(
-                        job, "unsupported_schema", where,
-                        f"schema version {version!r} not supported (this processor reads "
-                        f"{schema.SCHEMA_VERSION}.x)", len(spans),
-                    )
+                    self._skip(job, "unsupported_schema", where, f"schema version {version!r} "
+                               f"not supported (this processor reads {_SUPPORTED_MAJOR}.x)",
+                               len(spans))
                 else:
                     self._spans(spans, job, proc, where)
         return job
 
     def _spans(self, spans: list, job: JobSpans, proc: ProcessSpans, where: str) -> None:
-        extend = proc._buf.extend
+        out: list[int] = []
+        extend = out.extend
         kind_codes, kind_attrs, trace_ids = _KIND_CODES, _KIND_ATTRS, self._trace_ids
+        none, i64_max, u64 = tl.NONE, _I64_MAX, _U64
         unknown = 0
         last_tid, tidx = None, -1
         for sp in spans:
-            kind = kind_codes.get(sp.get("name"))
-            if kind is None:
-                unknown += 1
-                continue
             try:
+                kind = kind_codes.get(sp["name"])
+                if kind is None:
+                    unknown += 1
+                    continue
                 start = int(sp["startTimeUnixNano"])
                 end = int(sp["endTimeUnixNano"])
                 sid = int(sp["spanId"], 16)
                 tid = sp["traceId"]
-                if end < start or start < 0 or end > _I64_MAX or sid >= _U64:
-                    raise ValueError("end before start or out of range")
+                if end < start:
+                    raise ValueError("end before start")
                 if tid != last_tid:
                     tidx = trace_ids.get(tid)
                     if tidx is None:
                         tidx = trace_ids[tid] = len(trace_ids)
                     last_tid = tid
-                ival = aux = NONE
+                ival = aux = none
                 flags = 0
                 sidx = -1
                 attrs = sp.get("attributes")
@@ -372,65 +271,158 @@ class _Reader:
                         slot = wanted.get(a["key"])
                         if slot is None:
                             continue
-                        v = _attr_value(a["value"])
-                        if v is None:
-                            continue
-                        if slot == 0:
-                            ival = _as_int(v)
-                        elif slot == 1:
-                            aux = _as_int(v)
+                        v = a["value"]
+                        if slot < 2:
+                            x = v.get("intValue")
+                            x = _as_int(_attr_value(v)) if x is None else int(x)
+                            if slot:
+                                aux = x
+                            else:
+                                ival = x
                         elif slot == 2:
-                            sidx = self._sid(str(v))
-                        elif not _as_bool(v):
-                            flags |= F_NONBLOCKING
+                            sidx = self._sid(str(_attr_value(v)))
+                        elif str(_attr_value(v)).lower() in ("false", "0"):
+                            flags |= tl.F_NONBLOCKING
                 status = sp.get("status")
                 if status:
                     code = status.get("code")
                     if code == 2 or code == "STATUS_CODE_ERROR":
-                        flags |= F_ERROR
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                self._skip(job, "invalid_span", where, f"invalid {sp.get('name')} span ({e!r})")
+                        flags |= tl.F_ERROR
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+                name = sp.get("name") if isinstance(sp, dict) else None
+                self._skip(job, "invalid_span", where, f"invalid {name} span ({e!r})")
                 continue
-            if sid > _I64_MAX:
-                sid -= _U64
+            if sid > i64_max:
+                sid -= u64
             extend((start, end, kind, ival, aux, flags, sidx, tidx, sid))
+        try:
+            proc._buf.fromlist(out)
+        except OverflowError:  # rare: re-add record by record, skipping out-of-range ones
+            for r in range(0, len(out), tl.NCOLS):
+                rec = out[r : r + tl.NCOLS]
+                if all(none <= x <= i64_max for x in rec):
+                    proc._buf.fromlist(rec)
+                else:
+                    self._skip(job, "invalid_span", where, "a time, id or attribute is out "
+                               "of the int64 range")
         if unknown:
             job.skipped["unknown"] += unknown
 
-    def finish(self) -> None:
-        """Turn the buffers into arrays and drop duplicate (traceId, spanId) spans."""
+    def merge(self, other: _Reader, line_base: int, last_job: str | None) -> None:
+        """Append what ``other`` read: the next range of a file, starting at line
+        ``line_base + 1``, whose previous ranges last named job ``last_job``."""
+        smap = np.array([self._sid(s) for s in other.strings] + [-1], np.int64)
+        tmap = np.array([self._trace_ids.setdefault(t, len(self._trace_ids))
+                         for t in other._trace_ids] + [-1], np.int64)
+        for name, ojob in other.jobs.items():
+            job = self._job(name)
+            job.skipped.update(ojob.skipped)
+            job.schema_versions |= ojob.schema_versions
+            for (attempt, index), op in ojob.processes.items():
+                proc = self._proc(job, attempt, index)
+                for attr in ("host", "process_count", "schema_version"):
+                    if getattr(op, attr) is not None:
+                        setattr(proc, attr, getattr(op, attr))
+                if len(op._buf):
+                    d = np.frombuffer(op._buf, np.int64).reshape(-1, tl.NCOLS)
+                    d[:, tl.C_SIDX] = smap[d[:, tl.C_SIDX]]
+                    d[:, tl.C_TIDX] = tmap[d[:, tl.C_TIDX]]
+                    proc._buf.extend(op._buf)  # memcpy; grows in place (mremap)
+        self.skipped.update(other.skipped)
+        job = self.jobs.get(last_job) if last_job else None
+        for reason, (path, line), why in other._orphans:  # they came first in the range
+            self._skip_line(job, reason, (path, line + line_base), why)
+        for key, examples in other._examples.items():
+            mine = self._examples.setdefault(key, [])
+            for path, line, why in examples[: _MAX_EXAMPLES - len(mine)]:
+                mine.append((path, line + line_base, why))
+
+    def finish(self) -> int:
+        """Build each process's array, drop duplicate spans; returns the number of spans."""
+        for reason, where, why in self._orphans:
+            self._skip(None, reason, where, why)
+        total = 0
         for job in self.jobs.values():
             for proc in job.processes.values():
-                data = np.frombuffer(proc._buf, dtype=np.int64).reshape(-1, NCOLS)
-                if len(data) > 1:
-                    tidx, sid = data[:, C_TIDX], data[:, C_SID]
-                    if tidx.min() == tidx.max():
-                        order = np.argsort(sid, kind="stable")
-                        dup = sid[order][1:] == sid[order][:-1]
-                    else:
-                        order = np.lexsort((sid, tidx))
-                        dup = (sid[order][1:] == sid[order][:-1]) & (
-                            tidx[order][1:] == tidx[order][:-1]
-                        )
-                    ndup = int(dup.sum())
-                    if ndup:
-                        keep = np.ones(len(data), bool)
-                        keep[order[1:][dup]] = False  # stable order keeps the first read
-                        data = data[keep]
-                        job.skipped["duplicate"] += ndup
-                        if len(job.examples) < _MAX_EXAMPLES:
-                            job.examples.append(
-                                f"attempt {proc.attempt} process {proc.index}: {ndup} duplicate "
-                                "span(s) (same traceId and spanId) kept once"
-                            )
+                data = np.frombuffer(proc._buf, np.int64).reshape(-1, tl.NCOLS)
+                data, ndup = tl.drop_duplicates(data)
+                if ndup:
+                    where = (f"attempt {proc.attempt} process {proc.index}",)
+                    self._skip(job, "duplicate", where, f"{ndup} duplicate span(s) (same "
+                               "traceId and spanId) kept once", ndup)
                 proc.data = data
-                self.total_spans += len(data)
+                total += len(data)
+        for key, examples in self._examples.items():
+            text = [":".join(map(str, ex[:-1])) + ": " + ex[-1] for ex in examples]
+            (self.jobs[key].examples if key is not None else self.examples).extend(text)
+        return total
 
 
-def read_run_dir(path: str | os.PathLike) -> SpanSet:
+def _read_unit(unit: tuple[str, int, int]) -> _Reader:
+    """Worker: read one line-aligned byte range of a file."""
+    reader = _Reader()
+    reader.read_range(*unit)
+    return reader
+
+
+def _units(files: list[Path]) -> list[tuple[str, int, int]]:
+    """Split files into line-aligned byte ranges of about ``_UNIT_BYTES``."""
+    units = []
+    for p in files:
+        size = p.stat().st_size
+        cuts = [0]
+        with open(p, "rb") as f:
+            for b in range(_UNIT_BYTES, size, _UNIT_BYTES):
+                if b > cuts[-1]:
+                    f.seek(b)
+                    f.readline()
+                    if cuts[-1] < f.tell() < size:
+                        cuts.append(f.tell())
+        cuts.append(size)
+        units += [(str(p), a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
+    return units
+
+
+def _worker_count(requested: int | None, nbytes: int, nunits: int) -> int:
+    if requested is not None:
+        return max(1, min(requested, nunits))
+    if nbytes < _PARALLEL_MIN_BYTES or not _CAN_FORK:
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, _MAX_WORKERS, nunits))
+
+
+def _read_parallel(files: list[Path], workers: int) -> _Reader:
+    units = _units(files)
+    reader, bases, last_jobs = _Reader(), {}, {}
+    # fork: workers do not re-import the caller's __main__ (spawn would re-run unguarded
+    # scripts), and they only parse JSON, taking no lock another thread might hold.
+    ctx = multiprocessing.get_context("fork" if _CAN_FORK else None)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    try:
+        for (path, _start, _end), part in zip(units, pool.map(_read_unit, units), strict=True):
+            base = bases.get(path, 0)
+            reader.merge(part, base, last_jobs.get(path))
+            bases[path] = base + part.nlines
+            last_jobs[path] = part.last_job or last_jobs.get(path)
+    finally:  # on an error, do not wait for the units not started yet
+        pool.shutdown(wait=True, cancel_futures=True)
+    return reader
+
+
+def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet:
     """Read every ``*.jsonl`` file under ``path`` (recursively, sorted by path).
 
-    Returns a :class:`SpanSet` (jobs -> processes -> int64 span records, times in ns).
+    Args:
+        path: the run directory.
+        workers: worker processes for parsing; None = one per CPU (at most 4) when the
+            files hold at least 64 MiB, else 1 (read in this process).
+
+    Returns:
+        A :class:`SpanSet` (jobs -> processes -> int64 span records, times in ns).
 
     Raises:
         RunDirError: ``path`` does not exist, is not a directory, cannot be read, holds
@@ -447,29 +439,28 @@ def read_run_dir(path: str | os.PathLike) -> SpanSet:
         raise RunDirError(f"run directory {str(root)!r} is not readable")
     try:
         files = sorted(p for p in root.rglob("*.jsonl") if p.is_file())
+        nbytes = sum(p.stat().st_size for p in files)
     except OSError as e:
         raise RunDirError(f"cannot list run directory {str(root)!r}: {e.strerror or e}") from e
     if not files:
         raise RunDirError(f"run directory {str(root)!r} holds no *.jsonl span files")
-    reader = _Reader()
-    for p in files:
-        reader.read_file(p)
-    reader.finish()
-    if reader.total_spans == 0:
+    n = _worker_count(workers, nbytes, max(len(files), nbytes // _UNIT_BYTES + 1))
+    reader = None
+    if n > 1:
+        try:
+            reader = _read_parallel(files, n)
+        except (OSError, NotImplementedError, ImportError, RuntimeError):
+            reader = None  # no worker processes here (e.g. a sandbox): read serially
+    if reader is None:
+        reader = _Reader()
+        for p in files:
+            reader.read_range(str(p))
+    if reader.finish() == 0:
         counts = Counter(reader.skipped)
         for job in reader.jobs.values():
             counts.update(job.skipped)
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-        raise RunDirError(
-            f"run directory {str(root)!r} holds no goodput spans ({len(files)} file(s) read"
-            + (f"; skipped {detail}" if detail else "")
-            + ")"
-        )
-    return SpanSet(
-        path=str(root),
-        jobs=reader.jobs,
-        skipped=reader.skipped,
-        examples=reader.examples,
-        strings=reader.strings,
-        files=len(files),
-    )
+        raise RunDirError(f"run directory {str(root)!r} holds no goodput spans ({len(files)} "
+                          f"file(s) read{'; skipped ' + detail if detail else ''})")
+    return SpanSet(str(root), reader.jobs, reader.skipped, reader.examples, reader.strings,
+                   len(files))

@@ -237,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {n} loss {loss_value:.4f}", flush=True)
         if n % args.ckpt_every == 0 or n == args.steps:
             with goodput.checkpoint_save(step=n):
-                state = {"step": n, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+                state = {
+                    "step": n,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                }
                 save_checkpoint(ckpt_dir, n, state, args.keep_checkpoints)
             print(f"checkpoint saved step {n}", flush=True)
         if n % args.eval_every == 0 or n == args.steps:

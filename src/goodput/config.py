@@ -74,7 +74,7 @@ def process_count(explicit: int | None) -> int:
 
 
 def run_dir(explicit, job: str) -> str:
-    """The spool directory: ``explicit``, else ``GOODPUT_RUN_DIR``, else ``./goodput-runs/<job>``."""
+    """The spool directory: ``explicit``, ``GOODPUT_RUN_DIR``, or ``./goodput-runs/<job>``."""
     if explicit is not None:
         return os.fspath(explicit)
     env = os.environ.get("GOODPUT_RUN_DIR")

@@ -47,7 +47,8 @@ def to_ns(value, name: str = "time") -> int:
             raise ValueError(f"{name} must be finite seconds since the epoch, got {value!r}")
         return int(value) * 1_000_000_000 if isinstance(value, int) else round(value * 1e9)
     raise TypeError(
-        f"{name} must be a datetime or seconds since the epoch, got {type(value).__name__} {value!r}"
+        f"{name} must be a datetime or seconds since the epoch, "
+        f"got {type(value).__name__} {value!r}"
     )
 
 
@@ -197,7 +198,7 @@ def program_startup(func=None, *, start=None, end=None) -> Phase:
 
 
 def data_loading(func=None, *, blocking: bool = True, start=None, end=None) -> Phase:
-    """Waiting for a batch: ``data_loading``; ``blocking=False`` for prefetch that overlaps steps."""
+    """Waiting for a batch: ``data_loading``; ``blocking=False``: prefetch overlapping steps."""
     attrs = None if blocking else {schema.ATTR_BLOCKING: False}
     return _phase_or_decorate(schema.DATA_LOADING, attrs, start, end, func)
 
@@ -217,7 +218,9 @@ def step(step: int | None = None, *, start=None, end=None) -> Phase:
     return Phase(schema.STEP, {schema.ATTR_STEP: step}, start, end)
 
 
-def checkpoint_save(step: int | None = None, *, blocking: bool = True, start=None, end=None) -> Phase:
+def checkpoint_save(
+    step: int | None = None, *, blocking: bool = True, start=None, end=None
+) -> Phase:
     """Saving the checkpoint of ``step``: ``checkpoint_save`` if ``blocking``, else async work.
 
     The spool is written and fsynced when a save ends.

@@ -342,7 +342,9 @@ class Recorder:
                 self.error("cannot record %s: %s", name, exc)
 
     def _emit(self, name, t0, t1, attrs=None, err=None) -> None:
-        span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs, start_time=t0)
+        span = self._tracer.start_span(
+            name, kind=SpanKind.INTERNAL, attributes=attrs, start_time=t0
+        )
         if err is not None:
             span.set_status(Status(StatusCode.ERROR, err))
         span.end(end_time=max(t0, t1))

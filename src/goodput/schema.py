@@ -59,7 +59,7 @@ SPAN_NAMES = PHASES + MARKERS
 
 ATTR_STEP = "goodput.step"  # int: training step number (STEP)
 ATTR_CHECKPOINT_STEP = "goodput.checkpoint.step"  # int: step of the checkpoint saved / restored
-ATTR_BLOCKING = "goodput.blocking"  # bool: False = asynchronous work overlapping training, not badput
+ATTR_BLOCKING = "goodput.blocking"  # bool: False = async work overlapping training, not badput
 ATTR_BADPUT_TYPE = "goodput.badput.type"  # str: CUSTOM_BADPUT type, e.g. "eval", "sdc_check"
 ATTR_END_REASON = "goodput.end.reason"  # str on JOB_END: one of END_REASONS
 ATTR_HEARTBEAT_INTERVAL_MS = "goodput.heartbeat.interval_ms"  # int on JOB_START

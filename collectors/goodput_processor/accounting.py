@@ -1,0 +1,346 @@
+"""Turn one job's spans into goodput buckets, exactly as ``docs/accounting.md`` says.
+
+Everything is computed in integer nanoseconds on numpy ``int64`` arrays: each attempt's
+primary-process spans are clipped to the attempt, the time line is cut at every span
+boundary into elementary segments, and each segment is "painted" with the highest-priority
+level that covers it (difference arrays + cumsum per level). Step time per step is the
+step-level time inside it (``np.bincount``). Seconds (floats) appear only in the results.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from goodput import schema
+
+from .reader import read_run_dir
+from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
+from .timeline import (
+    C_END,
+    C_FLAGS,
+    C_IVAL,
+    C_KIND,
+    C_SIDX,
+    C_START,
+    F_ERROR,
+    F_NONBLOCKING,
+    K_ACCELERATOR_INIT,
+    K_CHECKPOINT_RESTORE,
+    K_CHECKPOINT_SAVE,
+    K_CUSTOM_BADPUT,
+    K_DATA_LOADING,
+    K_PROGRAM_STARTUP,
+    K_STEP,
+    K_TRAINING_PREP,
+    KIND_NAMES,
+    NONE,
+    SKIP_REASONS,
+    Attempt,
+    JobSpans,
+    build_attempts,
+)
+
+__all__ = ["AttemptResult", "JobResult", "StepArrays", "StepTimeSummary", "account",
+           "report_run_dir"]
+
+_NS = 1_000_000_000
+#: Bucket of each phase kind (custom badput is per type).
+_KIND_BUCKET = {
+    K_ACCELERATOR_INIT: "accelerator_init",
+    K_TRAINING_PREP: "training_prep",
+    K_PROGRAM_STARTUP: "program_startup",
+    K_DATA_LOADING: "data_loading",
+    K_CHECKPOINT_SAVE: "checkpoint_save",
+    K_CHECKPOINT_RESTORE: "checkpoint_restore",
+    K_STEP: "step",
+}
+#: Priority order (highest first); "custom" expands to the custom types alphabetically.
+_PRIORITY = ("wasted_progress", "checkpoint_restore", "checkpoint_save", "custom",
+             "data_loading", "program_startup", "accelerator_init", "training_prep", "step")
+#: Noise band floor (ns) and the normal-distribution constant of docs/accounting.md.
+_MIN_TOL_NS = 1_000
+_MAD_NORMAL = 0.6745
+
+
+def _resume_step(d: np.ndarray) -> int | None:
+    """Resume step of an attempt from its primary process's records (see the docs)."""
+    kinds, ival, start = d[:, C_KIND], d[:, C_IVAL], d[:, C_START]
+    for kind, offset in ((K_CHECKPOINT_RESTORE, 0), (K_STEP, -1)):
+        rows = np.flatnonzero((kinds == kind) & (ival != NONE))
+        if len(rows):
+            return int(ival[rows[np.argmin(start[rows])]]) + offset
+    return None
+
+
+def _paint(a0: int, a1: int, starts, ends, levels, nlevels: int):
+    """Boundaries ``b`` and the owner level of each segment ``[b[i], b[i+1])``.
+
+    Unowned segments get level ``nlevels`` (= other).
+    """
+    b = np.sort(np.concatenate(([a0, a1], starts, ends)))
+    b = b[np.concatenate(([True], b[1:] != b[:-1]))]
+    m = len(b) - 1
+    owner = np.full(m, nlevels, np.int16)
+    if m <= 0:
+        return b, owner
+    si = np.searchsorted(b, starts)
+    ei = np.searchsorted(b, ends)
+    for lv in np.unique(levels):
+        sel = levels == lv
+        cnt = np.bincount(si[sel], minlength=m + 1) - np.bincount(ei[sel], minlength=m + 1)
+        covered = np.cumsum(cnt[:m]) > 0
+        owner[covered & (owner == nlevels)] = lv
+    return b, owner
+
+
+def _step_times(b, owner, step_level, ss, se):
+    """Net time (int64 ns) charged to each step (steps sorted by start ``ss``/ends ``se``)."""
+    n = len(ss)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    mask = owner == step_level
+    seg_start = b[:-1][mask]
+    seg_len = np.diff(b)[mask]
+    j = np.searchsorted(ss, seg_start, side="right") - 1
+    miss = se[j] <= seg_start
+    if miss.any():  # overlapping steps: the covering step with the latest end
+        cummax = np.maximum.accumulate(se)
+        pam = np.maximum.accumulate(np.where(se == cummax, np.arange(n), 0))
+        j[miss] = pam[j[miss]]
+    return np.rint(np.bincount(j, weights=seg_len, minlength=n)).astype(np.int64)
+
+
+def _custom_types(job: JobSpans, attempts: list[Attempt]) -> list[str]:
+    types = set()
+    for a in attempts:
+        d = a.primary.data
+        for s in np.unique(d[d[:, C_KIND] == K_CUSTOM_BADPUT][:, C_SIDX]):
+            types.add(_type_name(job, s))
+    return sorted(types)
+
+
+def _type_name(job: JobSpans, sidx) -> str:
+    return job.strings[sidx] if sidx >= 0 else "unspecified"
+
+
+class _Acc:
+    """Running totals of one job's accounting, per priority level (ns)."""
+
+    def __init__(self, job: JobSpans, attempts: list[Attempt]):
+        self.job = job
+        self.names: list[str] = []
+        for name in _PRIORITY:
+            if name == "custom":
+                self.names += [schema.custom_bucket(t) for t in _custom_types(job, attempts)]
+            else:
+                self.names.append(name)
+        self.level = {n: i for i, n in enumerate(self.names)}
+        self.kind_level = np.full(len(KIND_NAMES), self.level["step"], np.int16)  # by kind
+        for k, name in _KIND_BUCKET.items():
+            self.kind_level[k] = self.level[name]
+        self.other = len(self.names)  # level of unowned segments
+        self.ns = [0] * (self.other + 1)
+        self.async_ns: dict[str, int] = {}
+        self.kept: list[tuple] = []  # per attempt: step numbers, attempt, starts, times
+
+    def attempt(self, a: Attempt, bound: int | None, has_next: bool) -> tuple[int, int]:
+        """Account attempt ``a``; ``bound``: highest kept step (None = all). -> (kept, wasted)."""
+        d, a0, a1, job, level = a.primary.data, a.start_ns, a.end_ns, self.job, self.level
+        kinds = d[:, C_KIND]
+        s, e = np.clip(d[:, C_START], a0, a1), np.clip(d[:, C_END], a0, a1)
+        phase = kinds >= K_ACCELERATOR_INIT
+        blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
+        for r in np.flatnonzero(phase & ~blocking):  # asynchronous work: reported, not badput
+            k = int(kinds[r])
+            key = (schema.custom_bucket(_type_name(job, d[r, C_SIDX]))
+                   if k == K_CUSTOM_BADPUT else _KIND_BUCKET[k])
+            self.async_ns[key] = self.async_ns.get(key, 0) + int(e[r] - s[r])
+        use = phase & blocking & (e > s)
+        ps, pe, pk = s[use], e[use], kinds[use]
+        lv = self.kind_level[pk]
+        cidx = np.flatnonzero(pk == K_CUSTOM_BADPUT)
+        if len(cidx):
+            sids = d[:, C_SIDX][use][cidx]
+            for sx in np.unique(sids):
+                lv[cidx[sids == sx]] = level[schema.custom_bucket(_type_name(job, sx))]
+        is_step = pk == K_STEP
+        order = np.argsort(ps[is_step], kind="stable")
+        ss, se = ps[is_step][order], pe[is_step][order]
+        snum = d[:, C_IVAL][use][is_step][order]
+        kept = np.ones(len(ss), bool) if bound is None else snum <= bound
+        # The wasted region: from the end of the last kept step (or of the blocking save of
+        # checkpoint `bound`, if later; or the first step if none is kept) to the end.
+        ws = None
+        if has_next and len(ss):
+            ws = int(se[kept].max()) if kept.any() else int(ss.min())
+            if kept.any() and bound is not None:
+                sv = (kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound)
+                if sv.any():
+                    ws = max(ws, int(e[sv].max()))
+        if ws is not None and ws < a1:
+            ps, pe = np.append(ps, ws), np.append(pe, a1)
+            lv = np.append(lv, np.int16(level["wasted_progress"]))
+        b, owner = _paint(a0, a1, ps, pe, lv, self.other)
+        seg_len = np.diff(b)
+        for lev in range(self.other + 1):
+            self.ns[lev] += int(seg_len[owner == lev].sum())
+        net = _step_times(b, owner, level["step"], ss, se)
+        # Step time of steps that are not kept but lie outside the wasted region (e.g.
+        # step numbers out of order) is thrown-away work too.
+        lost = int(net[~kept].sum())
+        self.ns[level["wasted_progress"]] += lost
+        self.ns[level["step"]] -= lost
+        n_kept = int(kept.sum())
+        self.kept.append((snum[kept], np.full(n_kept, a.attempt), ss[kept], net[kept]))
+        return n_kept, len(kept) - n_kept
+
+
+def account(
+    job: JobSpans,
+    ideal_step_time_s: float | None = None,
+    now_ns: int | None = None,
+) -> JobResult:
+    """Account one job's spans into goodput buckets (``docs/accounting.md``).
+
+    Args:
+        job: one job's spans, e.g. ``read_run_dir(path).jobs[name]``.
+        ideal_step_time_s: ideal step time in seconds; None = median of kept step times.
+        now_ns: "now" (ns since the epoch) for telling a running attempt; default now.
+
+    Returns:
+        A :class:`JobResult`. A job without any usable span gets total 0.
+
+    Raises:
+        ValueError: ``ideal_step_time_s`` is not a finite number > 0.
+    """
+    if ideal_step_time_s is not None and not (
+        math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
+    ):
+        raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
+    attempts = build_attempts(job, now_ns)
+    acc = _Acc(job, attempts)
+    resume = [_resume_step(a.primary.data) for a in attempts]
+    rows, recovery_ns = [], 0
+    for i, a in enumerate(attempts):
+        later = [r for r in resume[i + 1 :] if r is not None]
+        has_next = i + 1 < len(attempts)
+        kept, wasted = acc.attempt(a, min(later) if later else None, has_next)
+        if has_next:
+            recovery_ns += attempts[i + 1].start_ns - a.end_ns
+        errors = sum(int(((p.data[:, C_FLAGS] & F_ERROR) != 0).sum()) for p in a.processes)
+        rows.append(AttemptResult(
+            attempt=a.attempt, start_ns=a.start_ns, end_ns=a.end_ns,
+            duration_s=a.duration_ns / _NS, end_reason=a.end_reason, cut=a.cut,
+            primary_process=a.primary.index, processes=len(a.processes),
+            declared_processes=a.declared_process_count, hosts=a.hosts,
+            resume_step=resume[i], steps_kept=kept, steps_wasted=wasted, error_spans=errors,
+            recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
+        ))
+    return _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
+
+
+def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s):
+    """Ideal step time, noise band, slowdown and the :class:`JobResult` (see the docs)."""
+    level_names, level_ns, kept_parts = acc.names, acc.ns, acc.kept
+    total_ns = attempts[-1].end_ns - attempts[0].start_ns if attempts else 0
+    if kept_parts:
+        snum, satt, sstart, t = (np.concatenate(c) for c in zip(*kept_parts, strict=True))
+    else:
+        snum = satt = sstart = t = np.zeros(0, np.int64)
+    if ideal_step_time_s is not None:
+        ideal, source = round(ideal_step_time_s * _NS), "given"
+    elif len(t):
+        ideal, source = float(np.median(t)), "estimated"
+    else:
+        ideal, source = None, None
+    tol = float(_MIN_TOL_NS)
+    if len(t) >= 2:
+        sigma = float(np.median(np.abs(np.diff(t)))) / (math.sqrt(2) * _MAD_NORMAL)
+        tol = max(3 * sigma, tol)
+    if ideal is not None:
+        anomalous = t > ideal + tol
+        deviation = (t - ideal) / _NS
+    else:
+        anomalous = np.zeros(len(t), bool)
+        deviation = np.full(len(t), np.nan)
+    n_anom = int(anomalous.sum())
+    slowdown = round(int(t[anomalous].sum()) - n_anom * ideal) if n_anom else 0
+    kept_ns = level_ns[acc.level["step"]]
+    if kept_ns != int(t.sum()):  # pragma: no cover - a bug, never expected
+        raise AssertionError("kept step time must equal the step-level time")
+    buckets = {schema.PRODUCTIVE: kept_ns - slowdown}
+    customs = [n for n in level_names if n.startswith(schema.CUSTOM_PREFIX)]
+    for name in schema.BADPUT_BUCKETS:
+        if name == "other":
+            for c in customs:
+                buckets[c] = level_ns[acc.level[c]]
+            buckets[name] = level_ns[acc.other]
+        elif name == "training_slowdown":
+            buckets[name] = slowdown
+        elif name == "infrastructure_recovery":
+            buckets[name] = recovery_ns
+        else:
+            buckets[name] = level_ns[acc.level[name]]
+    if sum(buckets.values()) != total_ns:  # pragma: no cover - a bug, never expected
+        raise AssertionError(f"buckets {buckets} do not sum to total {total_ns} ns")
+    ts = t / _NS
+    pct = [float(x) for x in np.percentile(ts, [50, 90, 99, 100])] if len(ts) else [None] * 4
+    valid = snum[snum != NONE]
+    return JobResult(
+        job=job.name,
+        start_ns=attempts[0].start_ns if attempts else 0,
+        end_ns=attempts[-1].end_ns if attempts else 0,
+        total_ns=total_ns,
+        total_time_s=total_ns / _NS,
+        productive_time_s=buckets[schema.PRODUCTIVE] / _NS,
+        goodput=buckets[schema.PRODUCTIVE] / total_ns if total_ns else 0.0,
+        badput_s={k: v / _NS for k, v in buckets.items() if k != schema.PRODUCTIVE},
+        buckets_ns=buckets,
+        disruptions=max(len(attempts) - 1, 0),
+        max_productive_step=int(valid.max()) if len(valid) else None,
+        ideal_step_time_s=None if ideal is None else ideal / _NS,
+        ideal_step_time_source=source,
+        noise_tolerance_s=tol / _NS if len(t) else None,
+        step_time=StepTimeSummary(len(t), *pct, anomalous_steps=n_anom),
+        attempts=tuple(attempt_rows),
+        async_work_s={k: v / _NS for k, v in sorted(acc.async_ns.items())},
+        skipped={**dict.fromkeys(SKIP_REASONS, 0), **job.skipped},
+        skipped_examples=tuple(job.examples),
+        recorder_errors=sum(a.recorder_errors for a in attempts),
+        recorder_dropped=sum(a.recorder_dropped for a in attempts),
+        schema_version=",".join(sorted(job.schema_versions)) or None,
+        steps=StepArrays(snum, satt, sstart, t, ts, deviation, anomalous),
+    )
+
+
+def report_run_dir(
+    path: str | os.PathLike,
+    ideal_step_time_s: float | None = None,
+    now_ns: int | None = None,
+    job: str | None = None,
+) -> list[JobResult]:
+    """Read ``path`` and account every job in it (or only ``job``), sorted by job name.
+
+    Skips that cannot be tied to one job (rare) are added to every job's ``skipped``.
+
+    Raises:
+        RunDirError, SpoolFormatError: see :func:`~goodput_processor.reader.read_run_dir`.
+        KeyError: ``job`` is given and not in the run directory (message lists the jobs).
+        ValueError: bad ``ideal_step_time_s``.
+    """
+    spans = read_run_dir(path)
+    names = sorted(spans.jobs)
+    if job is not None:
+        if job not in spans.jobs:
+            raise KeyError(f"no job named {job!r} in {spans.path} (jobs: {', '.join(names)})")
+        names = [job]
+    results = []
+    for name in names:
+        js = spans.jobs[name]
+        js.skipped.update(spans.skipped)
+        js.examples.extend(spans.examples[: max(0, 20 - len(js.examples))])
+        results.append(account(js, ideal_step_time_s, now_ns))
+    return results

@@ -1,0 +1,114 @@
+"""The ``goodput`` command line.
+
+``goodput report RUN_DIR [--format table|json] [--ideal-step-time SECONDS] [--job NAME]``
+prints the goodput report of every job in a run directory. Usage errors and unreadable
+input print one line ``goodput: error: ...`` on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .accounting import report_run_dir
+from .reader import ReadError
+
+__all__ = ["UsageError", "add_report_command", "build_parser", "main"]
+
+PROG = "goodput"
+
+
+class UsageError(Exception):
+    """Bad command line or input; ``main`` prints it as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one line (``goodput: error: ...``), not a usage dump."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _ideal_step_time(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"--ideal-step-time must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Run ``goodput report``; returns the exit status."""
+    ideal = None if args.ideal_step_time is None else _ideal_step_time(args.ideal_step_time)
+    try:
+        results = report_run_dir(args.run_dir, ideal_step_time_s=ideal, job=args.job)
+    except ReadError as e:
+        raise UsageError(str(e)) from e
+    except KeyError as e:
+        raise UsageError(e.args[0]) from e
+    if args.format == "json":
+        from .report import to_json
+
+        sys.stdout.write(to_json(results) + "\n")
+    else:
+        from .report import make_console, render_table
+
+        render_table(results, make_console())
+    return 0
+
+
+def add_report_command(subparsers) -> argparse.ArgumentParser:
+    """Add the ``report`` subcommand to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "report",
+        help="goodput and badput of the jobs in a run directory",
+        description="Account the spans in RUN_DIR (every *.jsonl file under it) into "
+        "goodput buckets, per job.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="directory of spans-*.jsonl spool files")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="output format (default: table)")
+    p.add_argument("--ideal-step-time", metavar="SECONDS", default=None,
+                   help="ideal step time in seconds (default: median of kept step times)")
+    p.add_argument("--job", metavar="NAME", default=None, help="report only this job")
+    p.set_defaults(func=cmd_report)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``goodput`` argument parser with all subcommands."""
+    parser = _Parser(prog=PROG, description="Goodput of ML training jobs from OpenTelemetry "
+                     "spans.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    add_report_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``goodput`` console script; returns the exit status (0, 2)."""
+    parser = build_parser()
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help / --version
+            return e.code if isinstance(e.code, int) else 0
+        if getattr(args, "func", None) is None:
+            raise UsageError("a command is required (try: goodput report RUN_DIR)")
+        return args.func(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `goodput report ... | head`: as rich does, exit 1 quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

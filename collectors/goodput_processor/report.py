@@ -1,0 +1,375 @@
+"""The report: result data classes (:class:`JobResult`, ...) and their JSON and table forms.
+
+JSON report (``goodput report RUN_DIR --format json``), schema ``goodput.report/1``.
+Durations are float seconds, ``goodput`` is a fraction in [0, 1], absolute times are
+integer ns since the Unix epoch; ``null`` marks an unknown value::
+
+    {
+      "schema": "goodput.report/1",
+      "jobs": [                                  # sorted by job name
+        {
+          "job": str,                            # goodput.job.name (else service.name)
+          "schema_version": str | null,          # goodput.schema.version(s) read
+          "start_unix_ns": int, "end_unix_ns": int,
+          "total_time_s": float,                 # first attempt start -> last attempt end
+          "productive_time_s": float,
+          "goodput": float,                      # productive / total, 0..1
+          "badput_s": {bucket: float},           # every schema.BADPUT_BUCKETS name, plus
+                                                 # "custom:<type>" after training_slowdown;
+                                                 # productive + badput == total (exact
+                                                 # in ns; floats may differ in last digit)
+          "disruptions": int,                    # attempts - 1
+          "max_productive_step": int | null,
+          "ideal_step_time_s": float | null,
+          "ideal_step_time_source": "given" | "estimated" | null,
+          "noise_tolerance_s": float | null,     # step anomalous above ideal + this
+          "step_time": {"count": int, "p50_s": float | null, "p90_s": float | null,
+                        "p99_s": float | null, "max_s": float | null,
+                        "anomalous_steps": int},  # over kept steps
+          "attempts": [                          # ordered by start
+            {"attempt": int,                     # goodput.attempt
+             "start_unix_ns": int, "end_unix_ns": int,
+             "start_s": float,                   # offset from the job start
+             "duration_s": float,
+             "end_reason": str,                  # goodput.end.reason, "killed" or "running"
+             "cut": bool,                        # end moved back to the next start
+             "primary_process": int, "processes": int,
+             "declared_processes": int | null,   # goodput.process.count
+             "hosts": [str], "resume_step": int | null,
+             "steps_kept": int, "steps_wasted": int,
+             "error_spans": int,                 # spans with status ERROR
+             "recorder": {"errors": int, "dropped": int}}
+          ],
+          "async_work_s": {name: float},         # goodput.blocking=false spans of the
+                                                 # primary processes, not badput; name is
+                                                 # a bucket name ("checkpoint_save",
+                                                 # "custom:<type>", ...) or "step"
+          "skipped": {reason: int},              # records skipped, by reason: torn,
+                                                 # malformed (lines), invalid_span, duplicate,
+                                                 # unknown, unsupported_schema (spans); all
+                                                 # six always present
+          "skipped_examples": [str],             # up to 20 "file:line: reason"
+          "recorder": {"errors": int, "dropped": int}   # goodput.recorder.errors /
+                                                 # dropped: per process the largest value
+                                                 # on job_end/heartbeat, summed
+        }
+      ]
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from goodput import schema
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["REPORT_SCHEMA", "AttemptResult", "JobResult", "StepArrays", "StepTimeSummary",
+           "format_duration", "job_to_dict", "render_table", "to_json", "to_json_dict"]
+
+#: Value of the ``schema`` key of the JSON report.
+REPORT_SCHEMA = "goodput.report/1"
+
+
+@dataclass(frozen=True)
+class StepTimeSummary:
+    """Step times of kept steps, in seconds (None when there are no kept steps)."""
+
+    count: int
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    anomalous_steps: int
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    """Per kept step, in time order (all arrays of length ``count``).
+
+    ``step``: step number (int64, ``NONE`` if the span had none); ``attempt``: attempt
+    number (int64); ``start_ns``: span start (int64, ns since the epoch); ``time_ns``: step
+    time after the overlap rules (int64 ns); ``time_s``/``deviation_s``: step time and
+    step time minus the ideal step time (float64 seconds; deviation NaN without an ideal);
+    ``anomalous``: bool.
+    """
+
+    step: np.ndarray
+    attempt: np.ndarray
+    start_ns: np.ndarray
+    time_ns: np.ndarray
+    time_s: np.ndarray
+    deviation_s: np.ndarray
+    anomalous: np.ndarray
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """One attempt in the result; times in ns since the epoch, durations in seconds."""
+
+    attempt: int
+    start_ns: int
+    end_ns: int
+    duration_s: float
+    end_reason: str
+    cut: bool
+    primary_process: int
+    processes: int
+    declared_processes: int | None
+    hosts: tuple[str, ...]
+    resume_step: int | None
+    steps_kept: int
+    steps_wasted: int
+    error_spans: int
+    recorder_errors: int
+    recorder_dropped: int
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """Accounting result of one job.
+
+    Seconds are floats converted from exact integer ns (``buckets_ns``); ``goodput`` is a
+    fraction in [0, 1]. ``badput_s`` holds every bucket of ``schema.BADPUT_BUCKETS`` (0 if
+    unused) plus ``custom:<type>`` buckets, in report order (custom after
+    ``training_slowdown``). ``buckets_ns`` holds ``productive`` and every badput bucket
+    in ns; they sum exactly to ``total_ns``. ``async_work_s``: seconds of
+    ``goodput.blocking=false`` spans per bucket name (not badput). ``skipped``: counts
+    of skipped records by reason, ``skipped_examples`` up to 20 "where: why" strings.
+    """
+
+    job: str
+    start_ns: int
+    end_ns: int
+    total_ns: int
+    total_time_s: float
+    productive_time_s: float
+    goodput: float
+    badput_s: dict[str, float]
+    buckets_ns: dict[str, int]
+    disruptions: int
+    max_productive_step: int | None
+    ideal_step_time_s: float | None
+    ideal_step_time_source: str | None
+    noise_tolerance_s: float | None
+    step_time: StepTimeSummary
+    attempts: tuple[AttemptResult, ...]
+    async_work_s: dict[str, float]
+    skipped: dict[str, int]
+    skipped_examples: tuple[str, ...]
+    recorder_errors: int
+    recorder_dropped: int
+    schema_version: str | None
+    steps: StepArrays = field(repr=False)
+
+
+def format_duration(seconds: float | None) -> str:
+    """Human-readable duration: ``"1h 02m 03s"``, ``"2m 03s"``, ``"3.21 s"``, ``"3.00 ms"``."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "-"
+    sign, s = ("-", -seconds) if seconds < 0 else ("", seconds)
+    if s >= 60:
+        whole = int(round(s))
+        d, rem = divmod(whole, 86400)
+        h, rem = divmod(rem, 3600)
+        m, sec = divmod(rem, 60)
+        if d:
+            return f"{sign}{d}d {h:02d}h {m:02d}m {sec:02d}s"
+        if h:
+            return f"{sign}{h}h {m:02d}m {sec:02d}s"
+        return f"{sign}{m}m {sec:02d}s"
+    if s >= 1 or s == 0:
+        return f"{sign}{s:.2f} s"
+    if s >= 1e-3:
+        return f"{sign}{s * 1e3:.2f} ms"
+    return f"{sign}{s * 1e6:.1f} µs"
+
+
+def _seconds(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if abs(x) >= 1 or x == 0 else f"{x:.6f}"
+
+
+def _attempt_dict(a, job_start_ns: int) -> dict:
+    return {
+        "attempt": a.attempt,
+        "start_unix_ns": a.start_ns,
+        "end_unix_ns": a.end_ns,
+        "start_s": (a.start_ns - job_start_ns) / 1e9,
+        "duration_s": a.duration_s,
+        "end_reason": a.end_reason,
+        "cut": a.cut,
+        "primary_process": a.primary_process,
+        "processes": a.processes,
+        "declared_processes": a.declared_processes,
+        "hosts": list(a.hosts),
+        "resume_step": a.resume_step,
+        "steps_kept": a.steps_kept,
+        "steps_wasted": a.steps_wasted,
+        "error_spans": a.error_spans,
+        "recorder": {"errors": a.recorder_errors, "dropped": a.recorder_dropped},
+    }
+
+
+def job_to_dict(r: JobResult) -> dict:
+    """The JSON object of one job (see the module docstring)."""
+    st = r.step_time
+    return {
+        "job": r.job,
+        "schema_version": r.schema_version,
+        "start_unix_ns": r.start_ns,
+        "end_unix_ns": r.end_ns,
+        "total_time_s": r.total_time_s,
+        "productive_time_s": r.productive_time_s,
+        "goodput": r.goodput,
+        "badput_s": dict(r.badput_s),
+        "disruptions": r.disruptions,
+        "max_productive_step": r.max_productive_step,
+        "ideal_step_time_s": r.ideal_step_time_s,
+        "ideal_step_time_source": r.ideal_step_time_source,
+        "noise_tolerance_s": r.noise_tolerance_s,
+        "step_time": {
+            "count": st.count,
+            "p50_s": st.p50_s,
+            "p90_s": st.p90_s,
+            "p99_s": st.p99_s,
+            "max_s": st.max_s,
+            "anomalous_steps": st.anomalous_steps,
+        },
+        "attempts": [_attempt_dict(a, r.start_ns) for a in r.attempts],
+        "async_work_s": dict(r.async_work_s),
+        "skipped": dict(r.skipped),
+        "skipped_examples": list(r.skipped_examples),
+        "recorder": {"errors": r.recorder_errors, "dropped": r.recorder_dropped},
+    }
+
+
+def to_json_dict(results: Iterable[JobResult]) -> dict:
+    """The whole JSON report as a dict: ``{"schema": REPORT_SCHEMA, "jobs": [...]}``."""
+    return {"schema": REPORT_SCHEMA, "jobs": [job_to_dict(r) for r in results]}
+
+
+def to_json(results: Iterable[JobResult], indent: int | None = 2) -> str:
+    """The JSON report as a string (no trailing newline)."""
+    return json.dumps(to_json_dict(results), indent=indent, allow_nan=False)
+
+
+def _bucket_rows(r: JobResult):
+    yield schema.PRODUCTIVE, r.productive_time_s
+    yield from r.badput_s.items()
+
+
+def render_job(r: JobResult, console: Console) -> None:
+    """Print one job's report to ``console`` (a ``rich.console.Console``)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    total = r.total_time_s
+    head = Text()
+    head.append(f"Job {r.job}", style="bold")
+    head.append(f"   total {format_duration(total)}")
+    head.append(f"   goodput {r.goodput * 100:.2f} %", style="bold green")
+    console.print(head)
+
+    buckets = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    buckets.add_column("bucket")
+    buckets.add_column("seconds", justify="right")
+    buckets.add_column("duration", justify="right")
+    buckets.add_column("%", justify="right")
+    for name, sec in _bucket_rows(r):
+        pct = 100 * sec / total if total else 0.0
+        style = "green" if name == schema.PRODUCTIVE else ("dim" if sec == 0 else None)
+        buckets.add_row(Text(name), _seconds(sec), format_duration(sec), f"{pct:.2f}", style=style)
+    buckets.add_row("total", _seconds(total), format_duration(total), "100.00" if total else "0.00",
+                    style="bold")
+    console.print(buckets)
+
+    ideal = "-"
+    if r.ideal_step_time_s is not None:
+        ideal = f"{_seconds(r.ideal_step_time_s)} s ({r.ideal_step_time_source})"
+    st = r.step_time
+    console.print(
+        f"disruptions: {r.disruptions}   max productive step: "
+        f"{'-' if r.max_productive_step is None else r.max_productive_step}",
+        markup=False,
+    )
+    console.print(f"ideal step time: {ideal}", markup=False)
+    console.print(
+        f"step time of {st.count} kept steps: p50 {format_duration(st.p50_s)}, "
+        f"p90 {format_duration(st.p90_s)}, p99 {format_duration(st.p99_s)}, "
+        f"max {format_duration(st.max_s)}",
+        markup=False,
+    )
+    if r.noise_tolerance_s is not None and r.ideal_step_time_s is not None:
+        console.print(
+            f"anomalous steps: {st.anomalous_steps} (step time > ideal + "
+            f"{format_duration(r.noise_tolerance_s)})",
+            markup=False,
+        )
+
+    attempts = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for col in ("attempt", "start", "duration", "end", "procs", "hosts", "resume",
+                "kept", "wasted"):
+        attempts.add_column(col, justify="left" if col in ("end", "hosts") else "right")
+    for a in r.attempts:
+        hosts = ",".join(a.hosts)
+        attempts.add_row(
+            str(a.attempt),
+            "+" + format_duration((a.start_ns - r.start_ns) / 1e9),
+            format_duration(a.duration_s),
+            Text(a.end_reason + (" (cut)" if a.cut else "")),
+            str(a.processes) + ("" if a.declared_processes is None else f"/{a.declared_processes}"),
+            Text(hosts if len(hosts) <= 24 else hosts[:21] + "..."),
+            "-" if a.resume_step is None else str(a.resume_step),
+            str(a.steps_kept),
+            str(a.steps_wasted),
+        )
+    console.print(attempts)
+
+    if r.async_work_s:
+        work = ", ".join(f"{k} {format_duration(v)}" for k, v in r.async_work_s.items())
+        console.print(f"asynchronous work (not badput): {work}", markup=False)
+    skipped = {k: v for k, v in r.skipped.items() if v}
+    console.print(
+        "skipped records: "
+        + (", ".join(f"{k} {v}" for k, v in skipped.items()) if skipped else "none"),
+        style="yellow" if skipped else None,
+        markup=False,
+    )
+    for ex in r.skipped_examples:
+        console.print(f"  {ex}", style="dim", markup=False, highlight=False)
+    errors = sum(a.error_spans for a in r.attempts)
+    console.print(
+        f"recorder: errors {r.recorder_errors}, dropped {r.recorder_dropped}; "
+        f"spans with error status: {errors}",
+        style="yellow" if (r.recorder_errors or r.recorder_dropped) else None,
+        markup=False,
+    )
+
+
+def make_console():
+    """A rich console on stdout; 120 columns when stdout is not a terminal (pipes, files)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+
+
+def render_table(results: Iterable[JobResult], console: Console | None = None) -> None:
+    """Print every job's report (see :func:`render_job`) to ``console`` (default stdout)."""
+    if console is None:
+        console = make_console()
+    for i, r in enumerate(results):
+        if i:
+            console.print()
+        render_job(r, console)

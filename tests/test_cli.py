@@ -1,0 +1,147 @@
+"""The ``goodput`` command line, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from otlp_fixtures import Timeline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def goodput(*args, cwd=None):
+    env = dict(os.environ)
+    paths = [str(ROOT / "src"), str(ROOT / "collectors")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["COLUMNS"] = "120"
+    return subprocess.run(
+        [sys.executable, "-m", "goodput_processor.cli", *map(str, args)],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """The worked example of docs/accounting.md, plus an async save and a torn line."""
+    d = tmp_path_factory.mktemp("run")
+    a0 = Timeline(attempt=0, unit=60).job_start(0).restore(0, 5, step=25)
+    a0.steps(26, 50, start=5, step_time=2).save(55, 60, step=50)
+    a0.steps(51, 70, start=60, step_time=2)
+    path = a0.write(d)
+    with open(path, "a") as f:
+        f.write('{"resourceSpans":[{"resou')  # killed mid-write
+    a1 = Timeline(attempt=1, unit=60).job_start(115).restore(115, 120, step=50)
+    a1.steps(51, 75, start=120, step_time=3).save(195, 200, step=75).job_end(200)
+    a1.save(130, 133, step=55, blocking=False)
+    a1.write(d)
+    return d
+
+
+def test_report_json(run_dir):
+    p = goodput("report", run_dir, "--format", "json", "--ideal-step-time", "120")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["schema"] == "goodput.report/1"
+    (job,) = report["jobs"]
+    assert job["job"] == "job" and job["total_time_s"] == 12000
+    assert job["productive_time_s"] == 6000 and job["goodput"] == 0.5
+    assert job["badput_s"] == {
+        "accelerator_init": 0, "training_prep": 0, "program_startup": 0, "data_loading": 0,
+        "checkpoint_save": 600, "checkpoint_restore": 600, "wasted_progress": 2400,
+        "infrastructure_recovery": 900, "training_slowdown": 1500, "other": 0,
+    }
+    assert job["disruptions"] == 1 and job["max_productive_step"] == 75
+    assert job["ideal_step_time_s"] == 120 and job["ideal_step_time_source"] == "given"
+    assert job["step_time"]["count"] == 50 and job["step_time"]["anomalous_steps"] == 25
+    assert job["step_time"]["max_s"] == 180
+    assert [a["end_reason"] for a in job["attempts"]] == ["killed", "exit"]
+    assert job["attempts"][1]["start_s"] == 6900 and job["attempts"][0]["steps_wasted"] == 20
+    assert job["async_work_s"] == {"checkpoint_save": 180}
+    assert job["skipped"] == {
+        "torn": 1, "malformed": 0, "invalid_span": 0, "duplicate": 0, "unknown": 0,
+        "unsupported_schema": 0,
+    }
+    assert job["recorder"] == {"errors": 0, "dropped": 0}
+
+
+def test_report_table(run_dir):
+    p = goodput("report", run_dir, "--ideal-step-time", "120")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "Job job" in out and "goodput 50.00 %" in out and "3h 20m 00s" in out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert lines["productive"][1:] == ["6000.000", "1h", "40m", "00s", "50.00"]
+    assert lines["wasted_progress"][1:] == ["2400.000", "40m", "00s", "20.00"]
+    assert lines["training_slowdown"][-1] == "12.50"
+    order = [w for w in lines if w in ("productive", "checkpoint_save", "other")]
+    assert order == ["productive", "checkpoint_save", "other"]
+    assert "max productive step: 75" in out and "120.000 s (given)" in out
+    assert "killed" in out and "asynchronous work (not badput): checkpoint_save 3m 00s" in out
+    assert "skipped records: torn 1" in out
+
+
+def test_report_estimated_ideal_and_job_filter(run_dir):
+    p = goodput("report", run_dir, "--format", "json", "--job", "job")
+    assert p.returncode == 0, p.stderr
+    job = json.loads(p.stdout)["jobs"][0]
+    assert job["ideal_step_time_source"] == "estimated" and job["ideal_step_time_s"] == 150
+
+
+def assert_one_line_error(p, *fragments):
+    assert p.returncode == 2
+    assert p.stdout == ""
+    assert "Traceback" not in p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("goodput: error: "), p.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_missing_dir(tmp_path):
+    assert_one_line_error(goodput("report", tmp_path / "nope"), "does not exist")
+
+
+def test_empty_dir(tmp_path):
+    assert_one_line_error(goodput("report", tmp_path), "no *.jsonl")
+
+
+def test_file_instead_of_dir(tmp_path):
+    f = tmp_path / "spans.jsonl"
+    f.write_text("")
+    assert_one_line_error(goodput("report", f), "not a directory")
+
+
+def test_non_otlp_file(tmp_path):
+    (tmp_path / "events.jsonl").write_text('{"event_type": "job_started"}\n')
+    assert_one_line_error(goodput("report", tmp_path), "events.jsonl:1:", "resourceSpans")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "fast"])
+def test_bad_ideal_step_time(run_dir, value):
+    assert_one_line_error(goodput("report", run_dir, "--ideal-step-time", value),
+                          "--ideal-step-time")
+
+
+def test_unknown_job_and_usage_errors(run_dir):
+    assert_one_line_error(goodput("report", run_dir, "--job", "other"), "no job named", "job")
+    assert_one_line_error(goodput("report", run_dir, "--format", "xml"), "invalid choice")
+    assert_one_line_error(goodput(), "command is required")
+
+
+def test_version():
+    p = goodput("--version")
+    assert p.returncode == 0 and p.stdout.startswith("goodput ")
+
+
+def test_main_in_process(run_dir, capsys):
+    from goodput_processor.cli import main
+
+    assert main(["report", str(run_dir), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"][0]["disruptions"] == 1
+    assert main(["report", str(run_dir / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("goodput: error: ")
