@@ -281,3 +281,20 @@ def test_spool_lines_are_valid_otlp(memory):
             assert len(span.trace_id) == 16 and len(span.span_id) == 8
             assert span.kind == span.SPAN_KIND_INTERNAL
             assert span.end_time_unix_nano >= span.start_time_unix_nano > 0
+
+
+def test_otel_traces_exporter_adds_an_sdk_exporter_next_to_the_spool(tmp_path):
+    """OTEL_TRACES_EXPORTER=console loads the SDK's console exporter by entry point."""
+    script = tmp_path / "console_child.py"
+    script.write_text(textwrap.dedent("""
+        import goodput
+        goodput.configure("console-job", run_dir="run")
+        with goodput.step(3):
+            pass
+    """))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OTEL_TRACES_EXPORTER="console")
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert '"name": "goodput.step"' in out.stdout  # the console exporter's JSON
+    assert any(s["name"] == schema.STEP for s in spool_spans(tmp_path / "run"))
