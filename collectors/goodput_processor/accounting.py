@@ -60,8 +60,10 @@ _KIND_BUCKET = {
 #: Priority order (highest first); "custom" expands to the custom types alphabetically.
 _PRIORITY = ("wasted_progress", "checkpoint_restore", "checkpoint_save", "custom",
              "data_loading", "program_startup", "accelerator_init", "training_prep", "step")
-#: Noise band floor (ns) and the normal-distribution constant of docs/accounting.md.
+#: Noise band floors (absolute ns, and relative to the ideal step time) and the
+#: normal-distribution constant of docs/accounting.md.
 _MIN_TOL_NS = 1_000
+_MIN_TOL_REL = 0.05
 _MAD_NORMAL = 0.6745
 
 
@@ -257,6 +259,8 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     else:
         ideal, source = None, None
     tol = float(_MIN_TOL_NS)
+    if ideal is not None:
+        tol = max(tol, _MIN_TOL_REL * ideal)
     if len(t) >= 2:
         sigma = float(np.median(np.abs(np.diff(t)))) / (math.sqrt(2) * _MAD_NORMAL)
         tol = max(3 * sigma, tol)
