@@ -64,7 +64,9 @@ def write_job(
     step_s: float = 0.5,
     seed: int = 0,
 ) -> dict:
-    """Write a synthetic job of ``steps`` kept steps to ``out_dir``; returns its true totals.
+    """Write a synthetic job of ``steps`` kept steps to ``out_dir``.
+
+    Returns ``{"attempts": n, "steps_with_redone": m}`` (step spans written, redone included).
 
     Each attempt restores the last checkpoint, runs until it is killed partway
     (``restarts`` times), redoing the steps after the checkpoint. Step times

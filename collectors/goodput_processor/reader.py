@@ -192,7 +192,7 @@ class _Reader:
         else:
             self._skip(job, reason, where, why)
 
-    def _resource(self, rs: dict, where: str):
+    def _resource(self, rs: dict):
         attrs = {}
         for a in (rs.get("resource") or {}).get("attributes") or ():
             try:
@@ -221,7 +221,7 @@ class _Reader:
     def _request(self, req: dict, where: str) -> JobSpans | None:
         job = None
         for rs in req["resourceSpans"] or ():
-            job, proc, ok, version = self._resource(rs, where)
+            job, proc, ok, version = self._resource(rs)
             for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
                 spans = ss.get("spans") or ()
                 scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name")

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 
+from goodput import config
 from goodput.recorder import Recorder
 
 _log = logging.getLogger(__name__)
@@ -51,8 +52,7 @@ def configure(
     Raises:
         ValueError: ``flush_interval_s`` is not > 0, or ``start_time`` is invalid.
     """
-    from goodput import config
-    from goodput.phases import to_ns
+    from goodput.phases import to_ns  # phases imports this module
 
     global _RECORDER
     at = to_ns(start_time, "start_time") if start_time is not None else config.process_start_ns()
@@ -70,10 +70,9 @@ def configure(
         old, _RECORDER = _RECORDER, rec
     if old is not None:
         old.shutdown()
+    rec.start()
     if start:
-        rec.start(at)
-    else:
-        rec._ensure_thread()
+        rec.job_start(at)
     return rec
 
 

@@ -148,7 +148,7 @@ class Recorder:
         self._provider: TracerProvider | None = None
         self._tracer = None
         self._spool: SpoolSpanExporter | None = None
-        self._spool_failures_before = 0
+        self._spool_failures_counted = 0  # of the current attempt's spool file
         self._pending_step: tuple[int, int] | None = None
         self._last_tick = time.time_ns()
         self._sync_requested = False
@@ -183,14 +183,9 @@ class Recorder:
 
     # --- lifecycle ----------------------------------------------------------
 
-    def start(self, at_ns: int | None = None) -> None:
-        """Start the background thread and begin an attempt at ``at_ns`` (default: now)."""
-        self._ensure_thread()
-        self.job_start(at_ns)
-
     def job_start(self, at_ns: int | None = None) -> None:
         """Begin a new attempt (ending the open one, reason ``restart``); written at once."""
-        self._ensure_thread()
+        self.start()
         self._q.append((_START, time.time_ns() if at_ns is None else at_ns, 0, None, None))
         self.flush()
 
@@ -256,7 +251,8 @@ class Recorder:
         out["spool_path"] = self._spool.path if self._spool else None
         return out
 
-    def _ensure_thread(self) -> None:
+    def start(self) -> None:
+        """Start the background thread, the exit hook and the SIGTERM handler (once)."""
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="goodput-export", daemon=True)
@@ -390,6 +386,7 @@ class Recorder:
         if self.spool:
             path = config.spool_path(self.run_dir, self.process_index, self.attempt)
             self._spool = SpoolSpanExporter(path)
+            self._spool_failures_counted = 0
             provider.add_span_processor(_SpoolProcessor(self._spool))
         for proc in self._shared:
             provider.add_span_processor(_Shared(proc))
@@ -407,8 +404,8 @@ class Recorder:
         self._emit(schema.JOB_END, at, at, attrs)
         self._write()
         provider, self._provider, self._tracer = self._provider, None, None
-        provider.shutdown()
-        self._collect_spool_failures()
+        provider.shutdown()  # syncs and closes the spool file
+        self._count_spool_failures()
         self._spool = None
         self.attempt = None
 
@@ -416,18 +413,17 @@ class Recorder:
         if self._provider is None:
             return
         self._provider.force_flush()
-        if self._spool is not None:
-            if self._sync_requested:
-                self._spool.sync()
-            self._collect_spool_failures()
+        if self._spool is not None and self._sync_requested:
+            self._spool.sync()
+        self._count_spool_failures()
         self._sync_requested = False
 
-    def _collect_spool_failures(self) -> None:
-        if self._spool is not None:
-            new = self._spool.failures - self._spool_failures_before
-            if new:
-                self._counts["export_failures"] += new
-                self._counts["errors"] += new
-            self._spool_failures_before = self._spool.failures
-            if self._tracer is None:
-                self._spool_failures_before = 0
+    def _count_spool_failures(self) -> None:
+        """Add the current spool file's new write failures to the counters."""
+        if self._spool is None:
+            return
+        new = self._spool.failures - self._spool_failures_counted
+        if new:
+            self._counts["export_failures"] += new
+            self._counts["errors"] += new
+        self._spool_failures_counted = self._spool.failures
