@@ -41,6 +41,22 @@ from goodput.phases import (
 )
 from goodput.recorder import Recorder
 
+
+def instrument(frameworks=None, **kwargs) -> list[str]:
+    """Record goodput automatically from JAX, Orbax, PyTorch, Lightning and HF Trainer.
+
+    The one-line alternative to marking phases: see
+    :func:`goodput_instrumentation.instrument` (this forwards to it) and
+    ``docs/instrumentation/``. Returns the short names of the frameworks enabled.
+
+    Raises:
+        ValueError: an unknown name in ``frameworks``.
+    """
+    from goodput_instrumentation import instrument as _instrument
+
+    return _instrument(frameworks, **kwargs)
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -55,6 +71,7 @@ __all__ = [
     "data_loading",
     "flush",
     "get_recorder",
+    "instrument",
     "job_end",
     "job_start",
     "program_startup",
