@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from goodput_processor import account, read_run_dir, report_run_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from otlp_fixtures import T0_NS, Timeline
 
 from goodput import schema
+from goodput_processor import account, read_run_dir, report_run_dir
 
 NS = 1_000_000_000
 FAR_FUTURE = T0_NS + 10**6 * NS  # "now" long after every fixture: nothing is running

@@ -7,11 +7,11 @@ import os
 import random
 
 import pytest
-from goodput_processor import RunDirError, SpoolFormatError, read_run_dir, report_run_dir
-from goodput_processor.timeline import C_IVAL, C_KIND, C_START, K_STEP
 from otlp_fixtures import Timeline, otlp_span, request_line, resource, write_spool
 
 from goodput import schema
+from goodput_processor import RunDirError, SpoolFormatError, read_run_dir, report_run_dir
+from goodput_processor.timeline import C_IVAL, C_KIND, C_START, K_STEP
 
 NS = 1_000_000_000
 NOW = 2 * 10**18

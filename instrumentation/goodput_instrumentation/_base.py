@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Collection
 from importlib import metadata
@@ -145,74 +146,89 @@ class Patches:
 
 
 class GoodputInstrumentor(BaseInstrumentor):
-    """Base of the goodput instrumentors: patch ``module`` when (and if) it is imported.
+    """Base of the goodput instrumentors: patch a module when (and if) it is imported.
 
-    Subclasses set :attr:`module` (the import name that triggers patching) and
+    Subclasses set :attr:`modules` (the import names that trigger patching) and
     :attr:`requirements` (``instrumentation_dependencies``), and implement
-    :meth:`_patch` (given the imported module) and :meth:`_unpatch`. Both run
-    under a guard: a failure to patch is logged and counted, and the training
-    script runs on without that instrumentor.
+    :meth:`_patch` (called once per name in ``modules``, with the imported
+    module) and :meth:`_unpatch` (undoes every ``_patch``). A failure in either
+    is logged and counted, and the training script runs on without that
+    instrumentor.
     """
 
-    #: Import name whose import triggers :meth:`_patch`.
-    module: str = ""
+    #: Import names whose import triggers :meth:`_patch` (each at most once).
+    modules: tuple[str, ...] = ()
     #: Requirement strings, e.g. ``("torch >= 2.4",)``; a mismatch skips patching.
     requirements: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         # BaseInstrumentor is a per-class singleton: __init__ runs on every call.
         if not hasattr(self, "_lock"):
-            self._lock = threading.Lock()
+            self._lock = threading.RLock()
             self._active = False
-            self._patched = False
-            self._hook_registered = False
+            self._patched: set[str] = set()
+            self._hooked: set[str] = set()
+            self._options: dict = {}
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return self.requirements
+
+    def _check_dependency_conflicts(self):
+        # Checked when the framework is imported (a missing framework is no error:
+        # it is simply never patched); see _version_problem.
+        return None
 
     def _instrument(self, **kwargs) -> None:
         with self._lock:
             self._active = True
             self._options = kwargs
-            if not self._hook_registered:
-                self._hook_registered = True
-                try:
-                    wrapt.register_post_import_hook(self._on_import, self.module)
-                except Exception as exc:  # noqa: BLE001
-                    report_error(f"{type(self).__name__} import hook", exc)
+            for name in self.modules:
+                module = sys.modules.get(name)
+                if module is not None:
+                    self._on_import(name, module)
+                elif name not in self._hooked:
+                    # wrapt runs a hook once, on the module's first import.
+                    self._hooked.add(name)
+                    try:
+                        wrapt.register_post_import_hook(self._hook_for(name), name)
+                    except Exception as exc:  # noqa: BLE001
+                        report_error(f"{type(self).__name__} import hook", exc)
 
-    def _on_import(self, module) -> None:
+    def _hook_for(self, name: str):
+        def hook(module) -> None:
+            with self._lock:
+                self._hooked.discard(name)
+            self._on_import(name, module)
+
+        return hook
+
+    def _on_import(self, name: str, module) -> None:
         with self._lock:
-            if not self._active or self._patched:
+            if not self._active or name in self._patched:
                 return
             problem = self._version_problem()
             if problem:
-                _log.warning("goodput: %s not instrumented: %s", self.module, problem)
+                _log.warning("goodput: %s not instrumented: %s", name, problem)
                 return
             try:
                 self._patch(module)
-                self._patched = True
+                self._patched.add(name)
             except Exception as exc:  # noqa: BLE001
-                report_error(f"{type(self).__name__}._patch", exc)
-                try:
-                    self._unpatch()
-                except Exception:  # noqa: BLE001
-                    pass
+                report_error(f"{type(self).__name__}._patch({name})", exc)
 
     def _uninstrument(self, **kwargs) -> None:
         with self._lock:
-            self._active = False  # a hook still registered with wrapt now does nothing
-            if self._patched:
-                self._patched = False
-                try:
-                    self._unpatch()
-                except Exception as exc:  # noqa: BLE001
-                    report_error(f"{type(self).__name__}._unpatch", exc)
+            self._active = False  # hooks still registered with wrapt now do nothing
+            self._patched.clear()
+            try:
+                self._unpatch()
+            except Exception as exc:  # noqa: BLE001
+                report_error(f"{type(self).__name__}._unpatch", exc)
 
     @property
     def patched(self) -> bool:
-        """Whether the framework is patched now (it was imported while instrumented)."""
-        return self._patched
+        """Whether the framework is patched now (imported while instrumented)."""
+        return bool(self._patched)
 
     def _version_problem(self) -> str | None:
         for text in self.requirements:
