@@ -64,7 +64,11 @@ def instrument(frameworks=None, **kwargs) -> list[str]:
         )
     enabled = []
     for short in names:
-        inst = _load(_SHORT[short])
+        try:
+            inst = _load(_SHORT[short])
+        except Exception as exc:  # noqa: BLE001 - one broken instrumentor must not stop the rest
+            _log.warning("goodput: instrumentor %s unavailable: %r", short, exc)
+            continue
         if not inst.is_instrumented_by_opentelemetry:
             inst.instrument(skip_dep_check=True, **kwargs)
         enabled.append(short)

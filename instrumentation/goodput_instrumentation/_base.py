@@ -214,7 +214,13 @@ class GoodputInstrumentor(BaseInstrumentor):
                 self._patch(module)
                 self._patched.add(name)
             except Exception as exc:  # noqa: BLE001
+                # Half a patch is worse than none: undo all of this instrumentor's.
                 report_error(f"{type(self).__name__}._patch({name})", exc)
+                self._patched.clear()
+                try:
+                    self._unpatch()
+                except Exception as exc2:  # noqa: BLE001
+                    report_error(f"{type(self).__name__}._unpatch", exc2)
 
     def _uninstrument(self, **kwargs) -> None:
         with self._lock:
