@@ -298,3 +298,23 @@ def test_otel_traces_exporter_adds_an_sdk_exporter_next_to_the_spool(tmp_path):
     assert out.returncode == 0, out.stderr
     assert '"name": "goodput.step"' in out.stdout  # the console exporter's JSON
     assert any(s["name"] == schema.STEP for s in spool_spans(tmp_path / "run"))
+
+
+def test_reseeding_the_global_random_module_does_not_repeat_span_ids(memory):
+    import random
+
+    rec, exporter, _ = memory
+    for _ in range(3):
+        random.seed(42)  # what transformers.set_seed / seed_everything do
+        with goodput.step():
+            pass
+    goodput.flush()
+    ids = [s.context.span_id for s in exporter.get_finished_spans()]
+    assert len(ids) == len(set(ids))
+    random.seed(7)
+    expected = random.random()
+    random.seed(7)
+    with goodput.step():
+        pass
+    goodput.flush()
+    assert random.random() == expected  # the recorder draws nothing from the job's sequence

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import random
 import signal
 import sys
 import threading
@@ -44,10 +45,26 @@ _VERSION = "0.1.0"
 
 
 class _AttemptIds(RandomIdGenerator):
-    """Gives every span of an attempt the attempt's trace id."""
+    """Gives every span of an attempt the attempt's trace id.
+
+    Draws from its own ``random.Random`` (seeded from the OS): training code
+    reseeds the global ``random`` module (``transformers.set_seed``, Lightning's
+    ``seed_everything``), which would repeat span ids, and drawing from it would
+    shift the job's own random sequence.
+    """
 
     def __init__(self):
-        self.trace_id = super().generate_trace_id()
+        self._rng = random.Random()
+        self.trace_id = self._nonzero(128)
+
+    def _nonzero(self, bits: int) -> int:
+        while True:
+            value = self._rng.getrandbits(bits)
+            if value:
+                return value
+
+    def generate_span_id(self) -> int:
+        return self._nonzero(64)
 
     def generate_trace_id(self) -> int:
         return self.trace_id
