@@ -15,25 +15,48 @@ Run it again with the same two directories (after killing it, say) and it
 resumes from its latest checkpoint as the next attempt of the same job; the
 report then accounts both attempts. ``examples/crash_restart.py`` does exactly
 that with a real SIGKILL.
+
+The same training run can be recorded three ways (``--marks``):
+
+- ``manual`` (default): the phase API marks every phase (``with goodput.step(n):`` ...).
+- ``auto``: no phase markers at all; ``goodput.instrument()`` records steps
+  (optimizer hooks), data loading (DataLoader), checkpoint save and restore
+  (``torch.distributed.checkpoint``, so ``--ckpt-format dcp`` is implied) and
+  evaluation (``model.eval()`` ... ``model.train()``)::
+
+      python examples/pytorch_digits/train.py --marks auto --run-dir runs/digits-auto \
+          --ckpt-dir ckpt/digits-auto
+      goodput report runs/digits-auto
+
+- ``none``: the script does not even import goodput; run it under
+  ``opentelemetry-instrument`` (settings from the environment)::
+
+      GOODPUT_RUN_DIR=runs/digits-otel GOODPUT_JOB_NAME=digits-otel \
+          opentelemetry-instrument python examples/pytorch_digits/train.py --marks none \
+          --ckpt-dir ckpt/digits-otel
+      goodput report runs/digits-otel
+
+``--ckpt-format dcp`` saves with ``torch.distributed.checkpoint`` (one directory
+per checkpoint, ``step-<8 digits>``) in every mode, so ``--marks manual
+--ckpt-format dcp`` and ``--marks auto`` are the same training run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-# goodput first: the attempt starts at the OS process start anyway, and
-# configure() installs the exit and SIGTERM hooks before any slow import runs.
-import goodput
 
 if TYPE_CHECKING:
     import torch
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")
+DCP_RE = re.compile(r"^step-(\d{8})$")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,7 +85,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.5,
         help="goodput flush interval in seconds (a SIGKILL loses at most this much)",
     )
+    p.add_argument(
+        "--marks",
+        choices=("manual", "auto", "none"),
+        default="manual",
+        help="manual: phase API markers; auto: goodput.instrument() only; none: no goodput "
+        "code at all (run under opentelemetry-instrument; --run-dir, --job-name and "
+        "--flush-interval then come from GOODPUT_RUN_DIR, GOODPUT_JOB_NAME, "
+        "GOODPUT_FLUSH_INTERVAL_S)",
+    )
+    p.add_argument(
+        "--ckpt-format",
+        choices=("pt", "dcp"),
+        default=None,
+        help="pt: torch.save files; dcp: torch.distributed.checkpoint directories "
+        "(default: pt with --marks manual, else dcp)",
+    )
     args = p.parse_args(argv)
+    if args.ckpt_format is None:
+        args.ckpt_format = "pt" if args.marks == "manual" else "dcp"
+    elif args.ckpt_format == "pt" and args.marks != "manual":
+        p.error("--marks auto/none record checkpoints from torch.distributed.checkpoint: "
+                "use --ckpt-format dcp")
     for name in ("steps", "ckpt_every", "eval_every", "log_every", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -78,6 +122,63 @@ def latest_checkpoint(ckpt_dir: Path) -> tuple[int, Path] | None:
             if m:
                 found.append((int(m.group(1)), path))
     return max(found) if found else None
+
+
+def latest_dcp_checkpoint(ckpt_dir: Path) -> tuple[int, Path] | None:
+    """The ``(step, path)`` of the newest complete DCP checkpoint directory, if any.
+
+    A DCP save writes ``.metadata`` last, so a directory without it is the
+    remains of an interrupted save and is skipped.
+    """
+    found = []
+    if ckpt_dir.is_dir():
+        for path in ckpt_dir.iterdir():
+            m = DCP_RE.match(path.name)
+            if m and (path / ".metadata").is_file():
+                found.append((int(m.group(1)), path))
+    return max(found) if found else None
+
+
+def save_dcp_checkpoint(
+    ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: Any, keep: int
+) -> Path:
+    """Save model and optimizer with ``torch.distributed.checkpoint`` as step ``step``.
+
+    The state dict has a top-level ``step`` entry: the goodput instrumentor
+    reads the checkpoint step from it. Older checkpoints beyond ``keep`` are deleted.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    final = ckpt_dir / f"step-{step:08d}"
+    dcp.save({"step": step, "model": model_sd, "optimizer": optim_sd}, checkpoint_id=final)
+    for _, old in sorted(
+        (int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := DCP_RE.match(p.name))
+    )[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_dcp_checkpoint(path: Path, model: torch.nn.Module, optimizer: Any) -> int:
+    """Load a DCP checkpoint into ``model`` and ``optimizer``; returns its step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"step": 0, "model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+    return int(state["step"])
+
+
+class NoMarks:
+    """Stands in for the goodput phase API with ``--marks auto/none``: every phase is a no-op."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: contextlib.nullcontext()
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
@@ -151,9 +252,23 @@ def evaluate(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
 def main(argv: list[str] | None = None) -> int:
     """Train (or resume) the digits job; returns the process exit status."""
     args = parse_args(argv)
-    goodput.configure(
-        job_name=args.job_name, run_dir=args.run_dir, flush_interval_s=args.flush_interval
-    )
+    lifecycle = None  # the goodput module, for the attempt's end
+    if args.marks == "none":
+        goodput: Any = NoMarks()  # not even imported: opentelemetry-instrument does it all
+    else:
+        # goodput before torch: the attempt starts at the OS process start anyway,
+        # and configure() installs the exit and SIGTERM hooks before any slow import.
+        import goodput as _goodput
+
+        _goodput.configure(
+            job_name=args.job_name, run_dir=args.run_dir, flush_interval_s=args.flush_interval
+        )
+        if args.marks == "auto":
+            # Automatic instrumentation only (goodput.instrument() would enable
+            # every framework; this script only uses PyTorch).
+            _goodput.instrument(["torch"])
+        lifecycle = _goodput
+        goodput = _goodput if args.marks == "manual" else NoMarks()
     ckpt_dir = Path(args.ckpt_dir)
 
     with goodput.accelerator_init():
@@ -198,16 +313,22 @@ def main(argv: list[str] | None = None) -> int:
         ).to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         loss_fn = torch.nn.CrossEntropyLoss()
+        if args.ckpt_format == "dcp":
+            import torch.distributed.checkpoint  # noqa: F401 - its import is part of the prep
 
     step = 0
-    latest = latest_checkpoint(ckpt_dir)
+    dcp_format = args.ckpt_format == "dcp"
+    latest = latest_dcp_checkpoint(ckpt_dir) if dcp_format else latest_checkpoint(ckpt_dir)
     if latest is not None:
         ckpt_step, path = latest
         with goodput.checkpoint_restore(step=ckpt_step):
-            state = torch.load(path, map_location=device, weights_only=True)
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            step = int(state["step"])
+            if dcp_format:
+                step = load_dcp_checkpoint(path, model, optimizer)
+            else:
+                state = torch.load(path, map_location=device, weights_only=True)
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                step = int(state["step"])
         print(f"restored checkpoint step {step} from {path}", flush=True)
     stream = BatchStream(loader, generator, args.seed, batches_done=step)
 
@@ -237,12 +358,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {n} loss {loss_value:.4f}", flush=True)
         if n % args.ckpt_every == 0 or n == args.steps:
             with goodput.checkpoint_save(step=n):
-                state = {
-                    "step": n,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                }
-                save_checkpoint(ckpt_dir, n, state, args.keep_checkpoints)
+                if dcp_format:
+                    save_dcp_checkpoint(ckpt_dir, n, model, optimizer, args.keep_checkpoints)
+                else:
+                    state = {
+                        "step": n,
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                    }
+                    save_checkpoint(ckpt_dir, n, state, args.keep_checkpoints)
             print(f"checkpoint saved step {n}", flush=True)
         if n % args.eval_every == 0 or n == args.steps:
             with goodput.custom_badput("eval"):
@@ -251,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if accuracy is not None:
         print(f"done: step {args.steps}, validation accuracy {accuracy:.3f}", flush=True)
-    goodput.job_end()
+    if lifecycle is not None:
+        lifecycle.job_end()  # else the attempt ends at interpreter exit
     return 0
 
 
