@@ -156,3 +156,11 @@ def test_entry_points_name_every_instrumentor():
     eps = {e.name: e.value for e in entry_points(group="opentelemetry_instrumentor")}
     for name, target in goodput_instrumentation.INSTRUMENTORS.items():
         assert eps.get(name) == target
+
+
+def test_unknown_option_is_a_clear_error_and_instruments_nothing():
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['detect_evals'\]; these take"):
+        goodput.instrument(["torch"], detect_evals=False)
+    from goodput_instrumentation.torch import TorchInstrumentor
+
+    assert not TorchInstrumentor().is_instrumented_by_opentelemetry

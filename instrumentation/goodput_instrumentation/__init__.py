@@ -48,13 +48,14 @@ def instrument(frameworks=None, **kwargs) -> list[str]:
             ``transformers`` (an iterable), or None for all of them. A
             framework that is not installed costs nothing: it is patched only if
             the script imports it.
-        **kwargs: passed to each instrumentor's ``instrument()``.
+        **kwargs: options, passed to each instrumentor's ``instrument()``:
+            ``step_offset`` (JAX), ``detect_eval`` (PyTorch); see their pages.
 
     Returns:
         The short names of the instrumentors now enabled.
 
     Raises:
-        ValueError: an unknown framework name (names the valid ones).
+        ValueError: an unknown framework name or option (names the valid ones).
     """
     names = list(_SHORT) if frameworks is None else list(frameworks)
     unknown = [n for n in names if n not in _SHORT]
@@ -62,13 +63,18 @@ def instrument(frameworks=None, **kwargs) -> list[str]:
         raise ValueError(
             f"instrument(frameworks=...): unknown {unknown}; choose from {sorted(_SHORT)}"
         )
-    enabled = []
+    loaded = []
     for short in names:
         try:
-            inst = _load(_SHORT[short])
+            loaded.append((short, _load(_SHORT[short])))
         except Exception as exc:  # noqa: BLE001 - one broken instrumentor must not stop the rest
             _log.warning("goodput: instrumentor %s unavailable: %r", short, exc)
-            continue
+    known = {opt for _, inst in loaded for opt in inst.options}
+    bad = sorted(set(kwargs) - known)
+    if bad:
+        raise ValueError(f"instrument(): unknown option(s) {bad}; these take {sorted(known)}")
+    enabled = []
+    for short, inst in loaded:
         if not inst.is_instrumented_by_opentelemetry:
             inst.instrument(skip_dep_check=True, **kwargs)
         enabled.append(short)

@@ -160,6 +160,8 @@ class GoodputInstrumentor(BaseInstrumentor):
     modules: tuple[str, ...] = ()
     #: Requirement strings, e.g. ``("torch >= 2.4",)``; a mismatch skips patching.
     requirements: tuple[str, ...] = ()
+    #: Keyword options ``instrument()`` accepts (read from ``self._options``).
+    options: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         # BaseInstrumentor is a per-class singleton: __init__ runs on every call.

@@ -176,6 +176,7 @@ class JaxInstrumentor(GoodputInstrumentor):
 
     modules = ("jax",)
     requirements = ("jax >= 0.4.30",)
+    options = ("step_offset",)
 
     def __init__(self) -> None:
         super().__init__()

@@ -123,6 +123,7 @@ class TorchInstrumentor(GoodputInstrumentor):
         "torch.distributed.checkpoint.state_dict",
     )
     requirements = ("torch >= 2.4",)
+    options = ("detect_eval",)
 
     def __init__(self) -> None:
         super().__init__()

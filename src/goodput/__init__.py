@@ -57,6 +57,14 @@ def instrument(frameworks=None, **kwargs) -> list[str]:
     return _instrument(frameworks, **kwargs)
 
 
+def uninstrument(frameworks=None) -> None:
+    """Undo :func:`instrument` (default: for every framework); forwards to
+    :func:`goodput_instrumentation.uninstrument`."""
+    from goodput_instrumentation import uninstrument as _uninstrument
+
+    _uninstrument(frameworks)
+
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -80,4 +88,5 @@ __all__ = [
     "step",
     "step_start",
     "training_prep",
+    "uninstrument",
 ]
