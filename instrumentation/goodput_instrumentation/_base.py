@@ -24,6 +24,7 @@ import functools
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Collection
 from importlib import metadata
 
@@ -101,6 +102,31 @@ def guard(func: Callable | None = None, *, default=None, where: str | None = Non
         return wrapper
 
     return deco(func) if func is not None else deco
+
+
+def timed(orig: Callable, after: Callable, where: str | None = None) -> Callable:
+    """Wrap a framework function so that each call is timed.
+
+    ``after(t0_ns, t1_ns, error, result, args, kwargs)`` runs after every call
+    (``error``: the exception's class name or None; ``result``: the return value
+    or None), under :func:`guard`. The original's result and exceptions pass
+    through unchanged.
+    """
+    hook = guard(after, where=where or f"{getattr(orig, '__qualname__', orig)} hook")
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        t0, err, out = time.time_ns(), None, None
+        try:
+            out = orig(*args, **kwargs)
+            return out
+        except BaseException as exc:
+            err = type(exc).__name__
+            raise
+        finally:
+            hook(t0, time.time_ns(), err, out, args, kwargs)
+
+    return wrapper
 
 
 def recorder():

@@ -38,7 +38,7 @@ import threading
 import time
 
 from goodput import schema
-from goodput_instrumentation._base import GoodputInstrumentor, Patches, guard, recorder
+from goodput_instrumentation._base import GoodputInstrumentor, Patches, guard, recorder, timed
 
 _log = logging.getLogger("goodput.instrumentation.jax")
 
@@ -306,19 +306,8 @@ class JaxInstrumentor(GoodputInstrumentor):
                           self._wrap_backends(xla_bridge, backends, ready))
 
     def _wrap_distributed(self, orig):
-        @functools.wraps(orig)
-        def initialize(*args, **kwargs):
-            t0 = _time_ns()
-            err = None
-            try:
-                return orig(*args, **kwargs)
-            except BaseException as exc:
-                err = type(exc).__name__
-                raise
-            finally:
-                self._record_init(t0, _time_ns(), err)
-
-        return initialize
+        return timed(orig, lambda t0, t1, err, out, args, kwargs: self._record_init(t0, t1, err),
+                     "jax.distributed.initialize hook")
 
     def _wrap_backends(self, xla_bridge, orig, ready):
         @functools.wraps(orig)

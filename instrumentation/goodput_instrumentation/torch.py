@@ -62,6 +62,7 @@ from goodput_instrumentation._base import (
     claimed_by_other,
     guard,
     recorder,
+    timed,
 )
 
 _log = logging.getLogger("goodput.instrumentation.torch")
@@ -388,21 +389,8 @@ class TorchInstrumentor(GoodputInstrumentor):
     # --- process group -----------------------------------------------------------
 
     def _wrap_init_process_group(self, orig):
-        inst = self
-
-        @functools.wraps(orig)
-        def init_process_group(*args, **kwargs):
-            t0 = _time_ns()
-            err = None
-            try:
-                return orig(*args, **kwargs)
-            except BaseException as exc:
-                err = type(exc).__name__
-                raise
-            finally:
-                inst._record(schema.ACCELERATOR_INIT, t0, _time_ns(), None, err)
-
-        return init_process_group
+        return timed(orig, lambda t0, t1, err, out, args, kwargs: self._record(
+            schema.ACCELERATOR_INIT, t0, t1, None, err), "init_process_group hook")
 
     @guard(where="torch span")
     def _record(self, name, t0, t1, attrs=None, error=None) -> None:
@@ -411,21 +399,8 @@ class TorchInstrumentor(GoodputInstrumentor):
     # --- checkpoints -------------------------------------------------------------
 
     def _wrap_save(self, orig):
-        inst = self
-
-        @functools.wraps(orig)
-        def save(*args, **kwargs):
-            t0 = _time_ns()
-            err = None
-            try:
-                return orig(*args, **kwargs)
-            except BaseException as exc:
-                err = type(exc).__name__
-                raise
-            finally:
-                inst._on_save(_state_dict_arg(args, kwargs), t0, _time_ns(), err)
-
-        return save
+        return timed(orig, lambda t0, t1, err, out, args, kwargs: self._on_save(
+            _state_dict_arg(args, kwargs), t0, t1, err), "torch.distributed.checkpoint.save")
 
     @guard(where="torch.distributed.checkpoint.save")
     def _on_save(self, state_dict, t0, t1, err) -> int:
@@ -439,23 +414,9 @@ class TorchInstrumentor(GoodputInstrumentor):
         return step
 
     def _wrap_async_save(self, orig):
-        inst = self
-
-        @functools.wraps(orig)
-        def async_save(*args, **kwargs):
-            t0 = _time_ns()
-            err = None
-            out = None
-            try:
-                out = orig(*args, **kwargs)
-                return out
-            except BaseException as exc:
-                err = type(exc).__name__
-                raise
-            finally:
-                inst._on_async_save(_state_dict_arg(args, kwargs), t0, _time_ns(), err, out)
-
-        return async_save
+        return timed(orig, lambda t0, t1, err, out, args, kwargs: self._on_async_save(
+            _state_dict_arg(args, kwargs), t0, t1, err, out),
+            "torch.distributed.checkpoint.async_save")
 
     @guard(where="torch.distributed.checkpoint.async_save")
     def _on_async_save(self, state_dict, t0, t1, err, out) -> None:
@@ -486,25 +447,12 @@ class TorchInstrumentor(GoodputInstrumentor):
         rec.request_sync()
 
     def _wrap_load(self, orig):
-        inst = self
-
-        @functools.wraps(orig)
-        def load(*args, **kwargs):
-            t0 = _time_ns()
-            err = None
-            try:
-                return orig(*args, **kwargs)
-            except BaseException as exc:
-                err = type(exc).__name__
-                raise
-            finally:
-                inst._on_load(_state_dict_arg(args, kwargs), kwargs.get("checkpoint_id"), t0, err)
-
-        return load
+        return timed(orig, lambda t0, t1, err, out, args, kwargs: self._on_load(
+            _state_dict_arg(args, kwargs), kwargs.get("checkpoint_id"), t0, t1, err),
+            "torch.distributed.checkpoint.load")
 
     @guard(where="torch.distributed.checkpoint.load")
-    def _on_load(self, state_dict, checkpoint_id, t0, err) -> None:
-        t1 = _time_ns()
+    def _on_load(self, state_dict, checkpoint_id, t0, t1, err) -> None:
         step = None
         if err is None:
             step = _checkpoint_step(state_dict)
