@@ -1,8 +1,10 @@
 """The ``goodput`` command line.
 
 ``goodput report RUN_DIR [--format table|json] [--ideal-step-time SECONDS] [--job NAME]``
-prints the goodput report of every job in a run directory. Usage errors and unreadable
-input print one line ``goodput: error: ...`` on stderr and exit with status 2.
+prints the goodput report of every job in a run directory. ``goodput serve [...]`` runs
+the processor as a live service (:mod:`goodput_processor.serve.command`, ``docs/serve.md``).
+Usage errors and unreadable input print one line ``goodput: error: ...`` on stderr and
+exit with status 2.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from . import __version__
 from .accounting import report_run_dir
 from .reader import ReadError
+from .serve.command import add_serve_command
 
 __all__ = ["UsageError", "add_report_command", "build_parser", "main"]
 
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     add_report_command(sub)
+    add_serve_command(sub)  # grpcio & co. are imported only when serve runs
     return parser
 
 

@@ -199,6 +199,14 @@ class _Reader:
                 attrs[a["key"]] = _attr_value(a.get("value") or {})
             except (TypeError, KeyError, ValueError):
                 continue
+        return self.resource_attrs(attrs)
+
+    def resource_attrs(self, attrs: dict):
+        """Job and process of a resource given as ``{key: python value}``.
+
+        Returns ``(job, proc, supported, schema_version)``; shared by the OTLP JSON path
+        here and the protobuf path of :mod:`goodput_processor.serve.decode`.
+        """
         name = attrs.get(schema.RES_JOB_NAME) or attrs.get(schema.RES_SERVICE_NAME)
         name = str(name) if name not in (None, "") else "unknown_job"
         try:

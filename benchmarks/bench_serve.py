@@ -1,0 +1,119 @@
+"""Ingest throughput and per-batch latency of ``goodput serve`` (one core, in-process).
+
+Builds protobuf ``ExportTraceServiceRequest`` batches of 512 step spans (with a data
+loading span every step, as a recorder exports them) and times
+:meth:`LiveStore.ingest_request` (decode + append), batch by batch, over a long job. Prints
+spans/s, p50/p99 per-batch latency for the first and the last 10% of batches (the cost must
+not grow with history), the bytes held per step, and the time of one full accounting
+(:meth:`LiveStore.results`) at the end. Also times the same batches through the real gRPC
+receiver on loopback (client and server on this machine).
+
+    python benchmarks/bench_serve.py [--batches 2000] [--batch 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from goodput import schema
+from goodput_processor.serve import GoodputServer, LiveStore
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _kv(key, **v):
+    return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(**v))
+
+
+def batch(i: int, size: int, job: str = "bench") -> bytes:
+    """Serialized request ``i``: size/2 steps, each with a data loading span before it."""
+    res = [_kv(schema.RES_SERVICE_NAME, string_value=job),
+           _kv(schema.RES_JOB_NAME, string_value=job), _kv(schema.RES_ATTEMPT, int_value=0),
+           _kv(schema.RES_PROCESS_INDEX, int_value=0),
+           _kv(schema.RES_SCHEMA_VERSION, string_value="1")]
+    spans = []
+    for k in range(size // 2):
+        n = i * (size // 2) + k
+        t = T0 + n * 100_000_000
+        spans.append(trace_pb2.Span(trace_id=b"\x01" * 16, span_id=(2 * n + 1).to_bytes(8, "big"),
+                                    name=schema.DATA_LOADING, start_time_unix_nano=t,
+                                    end_time_unix_nano=t + 5_000_000,
+                                    attributes=[_kv(schema.ATTR_BLOCKING, bool_value=True)]))
+        spans.append(trace_pb2.Span(trace_id=b"\x01" * 16, span_id=(2 * n + 2).to_bytes(8, "big"),
+                                    name=schema.STEP, start_time_unix_nano=t + 5_000_000,
+                                    end_time_unix_nano=t + 100_000_000,
+                                    attributes=[_kv(schema.ATTR_STEP, int_value=n)]))
+    scope = trace_pb2.ScopeSpans(scope=common_pb2.InstrumentationScope(name="goodput"),
+                                 spans=spans)
+    rs = trace_pb2.ResourceSpans(resource={"attributes": res}, scope_spans=[scope])
+    return trace_service_pb2.ExportTraceServiceRequest(resource_spans=[rs]).SerializeToString()
+
+
+def _pct(xs):
+    return np.percentile(np.array(xs) * 1e3, [50, 99])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=512)
+    args = p.parse_args(argv)
+    payloads = [batch(i, args.batch) for i in range(args.batches)]
+    store = LiveStore()
+    lat = []
+    t_all = time.process_time()
+    for raw in payloads:
+        t = time.perf_counter()
+        req = trace_service_pb2.ExportTraceServiceRequest.FromString(raw)  # as gRPC does
+        store.ingest_request(req)
+        lat.append(time.perf_counter() - t)
+    cpu = time.process_time() - t_all
+    nspans = args.batches * args.batch
+    tenth = max(1, args.batches // 10)
+    early, late = _pct(lat[:tenth]), _pct(lat[-tenth:])
+    steps = nspans // 2
+    mem = store.memory_bytes()["bench"]
+    t = time.perf_counter()
+    (r,) = store.results(now_ns=T0 + steps * 100_000_000)
+    acct = time.perf_counter() - t
+    print(f"ingest (parse + decode + append), {args.batches} batches x {args.batch} spans:")
+    print(f"  {nspans / cpu:,.0f} spans/s per core ({cpu:.2f} s CPU for {nspans:,} spans)")
+    print(f"  per batch p50/p99: first 10% {early[0]:.2f}/{early[1]:.2f} ms, "
+          f"last 10% {late[0]:.2f}/{late[1]:.2f} ms")
+    print(f"  memory held: {mem / 1e6:.1f} MB for {steps:,} steps = {mem / steps:.0f} bytes/step "
+          f"({mem / nspans:.1f} bytes/span)")
+    print(f"  one full accounting at the end: {acct:.2f} s ({r.step_time.count:,} steps)")
+
+    srv = GoodputServer(grpc_port=0, http_port=None)
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    ch = grpc.insecure_channel(srv.addresses()["grpc"])
+    export = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                            request_serializer=None, response_deserializer=None)
+    del trace_service_pb2_grpc
+    n = min(500, args.batches)
+    lat = []
+    t0 = time.perf_counter()
+    for raw in payloads[:n]:
+        t = time.perf_counter()
+        export(raw, timeout=30)
+        lat.append(time.perf_counter() - t)
+    wall = time.perf_counter() - t0
+    g = _pct(lat)
+    print(f"gRPC on loopback, {n} sequential Export calls of {args.batch} spans: "
+          f"{n * args.batch / wall:,.0f} spans/s, p50/p99 {g[0]:.2f}/{g[1]:.2f} ms")
+    ch.close()
+    srv.stop(5, final=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The ``goodput serve`` subcommand (registered by :mod:`goodput_processor.cli`).
+
+Runs :class:`~goodput_processor.serve.server.GoodputServer` until SIGTERM or SIGINT, prints
+the addresses it listens on (one line on stderr: ``goodput serve: listening grpc=HOST:PORT
+http=URL``), writes the current report every ``--report-interval`` seconds and the final one
+at shutdown, and optionally publishes the metrics (``--prometheus-port``,
+``--otlp-metrics-endpoint``). See ``docs/serve.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import threading
+
+__all__ = ["add_serve_command", "cmd_serve"]
+
+_TOKEN_ENV = "GOODPUT_SERVE_TOKEN"
+
+
+def _number(text: str, what: str, minimum: float = 0.0, strict: bool = True) -> float:
+    from ..cli import UsageError
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and (v > minimum if strict else v >= minimum)):
+        raise UsageError(f"{what} must be a number {'>' if strict else '>='} {minimum:g}, "
+                         f"got {text!r}")
+    return v
+
+
+def _port(text: str, what: str) -> int | None:
+    from ..cli import UsageError
+
+    if text.lower() == "off":
+        return None
+    if not text.isdigit() or int(text) > 65535:
+        raise UsageError(f"{what} must be a port number 0-65535 or 'off', got {text!r}")
+    return int(text)
+
+
+def _token(args) -> str | None:
+    from ..cli import UsageError
+
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise UsageError(f"cannot read --token-file {args.token_file!r}: "
+                             f"{e.strerror or e}") from e
+        if not token:
+            raise UsageError(f"--token-file {args.token_file!r} is empty")
+        return token
+    return os.environ.get(_TOKEN_ENV) or None
+
+
+class _Reports:
+    """Writes reports as JSON lines (one line per report) or rich tables."""
+
+    def __init__(self, fmt: str, path: str | None):
+        self.fmt, self.path = fmt, path
+
+    def write(self, results, final: bool = False) -> None:
+        from ..report import to_json_dict
+
+        if self.fmt == "json":
+            doc = to_json_dict(results)
+            doc["final"] = final
+            line = json.dumps(doc, separators=(",", ":")) + "\n"
+            if self.path:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(line)
+            else:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        elif results:
+            from rich.console import Console
+
+            from ..report import make_console, render_table
+
+            if self.path:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    render_table(results, Console(file=f, width=120, highlight=False))
+            else:
+                render_table(results, make_console())
+
+
+def _metrics(args, store):
+    """Set up the metric readers asked for; returns (provider, prometheus server) or Nones."""
+    if args.prometheus_port is None and not args.otlp_metrics_endpoint:
+        return None, None
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from ..metrics import GoodputMetrics, otlp_reader, prometheus_reader
+
+    readers, prom = [], None
+    if args.prometheus_port is not None:
+        reader, prom = prometheus_reader(args.prometheus_port, args.host)
+        readers.append(reader)
+    if args.otlp_metrics_endpoint:
+        readers.append(otlp_reader(args.otlp_metrics_endpoint, interval_s=args.metrics_interval))
+    provider = MeterProvider(metric_readers=readers)
+    windows = tuple(_number(w, "--windows", 0) for w in args.windows.split(",") if w.strip())
+    GoodputMetrics(lambda: [store.snapshot(n) for n in store.jobs()], provider,
+                   windows_s=windows, ideal_step_time_s=store.ideal_step_time_s)
+    return provider, prom
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run ``goodput serve`` until SIGTERM/SIGINT; returns the exit status."""
+    from ..cli import UsageError
+
+    try:
+        from .server import GoodputServer
+        from .store import LiveStore
+    except ImportError as exc:
+        raise UsageError(
+            f"goodput serve needs the serve extra ({exc}): pip install 'goodput-otel[serve]'"
+        ) from exc
+
+    interval = None if args.report_interval is None else _number(args.report_interval,
+                                                                  "--report-interval")
+    ideal = None if args.ideal_step_time is None else _number(args.ideal_step_time,
+                                                             "--ideal-step-time")
+    timeout = _number(args.shutdown_timeout, "--shutdown-timeout")
+    poll = _number(args.poll_interval, "--poll-interval")
+    max_bytes = int(_number(args.max_message_bytes, "--max-message-bytes", 0))
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    grpc_port, http_port = _port(args.grpc_port, "--grpc-port"), _port(args.http_port,
+                                                                        "--http-port")
+    if grpc_port is None and http_port is None and not args.spool_dir:
+        raise UsageError("nothing to serve: both receivers are off and no --spool-dir given")
+    store = LiveStore(ideal, min_interval_s=min(interval or 1.0, 1.0))
+    reports = _Reports(args.format, args.report_file)
+    try:
+        server = GoodputServer(store, host=args.host, grpc_port=grpc_port, http_port=http_port,
+                               spool_dirs=args.spool_dir or (), token=_token(args),
+                               tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+                               max_message_bytes=max_bytes, poll_s=poll)
+    except (OSError, RuntimeError) as e:
+        raise UsageError(f"cannot start: {e}") from e
+    provider = prom = None
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        provider, prom = _metrics(args, store)
+        where = " ".join(f"{k}={v}" for k, v in server.addresses().items())
+        if prom is not None:
+            where += f" prometheus=http://{args.host}:{prom.server_port}/metrics"
+        print(f"goodput serve: listening {where}".rstrip(), file=sys.stderr, flush=True)
+        while not stop.wait(interval or 3600):
+            if interval:
+                reports.write(store.results())
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        final = server.stop(timeout)
+        if final is not None:
+            reports.write(final, final=True)
+        if provider is not None:
+            provider.shutdown(timeout_millis=timeout * 1000)
+        if prom is not None:
+            prom.shutdown()
+    print("goodput serve: stopped" + ("" if final is not None else
+                                      " (final report timed out)"), file=sys.stderr)
+    return 0
+
+
+def add_serve_command(subparsers) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "serve", help="live goodput from OTLP spans and spool files",
+        description="Receive goodput spans over OTLP (gRPC and HTTP) and/or tail spool "
+        "directories; account each job live, as `goodput report` does.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces)")
+    p.add_argument("--grpc-port", default="4317", metavar="PORT",
+                   help="OTLP/gRPC port (default 4317; 0 = any free port; off)")
+    p.add_argument("--http-port", default="4318", metavar="PORT",
+                   help="OTLP/HTTP and /v1/report port (default 4318; 0 = any; off)")
+    p.add_argument("--spool-dir", action="append", metavar="DIR",
+                   help="tail *.jsonl spool files under DIR (repeatable)")
+    p.add_argument("--poll-interval", default="0.5", metavar="SECONDS",
+                   help="seconds between spool polls (default 0.5)")
+    p.add_argument("--report-interval", default=None, metavar="SECONDS",
+                   help="write the current report every SECONDS (default: only at exit)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="report format: rich table or JSON lines (default table)")
+    p.add_argument("--report-file", metavar="PATH", default=None,
+                   help="append reports to PATH instead of stdout")
+    p.add_argument("--ideal-step-time", metavar="SECONDS", default=None,
+                   help="ideal step time in seconds (default: median of kept step times)")
+    p.add_argument("--max-message-bytes", default=str(16 << 20), metavar="N",
+                   help="largest request accepted, after gzip (default 16777216)")
+    p.add_argument("--tls-cert", metavar="PEM", default=None, help="TLS certificate chain")
+    p.add_argument("--tls-key", metavar="PEM", default=None, help="TLS private key")
+    p.add_argument("--token-file", metavar="PATH", default=None,
+                   help=f"require 'Authorization: Bearer <token>' with the token in PATH "
+                   f"(or in ${_TOKEN_ENV})")
+    p.add_argument("--shutdown-timeout", default="10", metavar="SECONDS",
+                   help="bound on drain + final report at SIGTERM/SIGINT (default 10)")
+    p.add_argument("--prometheus-port", type=int, default=None, metavar="PORT",
+                   help="serve the goodput metrics for Prometheus on PORT (0 = any)")
+    p.add_argument("--otlp-metrics-endpoint", default=None, metavar="HOST:PORT",
+                   help="export the goodput metrics over OTLP/gRPC to this endpoint")
+    p.add_argument("--metrics-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="OTLP metric export interval (default 60)")
+    p.add_argument("--windows", default="60,300,900", metavar="S,S,...",
+                   help="rolling windows in seconds for the metrics (default 60,300,900)")
+    p.set_defaults(func=cmd_serve)
+    return p

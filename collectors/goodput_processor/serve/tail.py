@@ -1,0 +1,121 @@
+"""Tail spool directories: take in new complete lines of ``*.jsonl`` files as they are written.
+
+A single machine needs no receiver: ``goodput serve --spool-dir RUN_DIR`` follows the files
+the recorder writes (``spans-p<index>-a<attempt>.jsonl``). Every poll lists the ``*.jsonl``
+files under each directory (recursively: new attempts and processes are new files), reads
+each from where the last poll stopped and takes in only complete lines (ending in a
+newline); a torn last line is left for the next poll and taken in once it is complete. A
+file that shrank (truncated or replaced) is read again from its start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from .store import LiveStore
+
+__all__ = ["SpoolTailer"]
+
+_log = logging.getLogger(__name__)
+_CHUNK = 8 << 20  # bytes read at a time
+
+
+class SpoolTailer:
+    """Follows the ``*.jsonl`` files under ``dirs`` into ``store``.
+
+    Args:
+        store: where lines go (:meth:`LiveStore.ingest_line`).
+        dirs: spool (run) directories; one that does not exist yet is watched until it does.
+        poll_s: seconds between polls (> 0).
+
+    Raises:
+        ValueError: ``poll_s`` is not > 0, or ``dirs`` is empty.
+    """
+
+    def __init__(self, store: LiveStore, dirs, poll_s: float = 0.5):
+        if not poll_s > 0:
+            raise ValueError(f"poll interval must be > 0 seconds, got {poll_s!r}")
+        self.dirs = [Path(d) for d in dirs]
+        if not self.dirs:
+            raise ValueError("no spool directory to tail")
+        self.store, self.poll_s = store, float(poll_s)
+        self._files: dict[Path, list[int]] = {}  # path -> [offset, lines taken in]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._poll_lock = threading.Lock()
+
+    def poll(self) -> int:
+        """Read what is new in every file now; returns the number of complete lines taken in."""
+        with self._poll_lock:
+            n = 0
+            for d in self.dirs:
+                try:
+                    files = sorted(p for p in d.rglob("*.jsonl") if p.is_file())
+                except OSError:
+                    continue  # missing or unreadable for now: try again next poll
+                for p in files:
+                    n += self._read(p)
+            return n
+
+    def _read(self, path: Path) -> int:
+        state = self._files.setdefault(path, [0, 0])
+        try:
+            size = path.stat().st_size
+            if size < state[0]:
+                _log.warning("goodput serve: %s shrank; reading it again from the start", path)
+                state[:] = [0, 0]
+            if size == state[0]:
+                return 0
+            n = 0
+            with open(path, "rb") as f:
+                f.seek(state[0])
+                while state[0] < size:
+                    chunk = f.read(min(_CHUNK, size - state[0]))
+                    if not chunk:
+                        break
+                    end = chunk.rfind(b"\n") + 1
+                    if end == 0:
+                        if len(chunk) < _CHUNK:
+                            break  # torn last line: wait for the rest
+                        chunk = chunk + f.readline()  # a line longer than a chunk
+                        end = len(chunk) if chunk.endswith(b"\n") else 0
+                        if end == 0:
+                            break
+                    for line in chunk[:end].splitlines():
+                        state[1] += 1
+                        self.store.ingest_line(line, (str(path), state[1]))
+                        n += 1
+                    state[0] += end
+                    f.seek(state[0])
+            return n
+        except OSError as e:
+            _log.warning("goodput serve: cannot read %s: %s", path, e.strerror or e)
+            return 0
+
+    def start(self) -> SpoolTailer:
+        """Poll every ``poll_s`` seconds on a daemon thread; returns ``self``."""
+        self._thread = threading.Thread(target=self._run, name="goodput-serve-tail", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception:  # keep tailing whatever one poll ran into
+                _log.exception("goodput serve: spool poll failed")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop polling, then read what is left once more (bounded by ``timeout_s``)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.poll()
+
+    def positions(self) -> dict[str, int]:
+        """Bytes taken in so far per file path."""
+        with self._poll_lock:
+            return {os.fspath(p): s[0] for p, s in self._files.items()}
