@@ -329,3 +329,64 @@ def test_acceptance_multiprocess_restart_converges(tmp_path):
     finally:
         final = srv.stop(10)
     assert final is not None and [r.job for r in final] == ["mp", "solo"]
+
+
+@pytest.fixture
+def tls_cert(tmp_path):
+    """A self-signed certificate for 127.0.0.1 (openssl), as (cert, key) paths."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    return str(cert), str(key)
+
+
+def test_tls_and_token_with_the_real_exporters(tmp_path, tls_cert, monkeypatch):
+    """Both receivers over TLS with a bearer token; the real OTLP exporters trust the cert."""
+    # requests lets these override the exporter's certificate_file (session.verify)
+    for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GrpcExporter,
+    )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+
+    cert, key = tls_cert
+    srv = GoodputServer(LiveStore(min_interval_s=0), grpc_port=0, http_port=0,
+                        token="s3cret", tls=(cert, key))
+    try:
+        addrs = srv.addresses()
+        assert addrs["http"].startswith("https://")
+        auth = {"authorization": "Bearer s3cret"}
+        with open(cert, "rb") as f:
+            creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+        _record(tmp_path / "a", GrpcExporter(endpoint=addrs["grpc"], credentials=creds,
+                                              headers=auth), job="tls-grpc")
+        _record(tmp_path / "b", HttpExporter(endpoint=addrs["http"] + "/v1/traces",
+                                              certificate_file=cert, headers=auth),
+                job="tls-http")
+        now = time.time_ns()
+        live = {r.job: r for r in srv.store.results(now_ns=now)}
+        assert sorted(live) == ["tls-grpc", "tls-http"]
+        for job, run in (("tls-grpc", "a"), ("tls-http", "b")):
+            (reported,) = report_run_dir(tmp_path / run, now_ns=now)
+            _same([live[job]], [reported])
+        # plain text to a TLS port is refused: nothing more is taken in
+        spans_before = srv.store.stats["spans"]
+        status = None
+        try:
+            _post(addrs["http"].replace("https://", "http://") + "/v1/traces", b"")
+        except (urllib.error.URLError, ConnectionError, OSError) as exc:
+            status = type(exc).__name__
+        assert status is not None and srv.store.stats["spans"] == spans_before
+    finally:
+        srv.stop(5, final=False)
