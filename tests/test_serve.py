@@ -390,3 +390,42 @@ def test_tls_and_token_with_the_real_exporters(tmp_path, tls_cert, monkeypatch):
         assert status is not None and srv.store.stats["spans"] == spans_before
     finally:
         srv.stop(5, final=False)
+
+
+def _scrape(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items()
+                                  if k.startswith("goodput_")))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def test_cli_serve_prometheus_metrics_equal_the_report(tmp_path):
+    """goodput serve --prometheus-port: the scraped gauges are the report's numbers."""
+    run = tmp_path / "run"
+    (Timeline(job="prom").job_start(0).restore(0, 2, step=0).steps(2, 11, start=1, step_time=2)
+     .save(22, 24, step=10).job_end(25).write(run))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "goodput_processor.cli", "serve", "--grpc-port", "0",
+         "--http-port", "0", "--spool-dir", str(run), "--prometheus-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        samples = _scrape(_listening(proc)["prometheus"])
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (job,) = report_run_dir(run)
+    job_label = (("goodput_job_name", "prom"),)
+    assert samples[("goodput_goodput", job_label)] == pytest.approx(job.goodput)
+    for bucket, seconds in job.badput_s.items():
+        key = ("goodput_badput_time_seconds",
+               tuple(sorted((("goodput_badput_bucket", bucket), *job_label))))
+        assert samples[key] == pytest.approx(seconds), bucket
+    assert job.badput_s["checkpoint_save"] == pytest.approx(2.0)

@@ -9,7 +9,10 @@ into job -> attempt -> process, and accounts every nanosecond of a job into one 
     results = report_run_dir("goodput-runs/my-job", ideal_step_time_s=0.25)
     print(results[0].goodput, results[0].badput_s["wasted_progress"])
 
-The command line is ``goodput report RUN_DIR`` (:mod:`goodput_processor.cli`).
+The command line is ``goodput report RUN_DIR`` and ``goodput serve``
+(:mod:`goodput_processor.cli`); metrics, TensorBoard scalars and the in-process
+monitor are in :mod:`.metrics`, :mod:`.tensorboard` and :mod:`.monitor`
+(``docs/metrics.md``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from .accounting import (  # noqa: E402
     JobResult,
     StepArrays,
     StepTimeSummary,
+    WindowResult,
     account,
+    account_windows,
     report_run_dir,
 )
 from .reader import ReadError, RunDirError, SpoolFormatError, read_run_dir  # noqa: E402
@@ -44,8 +49,10 @@ __all__ = [
     "SpoolFormatError",
     "StepArrays",
     "StepTimeSummary",
+    "WindowResult",
     "__version__",
     "account",
+    "account_windows",
     "format_duration",
     "read_run_dir",
     "render_table",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,8 +44,8 @@ from .timeline import (
     build_attempts,
 )
 
-__all__ = ["AttemptResult", "JobResult", "StepArrays", "StepTimeSummary", "account",
-           "report_run_dir"]
+__all__ = ["AttemptResult", "JobResult", "StepArrays", "StepTimeSummary", "WindowResult",
+           "account", "account_windows", "report_run_dir"]
 
 _NS = 1_000_000_000
 #: Bucket of each phase kind (custom badput is per type).
@@ -131,8 +132,12 @@ def _type_name(job: JobSpans, sidx) -> str:
 class _Acc:
     """Running totals of one job's accounting, per priority level (ns)."""
 
-    def __init__(self, job: JobSpans, attempts: list[Attempt]):
+    def __init__(self, job: JobSpans, attempts: list[Attempt], keep_segments: bool = False):
         self.job = job
+        # For windows: per attempt (boundaries, owner level, kept-step index of step-level
+        # segments (-1: not kept / not a step segment)); None = not kept.
+        self.segments: list[tuple] | None = [] if keep_segments else None
+        self._kept_before = 0
         self.names: list[str] = []
         for name in _PRIORITY:
             if name == "custom":
@@ -196,8 +201,28 @@ class _Acc:
         self.ns[level["wasted_progress"]] += lost
         self.ns[level["step"]] -= lost
         n_kept = int(kept.sum())
+        if self.segments is not None:
+            self._keep_segments(b, owner, level["step"], ss, se, kept)
         self.kept.append((snum[kept], np.full(n_kept, a.attempt), ss[kept], net[kept]))
         return n_kept, len(kept) - n_kept
+
+
+    def _keep_segments(self, b, owner, step_level, ss, se, kept) -> None:
+        """Remember this attempt's painted segments, for :func:`account_windows`."""
+        seg_kept = np.full(len(owner), -1, np.int64)
+        if len(ss):
+            mask = owner == step_level
+            seg_start = b[:-1][mask]
+            j = np.searchsorted(ss, seg_start, side="right") - 1
+            miss = se[j] <= seg_start
+            if miss.any():  # as in _step_times: the covering step with the latest end
+                cummax = np.maximum.accumulate(se)
+                pam = np.maximum.accumulate(np.where(se == cummax, np.arange(len(ss)), 0))
+                j[miss] = pam[j[miss]]
+            rank = np.cumsum(kept) - 1 + self._kept_before
+            seg_kept[mask] = np.where(kept[j], rank[j], -1)
+        self._kept_before += int(kept.sum())
+        self.segments.append((b, owner, seg_kept))
 
 
 def account(
@@ -218,12 +243,17 @@ def account(
     Raises:
         ValueError: ``ideal_step_time_s`` is not a finite number > 0.
     """
+    return _account(job, ideal_step_time_s, now_ns, False)[0]
+
+
+def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
+    """:func:`account`, also returning the attempts and the running totals."""
     if ideal_step_time_s is not None and not (
         math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
     ):
         raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
     attempts = build_attempts(job, now_ns)
-    acc = _Acc(job, attempts)
+    acc = _Acc(job, attempts, keep_segments)
     resume = [_resume_step(a.primary.data) for a in attempts]
     rows, recovery_ns = [], 0
     for i, a in enumerate(attempts):
@@ -241,7 +271,7 @@ def account(
             resume_step=resume[i], steps_kept=kept, steps_wasted=wasted, error_spans=errors,
             recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
         ))
-    return _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
+    return _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s), attempts, acc
 
 
 def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s):
@@ -318,6 +348,137 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         schema_version=",".join(sorted(job.schema_versions)) or None,
         steps=StepArrays(snum, satt, sstart, t, ts, deviation, anomalous),
     )
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """Goodput and badput of one rolling window: the last ``window_s`` seconds of a job.
+
+    The window is ``[start_ns, end_ns)`` with ``end_ns`` the job's end (its last attempt's
+    end, i.e. *now* while running) and ``start_ns = max(job start, end_ns - window_s)``, so
+    ``total_ns`` (= ``end_ns - start_ns``) is shorter than the window while the job is
+    younger than it. ``buckets_ns`` has the same keys as :attr:`JobResult.buckets_ns` and
+    sums exactly to ``total_ns``; ``goodput`` is a fraction in [0, 1] (0 when empty).
+    """
+
+    window_s: float
+    start_ns: int
+    end_ns: int
+    total_ns: int
+    goodput: float
+    buckets_ns: dict[str, int]
+
+    @property
+    def badput_s(self) -> dict[str, float]:
+        """Seconds per badput bucket (every key of ``buckets_ns`` but ``productive``)."""
+        return {k: v / _NS for k, v in self.buckets_ns.items() if k != schema.PRODUCTIVE}
+
+    @property
+    def productive_time_s(self) -> float:
+        """Productive seconds in the window."""
+        return self.buckets_ns[schema.PRODUCTIVE] / _NS
+
+
+def _check_windows(windows_s) -> tuple[float, ...]:
+    out = []
+    for w in windows_s:
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (
+            math.isfinite(w) and w > 0
+        ):
+            raise ValueError(f"rolling window must be a finite number of seconds > 0, got {w!r}")
+        out.append(w)
+    return tuple(out)
+
+
+def account_windows(
+    job: JobSpans,
+    windows_s,
+    ideal_step_time_s: float | None = None,
+    now_ns: int | None = None,
+) -> tuple[JobResult, tuple[WindowResult, ...]]:
+    """:func:`account` plus goodput and badput over the last W seconds, for each W.
+
+    The windows use the same rules as the cumulative result (priorities, kept steps and
+    wasted progress as known *now*, the job-wide ideal step time and noise band): a
+    window's buckets are the cumulative buckets restricted to the window's instants. An
+    anomalous step's time is split between ``productive`` and ``training_slowdown`` in
+    proportion (ideal : excess) over its whole length. A window covering the whole job
+    equals the cumulative result to within 1 ns per bucket (rounding of the split).
+
+    Args:
+        job: one job's spans.
+        windows_s: window lengths in seconds (numbers > 0), e.g. ``(60, 300, 900)``.
+        ideal_step_time_s, now_ns: as for :func:`account`.
+
+    Returns:
+        ``(result, windows)``: the :class:`JobResult` (identical to :func:`account`'s) and
+        one :class:`WindowResult` per entry of ``windows_s``, in the same order.
+
+    Raises:
+        ValueError: a window is not a finite number > 0, or bad ``ideal_step_time_s``.
+    """
+    windows = _check_windows(windows_s)
+    result, attempts, acc = _account(job, ideal_step_time_s, now_ns, True)
+    out = []
+    st = result.steps
+    if len(st.time_ns) and result.ideal_step_time_s is not None:
+        t = st.time_ns.astype(np.float64)
+        excess = np.where(st.anomalous, t - result.ideal_step_time_s * _NS, 0.0)
+        slow_frac = np.divide(excess, t, out=np.zeros_like(t), where=t > 0)
+    else:
+        slow_frac = np.zeros(len(st.time_ns))
+    for w in windows:
+        w1 = result.end_ns
+        w0 = max(result.start_ns, w1 - round(w * _NS))
+        out.append(_window(result, attempts, acc, slow_frac, w, w0, w1))
+    return result, tuple(out)
+
+
+def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> WindowResult:
+    """One :class:`WindowResult` for ``[w0, w1)`` from the kept segments."""
+    nlev = acc.other + 1
+    level_ns = np.zeros(nlev, np.int64)
+    step_level, wasted_level = acc.level["step"], acc.level["wasted_progress"]
+    kept_ns = 0
+    slow = 0.0
+    recovery = 0
+    for i, (a, (b, owner, seg_kept)) in enumerate(zip(attempts, acc.segments, strict=True)):
+        if i + 1 < len(attempts):  # the gap to the next attempt: infrastructure recovery
+            recovery += max(0, min(attempts[i + 1].start_ns, w1) - max(a.end_ns, w0))
+        if a.end_ns <= w0 or a.start_ns >= w1 or len(b) < 2:
+            continue
+        lo = max(int(np.searchsorted(b, w0, side="right")) - 1, 0)
+        hi = min(int(np.searchsorted(b, w1, side="left")), len(b) - 1)
+        seg = np.diff(np.clip(b[lo : hi + 1], w0, w1))
+        own, sk = owner[lo:hi], seg_kept[lo:hi]
+        for lev in np.unique(own):  # integer sums: exact
+            level_ns[lev] += int(seg[own == lev].sum())
+        is_step = own == step_level
+        lost = is_step & (sk < 0)
+        level_ns[wasted_level] += int(seg[lost].sum())
+        level_ns[step_level] -= int(seg[lost].sum())
+        good = is_step & (sk >= 0)
+        kept_ns += int(seg[good].sum())
+        slow += float((seg[good] * slow_frac[sk[good]]).sum())
+    slowdown = min(round(slow), kept_ns)
+    buckets = {}
+    for name in result.buckets_ns:
+        if name == schema.PRODUCTIVE:
+            buckets[name] = kept_ns - slowdown
+        elif name == "training_slowdown":
+            buckets[name] = slowdown
+        elif name == "infrastructure_recovery":
+            buckets[name] = recovery
+        elif name == "other":
+            buckets[name] = int(level_ns[acc.other])
+        else:
+            buckets[name] = int(level_ns[acc.level[name]])
+    total = w1 - w0
+    if sum(buckets.values()) != total:  # pragma: no cover - a bug, never expected
+        raise AssertionError(f"window buckets {buckets} do not sum to {total} ns")
+    return WindowResult(window_s=w, start_ns=w0, end_ns=w1, total_ns=total,
+                        goodput=buckets[schema.PRODUCTIVE] / total if total else 0.0,
+                        buckets_ns=buckets)
 
 
 def report_run_dir(

@@ -1,0 +1,232 @@
+"""In-process goodput monitor for single-machine users (``docs/metrics.md``).
+
+:class:`GoodputMonitor` runs a daemon thread in the training process that, every
+``interval_s`` seconds, re-reads the run directory the recorder writes, accounts every
+job (with rolling windows) and publishes the result: OpenTelemetry metrics through the
+given meter provider or metric readers, and TensorBoard scalars::
+
+    import goodput
+    from goodput_processor.monitor import GoodputMonitor
+
+    goodput.configure(run_dir="goodput-runs/my-job")
+    with GoodputMonitor("goodput-runs/my-job", interval_s=30, tensorboard_dir="tb"):
+        train()
+
+It never raises into the training process once constructed: failures of a cycle are
+logged and counted in :attr:`GoodputMonitor.errors`. ``stop(timeout_s)`` does one final
+cycle and flush, and returns within about ``timeout_s`` seconds whatever happens.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+
+from .accounting import _check_windows
+from .metrics import DEFAULT_WINDOWS_S, GoodputMetrics, JobSnapshot, snapshot
+from .reader import read_run_dir
+
+__all__ = ["GoodputMonitor"]
+
+log = logging.getLogger(__name__)
+
+
+def _positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0
+    ):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class GoodputMonitor:
+    """Background uploader of goodput metrics and TensorBoard scalars.
+
+    Args:
+        run_dir: the run directory the recorder writes (``goodput.configure(run_dir=...)``).
+        interval_s: seconds between cycles (> 0).
+        meter_provider: publish :class:`~.metrics.GoodputMetrics` gauges on this provider
+            (the caller owns it and shuts it down).
+        metric_readers: or: metric readers (e.g. :func:`~.metrics.otlp_reader`) for a
+            provider the monitor creates, flushes on :meth:`stop` and shuts down.
+        tensorboard_dir: write TensorBoard scalars under
+            ``tensorboard_dir/goodput/<job>`` (None: no TensorBoard).
+        windows_s: rolling windows in seconds for the ``goodput.window.*`` gauges.
+        ideal_step_time_s: ideal step time (None: median of kept steps).
+        job: monitor only this job (None: every job in the run directory).
+        include_badput, include_step_deviation: TensorBoard tags to write.
+
+    Raises:
+        ValueError: a bad interval, window or ideal step time; both ``meter_provider`` and
+            ``metric_readers`` given.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        interval_s: float = 30.0,
+        meter_provider=None,
+        metric_readers: Sequence = (),
+        tensorboard_dir: str | os.PathLike | None = None,
+        windows_s: Sequence[float] = DEFAULT_WINDOWS_S,
+        ideal_step_time_s: float | None = None,
+        job: str | None = None,
+        include_badput: bool = True,
+        include_step_deviation: bool = True,
+    ):
+        self.run_dir = os.fspath(run_dir)
+        self.windows_s = _check_windows(windows_s)
+        self.interval_s = _positive("interval_s", interval_s)
+        if ideal_step_time_s is not None:
+            _positive("ideal_step_time_s", ideal_step_time_s)
+        if meter_provider is not None and metric_readers:
+            raise ValueError("give either meter_provider or metric_readers, not both")
+        self._own_provider = None
+        if metric_readers:
+            from opentelemetry.sdk.metrics import MeterProvider
+
+            self._own_provider = meter_provider = MeterProvider(metric_readers=list(metric_readers))
+        self.metrics = None
+        if meter_provider is not None:
+            self.metrics = GoodputMetrics(lambda: self._snaps, meter_provider,
+                                          windows_s=windows_s, min_refresh_s=0)
+        self.windows_s = _check_windows(windows_s)
+        self._ideal = ideal_step_time_s
+        self._job = job
+        self._tb_dir = None if tensorboard_dir is None else os.fspath(tensorboard_dir)
+        self._tb_opts = dict(include_badput=include_badput,
+                             include_step_deviation=include_step_deviation)
+        self._tb: dict[str, object] = {}
+        self._snaps: list[JobSnapshot] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cycle_lock = threading.Lock()
+        #: Completed cycles, failed cycles (or failed TensorBoard writes), and the
+        #: duration of the last cycle in seconds.
+        self.cycles = 0
+        self.errors = 0
+        self.last_cycle_s: float | None = None
+
+    # -- public ----------------------------------------------------------------------
+    @property
+    def snapshots(self) -> list[JobSnapshot]:
+        """The jobs as of the last completed cycle (empty before the first)."""
+        return list(self._snaps)
+
+    def start(self) -> GoodputMonitor:
+        """Start the background thread (a no-op, logged, if it is already running)."""
+        if self._thread is not None and self._thread.is_alive():
+            log.warning("goodput monitor for %s is already running", self.run_dir)
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="goodput-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0, final: bool = True) -> bool:
+        """Stop the thread: one final cycle (unless ``final`` is False) and a flush.
+
+        Returns within about ``timeout_s`` seconds; True if everything finished in time.
+        Never raises.
+        """
+        try:
+            return self._stop_impl(max(0.0, float(timeout_s)), final)
+        except Exception:  # never into the training process
+            self.errors += 1
+            log.exception("goodput monitor: stop failed")
+            return False
+
+    def run_once(self) -> bool:
+        """Run one cycle now (read, account, publish); True on success. Never raises."""
+        with self._cycle_lock:
+            return self._cycle()
+
+    def __enter__(self) -> GoodputMonitor:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- internals -------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.run_once()
+
+    def _stop_impl(self, timeout_s: float, final: bool) -> bool:
+        deadline = time.monotonic() + timeout_s
+        self._stop.set()
+        ok = True
+        t = self._thread
+        if t is not None:
+            t.join(timeout_s)  # the thread finishes its current cycle, if any
+            ok = not t.is_alive()
+            self._thread = None
+        if final and ok:
+            ok = self._run_bounded(deadline) and ok
+        left_ms = max(0.0, deadline - time.monotonic()) * 1000
+        if self._own_provider is not None:
+            ok = bool(self._own_provider.force_flush(left_ms)) and ok
+            self._own_provider.shutdown(timeout_millis=max(left_ms, 1.0))
+        for tb in self._tb.values():
+            try:
+                tb.close()
+            except Exception:
+                self.errors += 1
+                log.exception("goodput monitor: closing TensorBoard writer failed")
+        self._tb.clear()
+        if not ok:
+            log.warning("goodput monitor: final flush did not finish within %.1f s", timeout_s)
+        return ok
+
+    def _run_bounded(self, deadline: float) -> bool:
+        """Final cycle in a helper daemon thread, waited for until ``deadline``."""
+        done = threading.Event()
+
+        def final():
+            self.run_once()
+            done.set()
+
+        threading.Thread(target=final, name="goodput-monitor-final", daemon=True).start()
+        return done.wait(max(0.0, deadline - time.monotonic()))
+
+    def _cycle(self) -> bool:
+        t0 = time.perf_counter()
+        try:
+            spans = read_run_dir(self.run_dir)
+            names = sorted(spans.jobs)
+            if self._job is not None:
+                names = [n for n in names if n == self._job]
+            snaps = [snapshot(spans.jobs[n], self.windows_s, self._ideal) for n in names]
+        except Exception as e:  # counted and logged, never raised
+            self.errors += 1
+            log.warning("goodput monitor: reading %s failed: %s", self.run_dir, e)
+            return False
+        self._snaps = snaps
+        ok = True
+        if self._tb_dir is not None:
+            for s in snaps:
+                try:
+                    self._writer(s.result.job).write(s.result)
+                except Exception:
+                    ok = False
+                    self.errors += 1
+                    log.exception("goodput monitor: TensorBoard write failed")
+        self.cycles += 1
+        self.last_cycle_s = time.perf_counter() - t0
+        return ok
+
+    def _writer(self, job: str):
+        w = self._tb.get(job)
+        if w is None:
+            from .tensorboard import TensorBoardWriter
+
+            safe = re.sub(r"[^A-Za-z0-9._-]+", "_", job) or "_"
+            w = self._tb[job] = TensorBoardWriter(os.path.join(self._tb_dir, "goodput", safe),
+                                                  **self._tb_opts)
+        return w
