@@ -17,7 +17,8 @@ Nothing is dropped silently: every skipped line or span is counted by reason in
 - ``malformed``: a later line that is not valid JSON or not an OTLP request; in lines.
 - ``invalid_span``: a span without valid name/times/ids, or ending before it starts.
 - ``duplicate``: a span whose (traceId, spanId) was already read for the same process.
-- ``unknown``: a span of another instrumentation scope or with a name not in the schema.
+- ``unknown``: a span of another instrumentation scope or with a name not in the schema
+  (the structure spans of :data:`goodput.schema.STRUCTURE` are read past, not counted).
 - ``unsupported_schema``: a span of a resource whose ``goodput.schema.version`` major
   number this processor does not know.
 """
@@ -58,6 +59,8 @@ _KIND_ATTRS: tuple[dict[str, int], ...] = (
     {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING}, {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING},
     {schema.ATTR_BADPUT_TYPE: 2, **_BLOCKING},
 )
+#: Spans that only shape traces (``goodput.window``): read past, never counted.
+STRUCTURE = frozenset(schema.STRUCTURE)
 _MAX_EXAMPLES = 20
 _SUPPORTED_MAJOR = schema.SCHEMA_VERSION.split(".")[0]
 _U64 = 1 << 64
@@ -256,7 +259,8 @@ class _Reader:
             try:
                 kind = kind_codes.get(sp["name"])
                 if kind is None:
-                    unknown += 1
+                    if sp["name"] not in STRUCTURE:
+                        unknown += 1
                     continue
                 start = int(sp["startTimeUnixNano"])
                 end = int(sp["endTimeUnixNano"])

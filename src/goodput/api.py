@@ -26,6 +26,9 @@ def configure(
     handle_signals: bool = True,
     start: bool = True,
     start_time=None,
+    traces_exporter=None,
+    trace_window_s: float | None = None,
+    trace_window_spans: int | None = None,
 ) -> Recorder:
     """Set up recording for this process and (by default) begin an attempt.
 
@@ -40,6 +43,11 @@ def configure(
             ``GOODPUT_PROCESS_COUNT``/``WORLD_SIZE``/``JAX_NUM_PROCESSES``).
         flush_interval_s: seconds between spool writes (default 1).
         exporters: extra OpenTelemetry ``SpanExporter`` objects.
+        traces_exporter: exporter names, e.g. ``"gcp_trace"`` or ``["otlp", "console"]``
+            (see ``docs/exporting.md``); default ``GOODPUT_TRACES_EXPORTER``, else
+            ``OTEL_TRACES_EXPORTER``; none: the spool only.
+        trace_window_s, trace_window_spans: a new trace (window) every this many
+            seconds (default 60) or child spans (default 500).
         spool: write the local spool (default yes).
         handle_signals: record the attempt's end on SIGTERM.
         start: begin an attempt now. Pass False if you call :func:`job_start` yourself.
@@ -50,7 +58,9 @@ def configure(
         The :class:`~goodput.recorder.Recorder`.
 
     Raises:
-        ValueError: ``flush_interval_s`` is not > 0, or ``start_time`` is invalid.
+        ValueError: ``flush_interval_s``, ``trace_window_s`` or ``trace_window_spans`` is
+            not > 0, ``start_time`` is invalid, or ``traces_exporter`` names an exporter
+            that is unknown, not installed or cannot be created (the message names it).
     """
     from goodput.phases import to_ns  # phases imports this module
 
@@ -65,6 +75,9 @@ def configure(
         exporters=exporters,
         spool=spool,
         handle_signals=handle_signals,
+        traces_exporter=traces_exporter,
+        trace_window_s=trace_window_s,
+        trace_window_spans=trace_window_spans,
     )
     with _LOCK:
         old, _RECORDER = _RECORDER, rec

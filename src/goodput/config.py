@@ -9,9 +9,11 @@ Environment variables (arguments of :func:`goodput.configure` win over them):
 - ``GOODPUT_ATTEMPT`` (``TORCHELASTIC_RESTART_COUNT``): the attempt number.
 - ``GOODPUT_FLUSH_INTERVAL_S``: spool flush interval in seconds (default 1).
 - ``GOODPUT_SPOOL``: ``0`` turns the local spool off.
-- ``OTEL_TRACES_EXPORTER``: extra exporters by entry-point name (``otlp``,
-  ``console``, ...), as ``opentelemetry-instrument`` reads it; ``none`` or unset
-  means the spool only.
+- ``GOODPUT_TRACES_EXPORTER``, else ``OTEL_TRACES_EXPORTER``: extra exporters by
+  name (``otlp``, ``otlp_proto_http``, ``gcp_trace``, ``gcp_otlp``, ``console``, ...);
+  ``none`` or unset means the spool only. See :mod:`goodput.export`.
+- ``GOODPUT_TRACE_WINDOW_S`` (default 60) and ``GOODPUT_TRACE_WINDOW_SPANS``
+  (default 500): a new trace (window) after this many seconds or child spans.
 - ``OTEL_RESOURCE_ATTRIBUTES``: more resource attributes, kept as they are.
 """
 
@@ -98,6 +100,37 @@ def flush_interval_s(explicit: float | None) -> float:
     return float(explicit)
 
 
+DEFAULT_TRACE_WINDOW_S = 60.0
+DEFAULT_TRACE_WINDOW_SPANS = 500
+
+
+def _positive(explicit, env: str, default, kind):
+    """``explicit``, else the variable ``env``, else ``default``, as ``kind`` (> 0)."""
+    if explicit is None:
+        raw = os.environ.get(env, "").strip()
+        try:
+            explicit = kind(raw) if raw else default
+        except ValueError:
+            _log.warning("goodput: ignoring %s=%r: not a number", env, raw)
+            explicit = default
+        if not explicit > 0:
+            _log.warning("goodput: ignoring %s=%r: not > 0", env, raw)
+            explicit = default
+    if isinstance(explicit, bool) or not isinstance(explicit, (int, float)) or not explicit > 0:
+        raise ValueError(f"{env.lower().removeprefix('goodput_')} must be > 0, got {explicit!r}")
+    return kind(explicit)
+
+
+def trace_window_s(explicit: float | None) -> float:
+    """Longest span of time one trace (window) covers, in seconds (> 0; default 60)."""
+    return _positive(explicit, "GOODPUT_TRACE_WINDOW_S", DEFAULT_TRACE_WINDOW_S, float)
+
+
+def trace_window_spans(explicit: int | None) -> int:
+    """Most child spans in one trace (window) (>= 1; default 500; Cloud Trace keeps 1000)."""
+    return _positive(explicit, "GOODPUT_TRACE_WINDOW_SPANS", DEFAULT_TRACE_WINDOW_SPANS, int)
+
+
 def spool_enabled(explicit: bool | None) -> bool:
     """Whether to write the local spool (default yes; ``GOODPUT_SPOOL=0`` turns it off)."""
     if explicit is not None:
@@ -135,10 +168,11 @@ def first_attempt(directory: str | None, index: int) -> int:
     return highest + 1
 
 
-def make_resource(job: str, attempt: int, index: int, count: int) -> Resource:
+def make_resource(job: str, attempt: int, index: int, count: int, extra=None) -> Resource:
     """The resource of one process's attempt (see ``docs/span-schema.md``).
 
-    ``OTEL_RESOURCE_ATTRIBUTES`` are merged in by the SDK; ours win on conflicts.
+    ``extra`` (e.g. ``gcp.project_id`` from :mod:`goodput.export`) and
+    ``OTEL_RESOURCE_ATTRIBUTES`` are merged in; ours win on conflicts.
     """
     attrs = {
         schema.RES_SERVICE_NAME: job,
@@ -151,36 +185,7 @@ def make_resource(job: str, attempt: int, index: int, count: int) -> Resource:
         schema.RES_PROCESS_COUNT: count,
         schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
     }
-    return Resource.create(attrs)
-
-
-def extra_exporters() -> list:
-    """Exporters named in ``OTEL_TRACES_EXPORTER`` (entry points ``opentelemetry_traces_exporter``).
-
-    Names that cannot be loaded are logged and skipped: the spool still works.
-    """
-    raw = os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
-    names = [n.strip() for n in raw.split(",") if n.strip() and n.strip() != "none"]
-    if not names:
-        return []
-    from importlib.metadata import entry_points
-
-    found = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
-    exporters = []
-    for name in names:
-        ep = found.get(name)
-        if ep is None:
-            _log.warning(
-                "goodput: OTEL_TRACES_EXPORTER names %r but no such exporter is installed "
-                "(for 'otlp': pip install 'goodput-otel[otlp]')",
-                name,
-            )
-            continue
-        try:
-            exporters.append(ep.load()())
-        except Exception as exc:  # an exporter's constructor may fail in many ways
-            _log.warning("goodput: cannot create exporter %r: %s", name, exc)
-    return exporters
+    return Resource.create({**(extra or {}), **attrs})
 
 
 def process_start_ns() -> int:

@@ -8,7 +8,11 @@ records (attempt start and end, step starts) go through the same deque, so
 their order with the phases is kept.
 
 Each attempt has its own ``TracerProvider`` (its resource carries the attempt
-number) and its own spool file. Every failure is counted in :meth:`Recorder.stats`
+number) and its own spool file. Its spans are grouped into windows: each window
+is one trace whose root span (``goodput.window``) is the parent of every span in
+it, so a trace stays small (Cloud Trace keeps 1,000 spans per trace) and reads as
+a waterfall. The root is written when the window closes; after a SIGKILL only the
+last window lacks it (see ``docs/exporting.md``). Every failure is counted in :meth:`Recorder.stats`
 and written on the next heartbeat or end marker; nothing raises into training.
 """
 
@@ -24,13 +28,23 @@ import threading
 import time
 from collections import deque
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    set_span_in_context,
+)
 
-from goodput import config, schema
+from goodput import config, export, schema
 from goodput.spool import SpoolSpanExporter
 
 _log = logging.getLogger(__name__)
@@ -45,17 +59,22 @@ _VERSION = "0.1.0"
 
 
 class _AttemptIds(RandomIdGenerator):
-    """Gives every span of an attempt the attempt's trace id.
+    """Span and trace ids of one attempt; a window's root gets ids chosen in advance.
 
     Draws from its own ``random.Random`` (seeded from the OS): training code
     reseeds the global ``random`` module (``transformers.set_seed``, Lightning's
     ``seed_everything``), which would repeat span ids, and drawing from it would
     shift the job's own random sequence.
+
+    A window's children are created (with the window as parent) before the
+    window's own span, which is built when the window closes: :meth:`root_next`
+    makes the next root span take the ids the children already point to.
     """
 
     def __init__(self):
         self._rng = random.Random()
-        self.trace_id = self._nonzero(128)
+        self._root: tuple[int, int] | None = None
+        self._root_span_id = 0
 
     def _nonzero(self, bits: int) -> int:
         while True:
@@ -63,11 +82,42 @@ class _AttemptIds(RandomIdGenerator):
             if value:
                 return value
 
+    def new_window(self) -> tuple[int, int]:
+        """Fresh ``(trace_id, span_id)`` for a window."""
+        return self._nonzero(128), self._nonzero(64)
+
+    def root_next(self, ids: tuple[int, int]) -> None:
+        """The next span started without a parent gets ``ids``."""
+        self._root = ids
+
     def generate_span_id(self) -> int:
+        if self._root_span_id:
+            value, self._root_span_id = self._root_span_id, 0
+            return value
         return self._nonzero(64)
 
     def generate_trace_id(self) -> int:
-        return self.trace_id
+        if self._root is not None:  # the SDK asks for the trace id first, then the span id
+            (trace_id, self._root_span_id), self._root = self._root, None
+            return trace_id
+        return self._nonzero(128)
+
+
+class _Window:
+    """An open window: its ids, the parent context of its children, their extent (ns)."""
+
+    __slots__ = ("ids", "context", "index", "opened", "first", "last", "count")
+
+    def __init__(self, ids: tuple[int, int], index: int, opened: int):
+        self.ids = ids
+        ctx = SpanContext(ids[0], ids[1], is_remote=False,
+                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        self.context = set_span_in_context(NonRecordingSpan(ctx))
+        self.index = index
+        self.opened = opened
+        self.first = opened  # earliest child start
+        self.last = opened  # latest child end
+        self.count = 0
 
 
 class _SpoolProcessor(SpanProcessor):
@@ -124,12 +174,17 @@ class Recorder:
         flush_interval_s: how often spans are written (seconds, > 0); a process
             killed with SIGKILL loses at most this much.
         exporters: extra ``SpanExporter`` objects (each behind a
-            ``BatchSpanProcessor``), in addition to ``OTEL_TRACES_EXPORTER``.
+            ``BatchSpanProcessor``), in addition to those named by ``traces_exporter``.
+        traces_exporter: exporter names (see :mod:`goodput.export`); default
+            ``GOODPUT_TRACES_EXPORTER``, else ``OTEL_TRACES_EXPORTER``.
+        trace_window_s, trace_window_spans: a window (one trace) closes after this
+            many seconds (> 0, default 60) or child spans (>= 1, default 500).
         spool: write the local spool (default: yes unless ``GOODPUT_SPOOL=0``).
         handle_signals: record the attempt's end on SIGTERM (main thread only).
 
     Raises:
-        ValueError: ``flush_interval_s`` is not > 0.
+        ValueError: ``flush_interval_s``, ``trace_window_s`` or ``trace_window_spans``
+            is not > 0, or ``traces_exporter`` names an exporter that cannot be made.
     """
 
     def __init__(
@@ -142,6 +197,9 @@ class Recorder:
         exporters=None,
         spool: bool | None = None,
         handle_signals: bool = True,
+        traces_exporter=None,
+        trace_window_s: float | None = None,
+        trace_window_spans: int | None = None,
     ):
         self.job_name = config.job_name(job_name)
         self.process_index = config.process_index(process_index)
@@ -149,7 +207,10 @@ class Recorder:
         self.flush_interval_s = config.flush_interval_s(flush_interval_s)
         self.spool = config.spool_enabled(spool)
         self.run_dir = config.run_dir(run_dir, self.job_name) if self.spool else None
-        extra = list(exporters or []) + config.extra_exporters()
+        self._window_ns = int(config.trace_window_s(trace_window_s) * 1e9)
+        self._window_spans = config.trace_window_spans(trace_window_spans)
+        extra = list(exporters or []) + export.from_config(traces_exporter)
+        self._resource_extra = export.resource_attributes(extra)
         self._shared = [BatchSpanProcessor(e) for e in extra]
         self._handle_signals = handle_signals
 
@@ -164,6 +225,10 @@ class Recorder:
         self._next_attempt: int | None = None
         self._provider: TracerProvider | None = None
         self._tracer = None
+        self._ids: _AttemptIds | None = None
+        self._window: _Window | None = None
+        self._window_index = 0
+        self._prev_window: SpanContext | None = None
         self._spool: SpoolSpanExporter | None = None
         self._spool_failures_counted = 0  # of the current attempt's spool file
         self._pending_step: tuple[int, int] | None = None
@@ -322,6 +387,9 @@ class Recorder:
             now = time.time_ns()
             if heartbeat and drained == 0 and self._tracer is not None:
                 self._emit(schema.HEARTBEAT, self._last_tick, now, self._health())
+            w = self._window
+            if w is not None and now - w.opened >= self._window_ns:
+                self._close_window()
             self._last_tick = now
             self._write()
         finally:
@@ -355,13 +423,39 @@ class Recorder:
                 self.error("cannot record %s: %s", name, exc)
 
     def _emit(self, name, t0, t1, attrs=None, err=None) -> None:
+        t1 = max(t0, t1)
+        w = self._window
+        if w is not None and (w.count >= self._window_spans or t1 - w.opened >= self._window_ns):
+            self._close_window()
+            w = None
+        if w is None:
+            w = self._window = _Window(self._ids.new_window(), self._window_index, t0)
+            self._window_index += 1
         span = self._tracer.start_span(
-            name, kind=SpanKind.INTERNAL, attributes=attrs, start_time=t0
+            name, context=w.context, kind=SpanKind.INTERNAL, attributes=attrs, start_time=t0
         )
         if err is not None:
             span.set_status(Status(StatusCode.ERROR, err))
-        span.end(end_time=max(t0, t1))
+        span.end(end_time=t1)
+        w.first = min(w.first, t0)
+        w.last = max(w.last, t1)
+        w.count += 1
         self._counts["spans"] += 1
+
+    def _close_window(self) -> None:
+        """Write the open window's root span (covering its children); none if it is empty."""
+        w, self._window = self._window, None
+        if w is None or not w.count:
+            return
+        self._ids.root_next(w.ids)
+        attrs = {schema.ATTR_WINDOW_INDEX: w.index, schema.ATTR_WINDOW_SPANS: w.count}
+        links = [Link(self._prev_window)] if self._prev_window is not None else None
+        span = self._tracer.start_span(
+            schema.WINDOW, context=Context(), kind=SpanKind.INTERNAL, attributes=attrs,
+            links=links, start_time=w.first,
+        )
+        span.end(end_time=w.last)
+        self._prev_window = span.get_span_context()
 
     def _on_step_start(self, step: int, at: int) -> None:
         if self._tracer is None:
@@ -392,12 +486,15 @@ class Recorder:
         self.attempt = self._next_attempt
         self._next_attempt += 1
         resource = config.make_resource(
-            self.job_name, self.attempt, self.process_index, self.process_count
+            self.job_name, self.attempt, self.process_index, self.process_count,
+            self._resource_extra,
         )
+        self._ids = _AttemptIds()
+        self._window, self._window_index, self._prev_window = None, 0, None
         provider = TracerProvider(
             resource=resource,
             sampler=ALWAYS_ON,
-            id_generator=_AttemptIds(),
+            id_generator=self._ids,
             shutdown_on_exit=False,  # we end the attempt at exit ourselves, in order
         )
         if self.spool:
@@ -419,6 +516,7 @@ class Recorder:
         self._close_pending_step(at)
         attrs = {schema.ATTR_END_REASON: reason, **self._health()}
         self._emit(schema.JOB_END, at, at, attrs)
+        self._close_window()
         self._write()
         provider, self._provider, self._tracer = self._provider, None, None
         provider.shutdown()  # syncs and closes the spool file

@@ -29,6 +29,12 @@ JOB_END = "goodput.job_end"
 #: Liveness marker written when a process has had nothing else to export for
 #: one flush interval; its end time says the process was alive then.
 HEARTBEAT = "goodput.heartbeat"
+#: Root span of one trace: a window of one attempt of one process. Every other
+#: span is a child of a window; a window covers its children (start of the
+#: first to end of the last) and is written when it closes (after
+#: ``GOODPUT_TRACE_WINDOW_S`` seconds or ``GOODPUT_TRACE_WINDOW_SPANS`` children,
+#: or at the attempt's end). Structure only: the processor ignores it.
+WINDOW = "goodput.window"
 
 ACCELERATOR_INIT = "goodput.accelerator_init"
 TRAINING_PREP = "goodput.training_prep"
@@ -50,8 +56,10 @@ PHASES = (
     CHECKPOINT_RESTORE,
     CUSTOM_BADPUT,
 )
-#: Markers (lifecycle of an attempt of one process).
-MARKERS = (JOB_START, JOB_END, HEARTBEAT)
+#: Spans that only give traces their shape (ignored for time accounting).
+STRUCTURE = (WINDOW,)
+#: Markers (lifecycle of an attempt of one process, and trace structure).
+MARKERS = (JOB_START, JOB_END, HEARTBEAT) + STRUCTURE
 #: Every span name of this schema.
 SPAN_NAMES = PHASES + MARKERS
 
@@ -65,6 +73,9 @@ ATTR_END_REASON = "goodput.end.reason"  # str on JOB_END: one of END_REASONS
 ATTR_HEARTBEAT_INTERVAL_MS = "goodput.heartbeat.interval_ms"  # int on JOB_START
 ATTR_RECORDER_ERRORS = "goodput.recorder.errors"  # int on JOB_END/HEARTBEAT: failures so far
 ATTR_RECORDER_DROPPED = "goodput.recorder.dropped"  # int on JOB_END/HEARTBEAT: records lost so far
+
+ATTR_WINDOW_INDEX = "goodput.window.index"  # int on WINDOW: 0, 1, ... within the attempt
+ATTR_WINDOW_SPANS = "goodput.window.spans"  # int on WINDOW: number of its child spans
 
 END_REASONS = ("explicit", "exit", "sigterm", "exception", "restart")
 

@@ -69,6 +69,15 @@ def encode_span(span: ReadableSpan) -> dict:
             }
             for e in span.events
         ]
+    if span.links:
+        out["links"] = [
+            {
+                "traceId": format(link.context.trace_id, "032x"),
+                "spanId": format(link.context.span_id, "016x"),
+                "attributes": encode_attributes(link.attributes),
+            }
+            for link in span.links
+        ]
     code = span.status.status_code.value
     out["status"] = {"code": code, "message": span.status.description} if code else {}
     return out

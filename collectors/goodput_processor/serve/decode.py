@@ -68,7 +68,8 @@ def _spans(reader: rd._Reader, spans, job, proc, where) -> None:
     for sp in spans:
         kind = kind_codes.get(sp.name)
         if kind is None:
-            unknown += 1
+            if sp.name not in rd.STRUCTURE:
+                unknown += 1
             continue
         try:
             start, end = sp.start_time_unix_nano, sp.end_time_unix_nano
