@@ -326,6 +326,30 @@ def test_acceptance_multiprocess_restart_converges(tmp_path):
         # the HTTP endpoint gives the same accounting
         with urllib.request.urlopen(srv.addresses()["http"] + "/v1/report?job=mp") as r:
             assert json.loads(r.read())["jobs"][0]["disruptions"] == 1
+        # and so do the live metrics, wired to the store as `goodput serve` wires them
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        from goodput_processor.metrics import GoodputMetrics
+
+        reader = InMemoryMetricReader()
+        GoodputMetrics(lambda: [srv.store.snapshot(n) for n in srv.store.jobs()],
+                       MeterProvider(metric_readers=[reader]), windows_s=(60,))
+        points = {}
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    for dp in m.data.data_points:
+                        attrs = dict(dp.attributes)
+                        points[(m.name, attrs.get("goodput.job.name"),
+                                attrs.get("goodput.badput.bucket"))] = dp.value
+        for j in runs:
+            # the metrics are accounted at collection time; the jobs have ended, so the
+            # report's numbers hold then too
+            assert points[("goodput.goodput", j, None)] == pytest.approx(want[j].goodput)
+            for bucket, seconds in want[j].badput_s.items():
+                assert points[("goodput.badput_time", j, bucket)] == pytest.approx(seconds)
+        assert points[("goodput.disruptions", "mp", None)] == 1
     finally:
         final = srv.stop(10)
     assert final is not None and [r.job for r in final] == ["mp", "solo"]
