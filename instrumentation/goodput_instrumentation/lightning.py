@@ -36,6 +36,8 @@ import importlib
 import logging
 import time
 
+from packaging.version import InvalidVersion, Version
+
 from goodput import schema
 from goodput_instrumentation._base import (
     GoodputInstrumentor,
@@ -44,13 +46,14 @@ from goodput_instrumentation._base import (
     guard,
     recorder,
     release,
+    timed,
 )
 
 _log = logging.getLogger("goodput.instrumentation")
 _time_ns = time.time_ns
 
 #: Oldest Lightning release the hooks were written against (2.6.6 is tested).
-MIN_VERSION = (2, 0)
+MIN_VERSION = Version("2.0")
 
 # Auto-added callbacks record only while the instrumentor is enabled.
 _enabled = False
@@ -288,12 +291,12 @@ def _fetch_done(loop) -> None:
         cb._fetch_done()
 
 
-@guard(where="lightning save_checkpoint")
-def _record_save(trainer, t0: int, error: str | None) -> None:
+def _record_save(t0: int, t1: int, error, out, args, kwargs) -> None:
+    trainer = args[0]
     if _enabled:
         attrs = {schema.ATTR_CHECKPOINT_STEP: int(trainer.global_step), schema.ATTR_BLOCKING: True}
         rec = recorder()
-        rec.record(schema.CHECKPOINT_SAVE, t0, _time_ns(), attrs, error)
+        rec.record(schema.CHECKPOINT_SAVE, t0, t1, attrs, error)
         rec.request_sync()
 
 
@@ -346,8 +349,8 @@ def _queue_async_end(io, write: _AsyncWrite) -> None:
     io._executor.submit(write.end)
 
 
-@guard(where="lightning checkpoint restore")
-def _record_restore(connector, t0: int, error: str | None) -> None:
+def _record_restore(t0: int, t1: int, error, out, args, kwargs) -> None:
+    connector = args[0]
     if not _enabled:
         return
     trainer = connector.trainer
@@ -355,7 +358,7 @@ def _record_restore(connector, t0: int, error: str | None) -> None:
         return  # validate/test/predict loading weights is no resume
     step = _checkpoint_step(connector._loaded_checkpoint)
     if step is not None:
-        recorder().record(schema.CHECKPOINT_RESTORE, t0, _time_ns(),
+        recorder().record(schema.CHECKPOINT_RESTORE, t0, t1,
                           {schema.ATTR_CHECKPOINT_STEP: step}, error)
 
 
@@ -375,19 +378,7 @@ def _wrap_init(orig, package: str):
 
 
 def _wrap_save(orig):
-    def save_checkpoint(self, *args, **kwargs):
-        t0 = _time_ns()
-        try:
-            result = orig(self, *args, **kwargs)
-        except BaseException as exc:
-            _record_save(self, t0, repr(exc))
-            raise
-        _record_save(self, t0, None)
-        return result
-
-    save_checkpoint.__wrapped__ = orig
-    save_checkpoint.__doc__ = orig.__doc__
-    return save_checkpoint
+    return timed(orig, _record_save, "lightning save_checkpoint")
 
 
 def _wrap_async_save(orig):
@@ -404,19 +395,7 @@ def _wrap_async_save(orig):
 
 
 def _wrap_restore(orig):
-    def restore(self, *args, **kwargs):
-        t0 = _time_ns()
-        try:
-            result = orig(self, *args, **kwargs)
-        except BaseException as exc:
-            _record_restore(self, t0, repr(exc))
-            raise
-        _record_restore(self, t0, None)
-        return result
-
-    restore.__wrapped__ = orig
-    restore.__name__ = orig.__name__
-    return restore
+    return timed(orig, _record_restore, "lightning checkpoint restore")
 
 
 def _wrap_fetch(orig, hook):
@@ -438,14 +417,6 @@ def _wrap_fetch_after(orig, hook):
     fetch_hook.__wrapped__ = orig
     fetch_hook.__name__ = orig.__name__
     return fetch_hook
-
-
-def _version(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
 
 
 def _private(module_name: str, qualname: str, *attrs: str):
@@ -484,9 +455,13 @@ class LightningInstrumentor(GoodputInstrumentor):
         global _enabled, _fetch_hooks
         pkg = module.__name__
         version = getattr(module, "__version__", "0")
-        if _version(version) < MIN_VERSION:
+        try:
+            too_old = Version(version) < MIN_VERSION
+        except InvalidVersion:
+            too_old = True
+        if too_old:
             _log.warning("goodput: %s %s not instrumented: needs >= %s", pkg, version,
-                         ".".join(map(str, MIN_VERSION)))
+                         MIN_VERSION)
             return
         _enabled = True
         p = self._patches

@@ -58,6 +58,7 @@ from goodput_instrumentation._base import (
     guard,
     recorder,
     release,
+    timed,
 )
 
 _log = logging.getLogger("goodput.instrumentation")
@@ -192,9 +193,9 @@ def _after_init(trainer, t0: int) -> None:
     _ensure_callback(trainer)
 
 
-@guard(where="Trainer.create_accelerator_and_postprocess hook")
-def _after_accelerator(t0: int) -> None:
-    recorder().record(schema.ACCELERATOR_INIT, t0, _now())
+def _after_accelerator(t0: int, t1: int, error, out, args, kwargs) -> None:
+    if error is None:
+        recorder().record(schema.ACCELERATOR_INIT, t0, t1)
 
 
 @guard(where="Trainer.train hook")
@@ -212,14 +213,13 @@ def _train_exit(cb) -> None:
         cb._train_ended()
 
 
-@guard(where="Trainer.get_batch_samples hook")
-def _batches_loaded(t0: int) -> None:
-    recorder().record(schema.DATA_LOADING, t0, _now())
+def _batches_loaded(t0: int, t1: int, error, out, args, kwargs) -> None:
+    if error is None:
+        recorder().record(schema.DATA_LOADING, t0, t1)
 
 
-@guard(where="Trainer._save_checkpoint hook")
-def _saved(trainer, t0: int, error: str | None) -> None:
-    t1 = _now()
+def _saved(t0: int, t1: int, error, out, args, kwargs) -> None:
+    trainer = args[0]
     attrs = {
         schema.ATTR_CHECKPOINT_STEP: int(trainer.state.global_step),
         schema.ATTR_BLOCKING: True,
@@ -246,9 +246,8 @@ def _checkpoint_step(path) -> int | None:
     return step
 
 
-@guard(where="Trainer checkpoint restore hook")
-def _restored(args, kwargs, t0: int, error: str | None) -> None:
-    t1 = _now()
+def _restored(t0: int, t1: int, error, out, args, kwargs) -> None:
+    args = args[1:]  # after self
     path = args[0] if args else kwargs.get("resume_from_checkpoint", kwargs.get("checkpoint"))
     if path is None:  # called with no checkpoint: the method did nothing
         return
@@ -285,14 +284,7 @@ def _wrap_init(orig):
 
 
 def _wrap_accelerator(orig):
-    @functools.wraps(orig)
-    def create_accelerator_and_postprocess(self, *args, **kwargs):
-        t0 = _now()
-        out = orig(self, *args, **kwargs)
-        _after_accelerator(t0)
-        return out
-
-    return create_accelerator_and_postprocess
+    return timed(orig, _after_accelerator, "Trainer.create_accelerator_and_postprocess hook")
 
 
 def _wrap_train(orig):
@@ -308,44 +300,15 @@ def _wrap_train(orig):
 
 
 def _wrap_batches(orig):
-    @functools.wraps(orig)
-    def get_batch_samples(self, *args, **kwargs):
-        t0 = _now()
-        out = orig(self, *args, **kwargs)
-        _batches_loaded(t0)
-        return out
-
-    return get_batch_samples
+    return timed(orig, _batches_loaded, "Trainer.get_batch_samples hook")
 
 
 def _wrap_save(orig):
-    @functools.wraps(orig)
-    def _save_checkpoint(self, *args, **kwargs):
-        t0 = _now()
-        error = "exception"
-        try:
-            out = orig(self, *args, **kwargs)
-            error = None
-            return out
-        finally:
-            _saved(self, t0, error)
-
-    return _save_checkpoint
+    return timed(orig, _saved, "Trainer._save_checkpoint hook")
 
 
 def _wrap_restore(orig):
-    @functools.wraps(orig)
-    def load(self, *args, **kwargs):
-        t0 = _now()
-        error = "exception"
-        try:
-            out = orig(self, *args, **kwargs)
-            error = None
-            return out
-        finally:
-            _restored(args, kwargs, t0, error)
-
-    return load
+    return timed(orig, _restored, "Trainer checkpoint restore hook")
 
 
 def _wrap_evaluate(orig):
