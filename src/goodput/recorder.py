@@ -8,12 +8,10 @@ records (attempt start and end, step starts) go through the same deque, so
 their order with the phases is kept.
 
 Each attempt has its own ``TracerProvider`` (its resource carries the attempt
-number) and its own spool file. Its spans are grouped into windows: each window
-is one trace whose root span (``goodput.window``) is the parent of every span in
-it, so a trace stays small (Cloud Trace keeps 1,000 spans per trace) and reads as
-a waterfall. The root is written when the window closes; after a SIGKILL only the
-last window lacks it (see ``docs/exporting.md``). Every failure is counted in :meth:`Recorder.stats`
-and written on the next heartbeat or end marker; nothing raises into training.
+number) and its own spool file; its spans are grouped into traces by
+:mod:`goodput.traces` (a window root per trace). Every failure is counted in
+:meth:`Recorder.stats` and written on the next heartbeat or end marker; nothing
+raises into training.
 """
 
 from __future__ import annotations
@@ -21,31 +19,19 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import random
 import signal
 import sys
 import threading
 import time
 from collections import deque
 
-from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import (
-    Link,
-    NonRecordingSpan,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    set_span_in_context,
-)
 
 from goodput import config, export, schema
 from goodput.spool import SpoolSpanExporter
+from goodput.traces import AttemptIds, TraceWindows
 
 _log = logging.getLogger(__name__)
 
@@ -56,68 +42,6 @@ _STEP_START = "<step_start>"
 _SYNC = "<sync>"
 _EXPORT_BATCH = 512
 _VERSION = "0.1.0"
-
-
-class _AttemptIds(RandomIdGenerator):
-    """Span and trace ids of one attempt; a window's root gets ids chosen in advance.
-
-    Draws from its own ``random.Random`` (seeded from the OS): training code
-    reseeds the global ``random`` module (``transformers.set_seed``, Lightning's
-    ``seed_everything``), which would repeat span ids, and drawing from it would
-    shift the job's own random sequence.
-
-    A window's children are created (with the window as parent) before the
-    window's own span, which is built when the window closes: :meth:`root_next`
-    makes the next root span take the ids the children already point to.
-    """
-
-    def __init__(self):
-        self._rng = random.Random()
-        self._root: tuple[int, int] | None = None
-        self._root_span_id = 0
-
-    def _nonzero(self, bits: int) -> int:
-        while True:
-            value = self._rng.getrandbits(bits)
-            if value:
-                return value
-
-    def new_window(self) -> tuple[int, int]:
-        """Fresh ``(trace_id, span_id)`` for a window."""
-        return self._nonzero(128), self._nonzero(64)
-
-    def root_next(self, ids: tuple[int, int]) -> None:
-        """The next span started without a parent gets ``ids``."""
-        self._root = ids
-
-    def generate_span_id(self) -> int:
-        if self._root_span_id:
-            value, self._root_span_id = self._root_span_id, 0
-            return value
-        return self._nonzero(64)
-
-    def generate_trace_id(self) -> int:
-        if self._root is not None:  # the SDK asks for the trace id first, then the span id
-            (trace_id, self._root_span_id), self._root = self._root, None
-            return trace_id
-        return self._nonzero(128)
-
-
-class _Window:
-    """An open window: its ids, the parent context of its children, their extent (ns)."""
-
-    __slots__ = ("ids", "context", "index", "opened", "first", "last", "count")
-
-    def __init__(self, ids: tuple[int, int], index: int, opened: int):
-        self.ids = ids
-        ctx = SpanContext(ids[0], ids[1], is_remote=False,
-                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
-        self.context = set_span_in_context(NonRecordingSpan(ctx))
-        self.index = index
-        self.opened = opened
-        self.first = opened  # earliest child start
-        self.last = opened  # latest child end
-        self.count = 0
 
 
 class _SpoolProcessor(SpanProcessor):
@@ -225,10 +149,7 @@ class Recorder:
         self._next_attempt: int | None = None
         self._provider: TracerProvider | None = None
         self._tracer = None
-        self._ids: _AttemptIds | None = None
-        self._window: _Window | None = None
-        self._window_index = 0
-        self._prev_window: SpanContext | None = None
+        self._windows: TraceWindows | None = None  # of the open attempt
         self._spool: SpoolSpanExporter | None = None
         self._spool_failures_counted = 0  # of the current attempt's spool file
         self._pending_step: tuple[int, int] | None = None
@@ -387,9 +308,8 @@ class Recorder:
             now = time.time_ns()
             if heartbeat and drained == 0 and self._tracer is not None:
                 self._emit(schema.HEARTBEAT, self._last_tick, now, self._health())
-            w = self._window
-            if w is not None and now - w.opened >= self._window_ns:
-                self._close_window()
+            if self._windows is not None:
+                self._windows.close_if_older(now)
             self._last_tick = now
             self._write()
         finally:
@@ -423,39 +343,8 @@ class Recorder:
                 self.error("cannot record %s: %s", name, exc)
 
     def _emit(self, name, t0, t1, attrs=None, err=None) -> None:
-        t1 = max(t0, t1)
-        w = self._window
-        if w is not None and (w.count >= self._window_spans or t1 - w.opened >= self._window_ns):
-            self._close_window()
-            w = None
-        if w is None:
-            w = self._window = _Window(self._ids.new_window(), self._window_index, t0)
-            self._window_index += 1
-        span = self._tracer.start_span(
-            name, context=w.context, kind=SpanKind.INTERNAL, attributes=attrs, start_time=t0
-        )
-        if err is not None:
-            span.set_status(Status(StatusCode.ERROR, err))
-        span.end(end_time=t1)
-        w.first = min(w.first, t0)
-        w.last = max(w.last, t1)
-        w.count += 1
+        self._windows.emit(name, t0, t1, attrs, err)
         self._counts["spans"] += 1
-
-    def _close_window(self) -> None:
-        """Write the open window's root span (covering its children); none if it is empty."""
-        w, self._window = self._window, None
-        if w is None or not w.count:
-            return
-        self._ids.root_next(w.ids)
-        attrs = {schema.ATTR_WINDOW_INDEX: w.index, schema.ATTR_WINDOW_SPANS: w.count}
-        links = [Link(self._prev_window)] if self._prev_window is not None else None
-        span = self._tracer.start_span(
-            schema.WINDOW, context=Context(), kind=SpanKind.INTERNAL, attributes=attrs,
-            links=links, start_time=w.first,
-        )
-        span.end(end_time=w.last)
-        self._prev_window = span.get_span_context()
 
     def _on_step_start(self, step: int, at: int) -> None:
         if self._tracer is None:
@@ -489,12 +378,11 @@ class Recorder:
             self.job_name, self.attempt, self.process_index, self.process_count,
             self._resource_extra,
         )
-        self._ids = _AttemptIds()
-        self._window, self._window_index, self._prev_window = None, 0, None
+        ids = AttemptIds()
         provider = TracerProvider(
             resource=resource,
             sampler=ALWAYS_ON,
-            id_generator=self._ids,
+            id_generator=ids,
             shutdown_on_exit=False,  # we end the attempt at exit ourselves, in order
         )
         if self.spool:
@@ -506,6 +394,7 @@ class Recorder:
             provider.add_span_processor(_Shared(proc))
         self._provider = provider
         self._tracer = provider.get_tracer(schema.SCOPE_NAME, _VERSION)
+        self._windows = TraceWindows(self._tracer, ids, self._window_ns, self._window_spans)
         interval_ms = int(self.flush_interval_s * 1000)
         self._emit(schema.JOB_START, at, at, {schema.ATTR_HEARTBEAT_INTERVAL_MS: interval_ms})
         self._sync_requested = True
@@ -516,9 +405,10 @@ class Recorder:
         self._close_pending_step(at)
         attrs = {schema.ATTR_END_REASON: reason, **self._health()}
         self._emit(schema.JOB_END, at, at, attrs)
-        self._close_window()
+        self._windows.close()
         self._write()
         provider, self._provider, self._tracer = self._provider, None, None
+        self._windows = None
         provider.shutdown()  # syncs and closes the spool file
         self._count_spool_failures()
         self._spool = None
