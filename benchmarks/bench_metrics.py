@@ -4,7 +4,7 @@
 
 Runs a loop of ``--steps`` steps of ~1 ms of numpy work each, recorded with
 ``goodput.step``, once without and once with a :class:`GoodputMonitor` (in-memory
-metric reader + TensorBoard) re-reading the spool every ``--interval`` seconds, and
+metric reader + TensorBoard) following the spool every ``--interval`` seconds, and
 prints the mean per-step time of both, the monitor's cycle time and the time of one
 collection of all gauges. Figures only; nothing is asserted.
 """

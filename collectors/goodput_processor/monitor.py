@@ -1,8 +1,9 @@
 """In-process goodput monitor for single-machine users (``docs/metrics.md``).
 
 :class:`GoodputMonitor` runs a daemon thread in the training process that, every
-``interval_s`` seconds, re-reads the run directory the recorder writes, accounts every
-job (with rolling windows) and publishes the result: OpenTelemetry metrics through the
+``interval_s`` seconds, takes in what the recorder has appended to the run directory
+since the last cycle (the spool tailer of ``goodput serve``), accounts every job (with
+rolling windows) and publishes the result: OpenTelemetry metrics through the
 given meter provider or metric readers, and TensorBoard scalars::
 
     import goodput
@@ -29,7 +30,9 @@ from collections.abc import Sequence
 
 from .accounting import _check_windows
 from .metrics import DEFAULT_WINDOWS_S, GoodputMetrics, JobSnapshot, snapshot
-from .reader import read_run_dir
+from .reader import RunDirError
+from .serve.store import LiveStore
+from .serve.tail import SpoolTailer
 
 __all__ = ["GoodputMonitor"]
 
@@ -104,6 +107,9 @@ class GoodputMonitor:
                              include_step_deviation=include_step_deviation)
         self._tb: dict[str, object] = {}
         self._snaps: list[JobSnapshot] = []
+        # Spool lines are read once: each cycle takes in only what is new.
+        self._store = LiveStore(ideal_step_time_s)
+        self._tailer = SpoolTailer(self._store, [self.run_dir])
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cycle_lock = threading.Lock()
@@ -198,11 +204,17 @@ class GoodputMonitor:
     def _cycle(self) -> bool:
         t0 = time.perf_counter()
         try:
-            spans = read_run_dir(self.run_dir)
-            names = sorted(spans.jobs)
+            if not os.path.isdir(self.run_dir):
+                raise RunDirError(f"run directory {self.run_dir!r} does not exist or is not "
+                                  "a directory")
+            self._tailer.poll()
+            names = self._store.jobs()
+            if not names:
+                raise RunDirError(f"run directory {self.run_dir!r} holds no goodput spans yet")
             if self._job is not None:
                 names = [n for n in names if n == self._job]
-            snaps = [snapshot(spans.jobs[n], self.windows_s, self._ideal) for n in names]
+            snaps = [snapshot(self._store.snapshot(n), self.windows_s, self._ideal)
+                     for n in names]
         except Exception as e:  # counted and logged, never raised
             self.errors += 1
             log.warning("goodput monitor: reading %s failed: %s", self.run_dir, e)
