@@ -157,8 +157,12 @@ class Timeline:
         attrs = {schema.ATTR_BADPUT_TYPE: badput_type, schema.ATTR_BLOCKING: blocking}
         return self.span(schema.CUSTOM_BADPUT, start, end, attrs)
 
-    def step(self, n, start, end) -> Timeline:
-        return self.span(schema.STEP, start, end, {schema.ATTR_STEP: n})
+    def step(self, n, start, end, count=None) -> Timeline:
+        """Step ``n``; ``count`` > 1: the span covers steps ``n-count+1..n`` (imported logs)."""
+        attrs = {schema.ATTR_STEP: n}
+        if count is not None:
+            attrs[schema.ATTR_STEP_COUNT] = count
+        return self.span(schema.STEP, start, end, attrs)
 
     def steps(self, first, last, start, step_time) -> Timeline:
         """Steps ``first..last`` back to back from ``start``, ``step_time`` each."""

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from otlp_fixtures import T0_NS, Timeline
 
 from goodput import schema
-from goodput_processor import account, read_run_dir, report_run_dir
+from goodput_processor import account, account_interval, read_run_dir, report_run_dir
 
 NS = 1_000_000_000
 FAR_FUTURE = T0_NS + 10**6 * NS  # "now" long after every fixture: nothing is running
@@ -73,6 +73,31 @@ def test_worked_example_exact(tmp_path):
     assert steps.step.tolist() == list(range(26, 51)) + list(range(51, 76))
     assert steps.deviation_s.tolist() == [0.0] * 25 + [60.0] * 25
     assert steps.anomalous.tolist() == [False] * 25 + [True] * 25
+    assert_consistent(r)
+
+
+def test_aggregated_step_spans(tmp_path):
+    """Spans covering several steps (``goodput.step.count``, as imported from resiliency logs):
+    the worked example with each training stretch as one span gives the same buckets."""
+    a0 = Timeline(attempt=0, unit=60)
+    a0.job_start(0).restore(0, 5, step=25)
+    a0.step(50, 5, 55, count=25).save(55, 60, step=50)
+    a0.step(70, 60, 100, count=20)  # then killed
+    a1 = Timeline(attempt=1, unit=60)
+    a1.job_start(115).restore(115, 120, step=50)
+    a1.step(75, 120, 195, count=25).save(195, 200, step=75).job_end(200)
+    r = run(tmp_path, a0, a1, ideal=120)
+    assert r.buckets_ns == run(tmp_path / "single", *worked_example(), ideal=120).buckets_ns
+    assert r.goodput == 0.5 and r.badput_s["training_slowdown"] == 1500
+    assert [(a.resume_step, a.steps_kept, a.steps_wasted) for a in r.attempts] == [
+        (25, 25, 20), (50, 25, 0)]
+    assert r.step_time.count == 50 and r.step_time.anomalous_steps == 25
+    assert r.steps.count.tolist() == [25, 25]
+    assert r.steps.time_s.tolist() == [120.0, 180.0]  # per step
+    assert r.steps.deviation_s.tolist() == [0.0, 60.0]
+    # without a step-0 restore, the resume step comes from the first span: 50 - 25
+    first = Timeline(attempt=0, unit=60).job_start(0).step(50, 0, 50, count=25).job_end(50)
+    assert run(tmp_path / "resume", first).attempts[0].resume_step == 25
     assert_consistent(r)
 
 
@@ -301,3 +326,25 @@ def test_buckets_always_sum_to_total(tmp_path_factory, tls, ideal):
     assert_consistent(r)
     assert r.total_ns == r.attempts[-1].end_ns - r.attempts[0].start_ns
     assert 0 <= r.goodput <= 1
+
+
+def test_account_interval(tmp_path):
+    """An interval's buckets are the cumulative buckets restricted to it (minutes 50-130 of
+    the worked example: 5 min of steps, the 5 min save, 40 min wasted, 15 min recovery,
+    5 min restore, 10 min of 3-min steps of which 1/3 is slowdown)."""
+    for t in worked_example():
+        t.write(tmp_path)
+    job = read_run_dir(tmp_path).jobs["job"]
+    t0 = worked_example()[0].ns(0)
+    result, iv = account_interval(job, t0 + 50 * 60 * NS, t0 + 130 * 60 * NS, 120,
+                                  now_ns=FAR_FUTURE)
+    assert result.buckets_ns == account(job, 120, now_ns=FAR_FUTURE).buckets_ns
+    assert iv.total_ns == 80 * 60 * NS and sum(iv.buckets_ns.values()) == iv.total_ns
+    assert {k: v / (60 * NS) for k, v in iv.buckets_ns.items() if v} == pytest.approx({
+        "productive": 5 + 20 / 3, "checkpoint_save": 5, "wasted_progress": 40,
+        "infrastructure_recovery": 15, "checkpoint_restore": 5, "training_slowdown": 10 / 3})
+    whole = account_interval(job, 0, 2**62, 120, now_ns=FAR_FUTURE)[1]
+    assert whole.total_ns == result.total_ns
+    assert all(abs(whole.buckets_ns[k] - v) <= 1 for k, v in result.buckets_ns.items())
+    with pytest.raises(ValueError, match="does not overlap"):
+        account_interval(job, 0, t0 - NS, now_ns=FAR_FUTURE)

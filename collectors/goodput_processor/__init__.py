@@ -31,6 +31,7 @@ from .accounting import (  # noqa: E402
     StepTimeSummary,
     WindowResult,
     account,
+    account_interval,
     account_windows,
     report_run_dir,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "WindowResult",
     "__version__",
     "account",
+    "account_interval",
     "account_windows",
     "format_duration",
     "read_run_dir",

@@ -20,6 +20,7 @@ from goodput import schema
 from .reader import read_run_dir
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
 from .timeline import (
+    C_AUX,
     C_END,
     C_FLAGS,
     C_IVAL,
@@ -45,7 +46,7 @@ from .timeline import (
 )
 
 __all__ = ["AttemptResult", "JobResult", "StepArrays", "StepTimeSummary", "WindowResult",
-           "account", "account_windows", "report_run_dir"]
+           "account", "account_interval", "account_windows", "report_run_dir"]
 
 _NS = 1_000_000_000
 #: Bucket of each phase kind (custom badput is per type).
@@ -68,13 +69,23 @@ _MIN_TOL_REL = 0.05
 _MAD_NORMAL = 0.6745
 
 
-def _resume_step(d: np.ndarray) -> int | None:
-    """Resume step of an attempt from its primary process's records (see the docs)."""
+def _step_counts(aux: np.ndarray) -> np.ndarray:
+    """Steps each step span covers: ``goodput.step.count`` (column aux), absent or < 1 = 1."""
+    return np.where(aux == NONE, 1, np.maximum(aux, 1))
+
+
+def resume_step(d: np.ndarray) -> int | None:
+    """Resume step of an attempt from its primary process's records (see the docs):
+    the step of its first checkpoint restore, else its first step span's step minus the
+    number of steps that span covers (1 for a recorded step)."""
     kinds, ival, start = d[:, C_KIND], d[:, C_IVAL], d[:, C_START]
-    for kind, offset in ((K_CHECKPOINT_RESTORE, 0), (K_STEP, -1)):
+    for kind in (K_CHECKPOINT_RESTORE, K_STEP):
         rows = np.flatnonzero((kinds == kind) & (ival != NONE))
         if len(rows):
-            return int(ival[rows[np.argmin(start[rows])]]) + offset
+            r = rows[np.argmin(start[rows])]
+            if kind == K_CHECKPOINT_RESTORE:
+                return int(ival[r])
+            return int(ival[r]) - int(_step_counts(d[r : r + 1, C_AUX])[0])
     return None
 
 
@@ -177,6 +188,7 @@ class _Acc:
         order = np.argsort(ps[is_step], kind="stable")
         ss, se = ps[is_step][order], pe[is_step][order]
         snum = d[:, C_IVAL][use][is_step][order]
+        scount = _step_counts(d[:, C_AUX][use][is_step][order])
         kept = np.ones(len(ss), bool) if bound is None else snum <= bound
         # The wasted region: from the end of the last kept step (or of the blocking save of
         # checkpoint `bound`, if later; or the first step if none is kept) to the end.
@@ -200,11 +212,11 @@ class _Acc:
         lost = int(net[~kept].sum())
         self.ns[level["wasted_progress"]] += lost
         self.ns[level["step"]] -= lost
-        n_kept = int(kept.sum())
         if self.segments is not None:
             self._keep_segments(b, owner, level["step"], ss, se, kept)
-        self.kept.append((snum[kept], np.full(n_kept, a.attempt), ss[kept], net[kept]))
-        return n_kept, len(kept) - n_kept
+        self.kept.append((snum[kept], np.full(int(kept.sum()), a.attempt), ss[kept], net[kept],
+                          scount[kept]))
+        return int(scount[kept].sum()), int(scount[~kept].sum())
 
 
     def _keep_segments(self, b, owner, step_level, ss, se, kept) -> None:
@@ -254,7 +266,7 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
         raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
     attempts = build_attempts(job, now_ns)
     acc = _Acc(job, attempts, keep_segments)
-    resume = [_resume_step(a.primary.data) for a in attempts]
+    resume = [resume_step(a.primary.data) for a in attempts]
     rows, recovery_ns = [], 0
     for i, a in enumerate(attempts):
         later = [r for r in resume[i + 1 :] if r is not None]
@@ -279,28 +291,30 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     level_names, level_ns, kept_parts = acc.names, acc.ns, acc.kept
     total_ns = attempts[-1].end_ns - attempts[0].start_ns if attempts else 0
     if kept_parts:
-        snum, satt, sstart, t = (np.concatenate(c) for c in zip(*kept_parts, strict=True))
+        snum, satt, sstart, t, cnt = (np.concatenate(c) for c in zip(*kept_parts, strict=True))
     else:
-        snum = satt = sstart = t = np.zeros(0, np.int64)
+        snum = satt = sstart = t = cnt = np.zeros(0, np.int64)
+    per_step = t / cnt if len(t) else np.zeros(0)  # ns per step (float)
     if ideal_step_time_s is not None:
         ideal, source = round(ideal_step_time_s * _NS), "given"
     elif len(t):
-        ideal, source = float(np.median(t)), "estimated"
+        ideal, source = float(np.median(per_step)), "estimated"
     else:
         ideal, source = None, None
     tol = float(_MIN_TOL_NS)
     if ideal is not None:
         tol = max(tol, _MIN_TOL_REL * ideal)
-    if len(t) >= 2:
-        sigma = float(np.median(np.abs(np.diff(t)))) / (math.sqrt(2) * _MAD_NORMAL)
+    single = t[cnt == 1]  # the noise estimate uses recorded (single) steps only
+    if len(single) >= 2:
+        sigma = float(np.median(np.abs(np.diff(single)))) / (math.sqrt(2) * _MAD_NORMAL)
         tol = max(3 * sigma, tol)
     if ideal is not None:
-        anomalous = t > ideal + tol
-        deviation = (t - ideal) / _NS
+        anomalous = per_step > ideal + tol
+        deviation = (per_step - ideal) / _NS
     else:
         anomalous = np.zeros(len(t), bool)
         deviation = np.full(len(t), np.nan)
-    n_anom = int(anomalous.sum())
+    n_anom = int(cnt[anomalous].sum())
     slowdown = round(int(t[anomalous].sum()) - n_anom * ideal) if n_anom else 0
     kept_ns = level_ns[acc.level["step"]]
     if kept_ns != int(t.sum()):  # pragma: no cover - a bug, never expected
@@ -320,7 +334,7 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
             buckets[name] = level_ns[acc.level[name]]
     if sum(buckets.values()) != total_ns:  # pragma: no cover - a bug, never expected
         raise AssertionError(f"buckets {buckets} do not sum to total {total_ns} ns")
-    ts = t / _NS
+    ts = per_step / _NS
     pct = [float(x) for x in np.percentile(ts, [50, 90, 99, 100])] if len(ts) else [None] * 4
     valid = snum[snum != NONE]
     return JobResult(
@@ -338,7 +352,7 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         ideal_step_time_s=None if ideal is None else ideal / _NS,
         ideal_step_time_source=source,
         noise_tolerance_s=tol / _NS if len(t) else None,
-        step_time=StepTimeSummary(len(t), *pct, anomalous_steps=n_anom),
+        step_time=StepTimeSummary(int(cnt.sum()), *pct, anomalous_steps=n_anom),
         attempts=tuple(attempt_rows),
         async_work_s={k: v / _NS for k, v in sorted(acc.async_ns.items())},
         skipped={**dict.fromkeys(SKIP_REASONS, 0), **job.skipped},
@@ -346,7 +360,7 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         recorder_errors=sum(a.recorder_errors for a in attempts),
         recorder_dropped=sum(a.recorder_dropped for a in attempts),
         schema_version=",".join(sorted(job.schema_versions)) or None,
-        steps=StepArrays(snum, satt, sstart, t, ts, deviation, anomalous),
+        steps=StepArrays(snum, satt, sstart, t, ts, deviation, anomalous, cnt),
     )
 
 
@@ -420,18 +434,59 @@ def account_windows(
     windows = _check_windows(windows_s)
     result, attempts, acc = _account(job, ideal_step_time_s, now_ns, True)
     out = []
-    st = result.steps
-    if len(st.time_ns) and result.ideal_step_time_s is not None:
-        t = st.time_ns.astype(np.float64)
-        excess = np.where(st.anomalous, t - result.ideal_step_time_s * _NS, 0.0)
-        slow_frac = np.divide(excess, t, out=np.zeros_like(t), where=t > 0)
-    else:
-        slow_frac = np.zeros(len(st.time_ns))
+    slow_frac = _slow_fractions(result)
     for w in windows:
         w1 = result.end_ns
         w0 = max(result.start_ns, w1 - round(w * _NS))
         out.append(_window(result, attempts, acc, slow_frac, w, w0, w1))
     return result, tuple(out)
+
+
+def account_interval(
+    job: JobSpans,
+    start_ns: int,
+    end_ns: int,
+    ideal_step_time_s: float | None = None,
+    now_ns: int | None = None,
+) -> tuple[JobResult, WindowResult]:
+    """:func:`account` plus goodput and badput of the interval ``[start_ns, end_ns)``.
+
+    The interval is clipped to the job (first attempt start to last attempt end) and
+    accounted with the same rules as :func:`account_windows` (the buckets are the
+    cumulative buckets restricted to the interval's instants).
+
+    Args:
+        job: one job's spans.
+        start_ns, end_ns: the interval in ns since the Unix epoch.
+        ideal_step_time_s, now_ns: as for :func:`account`.
+
+    Returns:
+        ``(result, interval)``: the job's :class:`JobResult` and a :class:`WindowResult`
+        whose ``window_s`` is the clipped interval's length in seconds.
+
+    Raises:
+        ValueError: the interval does not overlap the job (message gives both), or bad
+            ``ideal_step_time_s``.
+    """
+    result, attempts, acc = _account(job, ideal_step_time_s, now_ns, True)
+    w0, w1 = max(int(start_ns), result.start_ns), min(int(end_ns), result.end_ns)
+    if w1 <= w0:
+        raise ValueError(
+            f"interval [{start_ns}, {end_ns}) ns does not overlap job {job.name!r}, which runs "
+            f"[{result.start_ns}, {result.end_ns}) ns"
+        )
+    window = _window(result, attempts, acc, _slow_fractions(result), (w1 - w0) / _NS, w0, w1)
+    return result, window
+
+
+def _slow_fractions(result: JobResult) -> np.ndarray:
+    """Per kept step span: the share of its time that is training slowdown."""
+    st = result.steps
+    if not len(st.time_ns) or result.ideal_step_time_s is None:
+        return np.zeros(len(st.time_ns))
+    t = st.time_ns.astype(np.float64)
+    excess = np.where(st.anomalous, t - st.count * result.ideal_step_time_s * _NS, 0.0)
+    return np.divide(excess, t, out=np.zeros_like(t), where=t > 0)
 
 
 def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> WindowResult:

@@ -93,13 +93,14 @@ class StepTimeSummary:
 
 @dataclass(frozen=True)
 class StepArrays:
-    """Per kept step, in time order (all arrays of length ``count``).
+    """Per kept step span, in time order (all arrays of the same length).
 
     ``step``: step number (int64, ``NONE`` if the span had none); ``attempt``: attempt
-    number (int64); ``start_ns``: span start (int64, ns since the epoch); ``time_ns``: step
-    time after the overlap rules (int64 ns); ``time_s``/``deviation_s``: step time and
-    step time minus the ideal step time (float64 seconds; deviation NaN without an ideal);
-    ``anomalous``: bool.
+    number (int64); ``start_ns``: span start (int64, ns since the epoch); ``time_ns``: the
+    span's time after the overlap rules (int64 ns); ``count``: steps the span covers (int64,
+    1 for a recorded step; more only for imported logs, ``goodput.step.count``);
+    ``time_s``/``deviation_s``: time per step (``time_ns / count``) and that minus the ideal
+    step time (float64 seconds; deviation NaN without an ideal); ``anomalous``: bool.
     """
 
     step: np.ndarray
@@ -109,6 +110,7 @@ class StepArrays:
     time_s: np.ndarray
     deviation_s: np.ndarray
     anomalous: np.ndarray
+    count: np.ndarray
 
 
 @dataclass(frozen=True)

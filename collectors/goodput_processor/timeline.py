@@ -32,7 +32,8 @@ KIND_NAMES = (schema.JOB_START, schema.JOB_END, schema.HEARTBEAT, schema.ACCELER
 #: Columns of a span record, all int64. ``start``/``end``: ns since the Unix epoch.
 #: ``ival``: ``goodput.step`` (step), ``goodput.checkpoint.step`` (save, restore),
 #: ``goodput.heartbeat.interval_ms`` (job_start), ``goodput.recorder.errors`` (job_end,
-#: heartbeat). ``aux``: ``goodput.recorder.dropped`` (job_end, heartbeat). ``flags``: bit 0
+#: heartbeat). ``aux``: ``goodput.recorder.dropped`` (job_end, heartbeat),
+#: ``goodput.step.count`` (step; absent = 1). ``flags``: bit 0
 #: set = ``goodput.blocking`` false, bit 1 set = status ERROR. ``sidx``: index into
 #: :attr:`SpanSet.strings` of ``goodput.badput.type`` (custom) or ``goodput.end.reason``
 #: (job_end). ``tidx``: index of the trace id. ``sid``: the 64-bit span id (as signed).

@@ -82,8 +82,7 @@ def run_dir(explicit, job: str) -> str:
     env = os.environ.get("GOODPUT_RUN_DIR")
     if env:
         return env
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", job)
-    return os.path.join("goodput-runs", safe)
+    return schema.default_run_dir(job)
 
 
 def flush_interval_s(explicit: float | None) -> float:

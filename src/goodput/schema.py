@@ -11,6 +11,9 @@ backends (Cloud Trace) turn float attributes into ``%.4f`` strings.
 
 from __future__ import annotations
 
+import os
+import re
+
 #: Version of this schema, written as the ``goodput.schema.version`` resource
 #: attribute. Bump the major number on any change that an older processor
 #: would misread.
@@ -66,6 +69,10 @@ SPAN_NAMES = PHASES + MARKERS
 # --- span attributes --------------------------------------------------------
 
 ATTR_STEP = "goodput.step"  # int: training step number (STEP)
+#: int on STEP, default 1: the span covers this many consecutive steps ending at
+#: ``goodput.step``. Only importers of logs that know progress at checkpoint granularity
+#: (``goodput import --from resiliency``) write it; the recorder never does.
+ATTR_STEP_COUNT = "goodput.step.count"
 ATTR_CHECKPOINT_STEP = "goodput.checkpoint.step"  # int: step of the checkpoint saved / restored
 ATTR_BLOCKING = "goodput.blocking"  # bool: False = async work overlapping training, not badput
 ATTR_BADPUT_TYPE = "goodput.badput.type"  # str: CUSTOM_BADPUT type, e.g. "eval", "sdc_check"
@@ -92,6 +99,21 @@ RES_ATTEMPT = "goodput.attempt"  # int >= 0: restart count of the job
 RES_PROCESS_INDEX = "goodput.process.index"  # int: rank of the host process in the job
 RES_PROCESS_COUNT = "goodput.process.count"  # int: number of host processes
 RES_SCHEMA_VERSION = "goodput.schema.version"  # str: SCHEMA_VERSION
+#: str on spans written by ``goodput import``: the format they were converted from
+#: (one of IMPORT_SOURCES). Absent on spans the recorder wrote.
+RES_IMPORTED_FROM = "goodput.imported_from"
+IMPORT_SOURCES = ("ml-goodput-measurement", "resiliency")
+
+# --- where spans are written --------------------------------------------------
+
+#: Parent of the default run directories (``./goodput-runs/<job>``).
+DEFAULT_RUN_ROOT = "goodput-runs"
+
+
+def default_run_dir(job: str) -> str:
+    """The default run directory of ``job``: ``goodput-runs/<job>`` with unsafe characters
+    replaced by ``_`` (``GOODPUT_RUN_DIR`` overrides it on the training side)."""
+    return os.path.join(DEFAULT_RUN_ROOT, re.sub(r"[^A-Za-z0-9._-]+", "_", job))
 
 # --- accounting buckets (the processor's output vocabulary) -----------------
 
