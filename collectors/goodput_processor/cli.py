@@ -1,8 +1,10 @@
 """The ``goodput`` command line.
 
-``goodput report RUN_DIR [--format table|json] [--ideal-step-time SECONDS] [--job NAME]``
-prints the goodput report of every job in a run directory. ``goodput serve [...]`` runs
-the processor as a live service (:mod:`goodput_processor.serve.command`, ``docs/serve.md``).
+``goodput report RUN_DIR [--format table|json] [--ideal-step-time SECONDS] [--job NAME]
+[--definitions goodput|mgm|resiliency]`` prints the goodput report of every job in a run
+directory, by this project's model or another tool's definitions (``docs/definitions.md``).
+``goodput serve [...]`` runs the processor as a live service
+(:mod:`goodput_processor.serve.command`, ``docs/serve.md``).
 Usage errors and unreadable input print one line ``goodput: error: ...`` on stderr and
 exit with status 2.
 """
@@ -16,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .accounting import report_run_dir
+from .definitions import DEFINITIONS
 from .reader import ReadError
 from .serve.command import add_serve_command
 
@@ -48,21 +50,23 @@ def _ideal_step_time(text: str) -> float:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Run ``goodput report``; returns the exit status."""
+    from . import definitions
+
     ideal = None if args.ideal_step_time is None else _ideal_step_time(args.ideal_step_time)
+    if args.definitions == "resiliency" and ideal is None:
+        raise UsageError("--definitions resiliency needs --ideal-step-time SECONDS (the "
+                         "resiliency calculator's --reference-step-time)")
     try:
-        results = report_run_dir(args.run_dir, ideal_step_time_s=ideal, job=args.job)
+        results = definitions.report(args.run_dir, args.definitions, ideal_step_time_s=ideal,
+                                     job=args.job)
     except ReadError as e:
         raise UsageError(str(e)) from e
     except KeyError as e:
         raise UsageError(e.args[0]) from e
     if args.format == "json":
-        from .report import to_json
-
-        sys.stdout.write(to_json(results) + "\n")
+        sys.stdout.write(definitions.to_json(args.definitions, results) + "\n")
     else:
-        from .report import make_console, render_table
-
-        render_table(results, make_console())
+        definitions.render(args.definitions, results)
     return 0
 
 
@@ -80,6 +84,11 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ideal-step-time", metavar="SECONDS", default=None,
                    help="ideal step time in seconds (default: median of kept step times)")
     p.add_argument("--job", metavar="NAME", default=None, help="report only this job")
+    p.add_argument("--definitions", choices=DEFINITIONS, default=DEFINITIONS[0],
+                   help="goodput: this project's model (default); mgm: ml-goodput-measurement "
+                   "0.2.3's numbers; resiliency: resiliency.goodput_measure's calculator "
+                   "(needs --ideal-step-time as its reference step time). See "
+                   "docs/definitions.md")
     p.set_defaults(func=cmd_report)
     return p
 

@@ -1,0 +1,126 @@
+"""Other tools' goodput definitions, computed on this project's timeline.
+
+``goodput report RUN_DIR --definitions NAME`` picks one (``docs/definitions.md`` compares
+them on the same examples):
+
+- ``goodput`` (default): this project's model (:mod:`goodput_processor.accounting`);
+- ``mgm``: Google's ``ml-goodput-measurement`` 0.2.3 (:mod:`.mgm`);
+- ``resiliency``: ``resiliency.goodput_measure``'s calculator (:mod:`.resiliency`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["DEFINITIONS", "REPORT_SCHEMA", "NoResult", "render", "report", "to_json"]
+
+#: Names accepted by ``--definitions``; the first is the default.
+DEFINITIONS = ("goodput", "mgm", "resiliency")
+#: ``schema`` of the JSON output for the ``mgm`` and ``resiliency`` definitions.
+REPORT_SCHEMA = "goodput.definitions/1"
+
+
+@dataclass(frozen=True)
+class NoResult:
+    """A job the chosen definitions give no number for, and why (e.g. mgm 0.2.3 raises
+    "productive training time is invalid" where its rules make no sense of the log)."""
+
+    job: str
+    definitions: str
+    reason: str
+
+    def to_json_dict(self) -> dict:
+        """``{"job": ..., "definitions": ..., "error": reason}``."""
+        return {"job": self.job, "definitions": self.definitions, "error": self.reason}
+
+
+def report(
+    path: str | os.PathLike,
+    definitions: str = "goodput",
+    ideal_step_time_s: float | None = None,
+    now_ns: int | None = None,
+    job: str | None = None,
+) -> list:
+    """Results of every job in run directory ``path`` (or only ``job``) under ``definitions``.
+
+    Returns a list sorted by job name of :class:`~goodput_processor.report.JobResult`
+    (``goodput``), :class:`.mgm.MgmResult` (``mgm``; ``ideal_step_time_s`` is its configured
+    ideal step time) or :class:`.resiliency.ResiliencyResult` (``resiliency``;
+    ``ideal_step_time_s`` is the reference step time and is required). A job for which mgm's
+    rules raise (as its calculator would) is a :class:`NoResult` with the reason.
+
+    Raises:
+        ValueError: unknown ``definitions`` (the message lists the names), bad or (for
+            ``resiliency``) missing ``ideal_step_time_s``.
+        KeyError: ``job`` is not in the run directory.
+        ReadError: see :func:`~goodput_processor.reader.read_run_dir`.
+    """
+    if definitions not in DEFINITIONS:
+        raise ValueError(
+            f"unknown definitions {definitions!r}; choose one of {', '.join(DEFINITIONS)}"
+        )
+    if definitions == "goodput":
+        from ..accounting import report_run_dir
+
+        return report_run_dir(path, ideal_step_time_s=ideal_step_time_s, now_ns=now_ns, job=job)
+    from ..reader import read_run_dir
+
+    if definitions == "resiliency":
+        from .resiliency import account_resiliency
+
+        def one(js):
+            return account_resiliency(js, ideal_step_time_s, now_ns=now_ns)
+    else:
+        from .mgm import account_mgm
+
+        def one(js):
+            try:
+                return account_mgm(js, now_ns=now_ns, ideal_step_time_s=ideal_step_time_s)
+            except ValueError as e:  # mgm's own "cannot compute" cases
+                return NoResult(js.name, "mgm", str(e))
+
+    spans = read_run_dir(path)
+    names = sorted(spans.jobs)
+    if job is not None:
+        if job not in spans.jobs:
+            raise KeyError(f"no job named {job!r} in {spans.path} (jobs: {', '.join(names)})")
+        names = [job]
+    return [one(spans.jobs[n]) for n in names]
+
+
+def to_json(definitions: str, results: Sequence, indent: int | None = 2) -> str:
+    """The JSON form of :func:`report`'s results (``goodput.report/1`` for ``goodput``,
+    else ``{"schema": "goodput.definitions/1", "definitions": ..., "jobs": [...]}``)."""
+    if definitions == "goodput":
+        from ..report import to_json as report_json
+
+        return report_json(results, indent=indent)
+    doc = {"schema": REPORT_SCHEMA, "definitions": definitions,
+           "jobs": [r.to_json_dict() for r in results]}
+    return json.dumps(doc, indent=indent, allow_nan=False)
+
+
+def render(definitions: str, results: Sequence, console=None) -> None:
+    """Print :func:`report`'s results as tables to ``console`` (default stdout)."""
+    from ..report import make_console, render_table
+
+    console = console or make_console()
+    if definitions == "goodput":
+        render_table(results, console)
+        return
+    for r in results:
+        if isinstance(r, NoResult):
+            console.print(f"Job {r.job}: no {r.definitions} result: {r.reason}",
+                          style="yellow", markup=False)
+    results = [r for r in results if not isinstance(r, NoResult)]
+    if definitions == "resiliency":
+        from .resiliency import render_resiliency
+
+        render_resiliency(results, console)
+    elif results:
+        from .mgm import render_mgm
+
+        render_mgm(results, console)

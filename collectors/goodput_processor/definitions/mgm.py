@@ -1,0 +1,743 @@
+"""ml-goodput-measurement 0.2.3 definitions on our timeline (``--definitions mgm``).
+
+Users who migrate from Google's ``ml-goodput-measurement`` (mgm) can ask for its numbers
+on the same spans: :func:`account_mgm` turns one job's spans into the event stream mgm's
+recorder would have written to Cloud Logging and applies the semantics of mgm 0.2.3's
+``GoodputCalculator`` (``ml_goodput_measurement/src/goodput.py``), quirks included, with
+its own code (integer nanoseconds and numpy, no mgm import). Every rule below names the
+mgm function it reproduces.
+
+**From spans to mgm events** (each attempt on its primary process, as in
+``docs/accounting.md``):
+
+==============================================  ============================================
+span / attempt                                  mgm log entry
+==============================================  ============================================
+attempt start                                   ``job_start_time``
+attempt end, unless ``killed``/``running``      ``job_end_time`` (a job_end marker of any
+                                                reason: explicit, exit, sigterm, ...)
+``goodput.step`` start (with ``goodput.step``)  ``step_start_time`` + ``step_count``
+``goodput.accelerator_init``                    ``tpu_init_start_time`` / ``..._end_time``
+``goodput.training_prep``                       ``training_prep_start_time`` / ``..._end_time``
+``goodput.data_loading``                        ``data_loading_start_time`` / ``..._end_time``
+``goodput.custom_badput``                       ``custom_badput_event_start_time`` /
+                                                ``..._end_time`` with its type (``unknown``,
+                                                mgm's default, when the span has none)
+``goodput.checkpoint_save`` (blocking)          Orbax save statistics: ``step`` = checkpoint
+                                                step, checkpoint-manager blocking duration =
+                                                span length, at the span start
+``goodput.checkpoint_restore`` (blocking)       Orbax restore statistics: duration = span
+                                                length, at the span start
+==============================================  ============================================
+
+Non-blocking spans (``goodput.blocking = false``), ``goodput.program_startup`` spans,
+heartbeats and step spans without a step number are not mgm events (mgm derives program
+startup from the first step). Our spans carry no checkpoint directory: every save and
+restore is treated as one kind (mgm keeps ``local`` and ``gs://`` apart). Events are ordered
+by time; at equal times in the order the recorder writes them: job start, ends of spans,
+step starts, starts of spans (and checkpoint statistics), ends of zero-length spans, job end.
+
+**Differences from mgm that are not about the timeline:**
+
+- *now*: mgm measures a job without a ``job_end_time`` up to the wall-clock time of the
+  query; we use ``now_ns``, by default the end of the job's last attempt (the timeline's
+  end), so that a finished-but-killed job gives a stable number.
+- Times are exact integer ns here; mgm uses float epoch seconds (~0.2 µs resolution) and
+  microsecond datetimes for the total time, so results agree to about 1e-6 s.
+- ``step_deviation_s`` of an interval result is computed on the interval's step events
+  (mgm's ``get_job_goodput_interval`` computes no step deviation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..report import format_duration, make_console
+from ..timeline import (
+    C_END,
+    C_FLAGS,
+    C_IVAL,
+    C_KIND,
+    C_SIDX,
+    C_START,
+    F_NONBLOCKING,
+    K_ACCELERATOR_INIT,
+    K_CHECKPOINT_RESTORE,
+    K_CHECKPOINT_SAVE,
+    K_CUSTOM_BADPUT,
+    K_DATA_LOADING,
+    K_STEP,
+    K_TRAINING_PREP,
+    NONE,
+    JobSpans,
+    build_attempts,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["BADPUT_TYPES", "MGM_VERSION", "MgmResult", "account_mgm", "compute_ideal_step_time",
+           "render_mgm"]
+
+#: The ml-goodput-measurement release whose definitions this module reproduces.
+MGM_VERSION = "0.2.3"
+#: mgm's ``BadputType`` names, in enum order, that :attr:`MgmResult.badput_s` holds
+#: (``CUSTOM_BADPUT_EVENTS`` is per type in :attr:`MgmResult.custom_badput_s`).
+BADPUT_TYPES = (
+    "TPU_INITIALIZATION",
+    "TRAINING_PREP",
+    "PROGRAM_STARTUP",
+    "DATA_LOADING_SYNC",
+    "DATA_LOADING_ASYNC",
+    "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME",
+    "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
+    "WASTED_PROGRESS_FROM_DISRUPTION",
+    "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+    "OTHER",
+)
+#: Key order of mgm's ``_get_job_badput_breakdown`` (percentages).
+_BREAKDOWN_ORDER = (
+    "TPU_INITIALIZATION",
+    "TRAINING_PREP",
+    "DATA_LOADING_SYNC",
+    "DATA_LOADING_ASYNC",
+    "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME",
+    "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
+    "PROGRAM_STARTUP",
+    "WASTED_PROGRESS_FROM_DISRUPTION",
+    "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+    "CUSTOM_BADPUT_EVENTS",
+    "OTHER",
+)
+#: Custom badput type of a span without ``goodput.badput.type`` (mgm's recorder default).
+DEFAULT_CUSTOM_TYPE = "unknown"
+
+_NS = 1_000_000_000
+_EPS_S = 1e-9
+
+# Event kinds of the mgm stream.
+(E_JOB_START, E_JOB_END, E_STEP, E_TPU_START, E_TPU_END, E_PREP_START, E_PREP_END,
+ E_DL_START, E_DL_END, E_CUSTOM_START, E_CUSTOM_END, E_SAVE, E_RESTORE) = range(13)
+#: Span kind -> (start event, end event) for the paired phases.
+_PAIRED = {
+    K_ACCELERATOR_INIT: (E_TPU_START, E_TPU_END),
+    K_TRAINING_PREP: (E_PREP_START, E_PREP_END),
+    K_DATA_LOADING: (E_DL_START, E_DL_END),
+    K_CUSTOM_BADPUT: (E_CUSTOM_START, E_CUSTOM_END),
+}
+# Order of events at equal times (the order the recorder writes them).
+_R_JOB_START, _R_END, _R_STEP, _R_START, _R_END_ZERO, _R_JOB_END = range(6)
+
+
+@dataclass(frozen=True)
+class MgmResult:
+    """mgm 0.2.3's answer for one job (or one interval of it).
+
+    Durations are float seconds; ``goodput`` is a fraction in [0, 1] (mgm reports percent:
+    :attr:`goodput_percent`). ``badput_s`` holds every name of :data:`BADPUT_TYPES` after
+    mgm's sanitising (a value < 0 or > total becomes 0), ``OTHER`` included;
+    ``DATA_LOADING_ASYNC`` is reported but is not badput (it is left out of ``OTHER``).
+    ``custom_badput_s``: seconds per upper-cased custom badput type. ``badput_percent``:
+    mgm's breakdown (``_get_job_badput_breakdown``): percent of the total per name, with
+    ``CUSTOM_BADPUT_EVENTS`` a nested ``{type: percent}``; a value is 0 unless
+    ``0 < seconds < total``. ``max_productive_step``/``last_recorded_step`` as mgm (0 when
+    there are no steps); ``disruptions``: number of repeated step numbers.
+    ``ideal_step_time_s``: given, or mgm's ``compute_ideal_step_time`` (None when every
+    step time is under 1 s or there is no step time); ``step_deviation_s``: step number ->
+    ``|step time - ideal|`` in seconds (empty without an ideal step time). ``interval``:
+    None for the whole job, else the effective ``(start_ns, end_ns)`` (ns since the epoch)
+    the interval total was measured over.
+    """
+
+    job: str
+    total_time_s: float
+    productive_time_s: float
+    goodput: float
+    badput_s: dict[str, float]
+    custom_badput_s: dict[str, float]
+    badput_percent: dict[str, float | dict[str, float]]
+    max_productive_step: int
+    last_recorded_step: int
+    disruptions: int
+    ideal_step_time_s: float | None
+    step_deviation_s: dict[int, float]
+    interval: tuple[int, int] | None = None
+
+    @property
+    def goodput_percent(self) -> float:
+        """Goodput in percent (0..100), the unit mgm's ``get_job_goodput`` returns."""
+        return self.goodput * 100
+
+    def to_json_dict(self) -> dict:
+        """A JSON-ready dict (step numbers of ``step_deviation_s`` become strings)."""
+        return {
+            "definitions": f"ml-goodput-measurement {MGM_VERSION}",
+            "job": self.job,
+            "interval": None if self.interval is None else {
+                "start_unix_ns": self.interval[0], "end_unix_ns": self.interval[1]},
+            "total_time_s": self.total_time_s,
+            "productive_time_s": self.productive_time_s,
+            "goodput": self.goodput,
+            "goodput_percent": self.goodput_percent,
+            "badput_s": dict(self.badput_s),
+            "custom_badput_s": dict(self.custom_badput_s),
+            "badput_percent": {k: dict(v) if isinstance(v, dict) else v
+                               for k, v in self.badput_percent.items()},
+            "max_productive_step": self.max_productive_step,
+            "last_recorded_step": self.last_recorded_step,
+            "disruptions": self.disruptions,
+            "ideal_step_time_s": self.ideal_step_time_s,
+            "step_deviation_s": {str(k): v for k, v in self.step_deviation_s.items()},
+        }
+
+
+# --- the event stream ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Events:
+    """mgm events in stream order: time (ns), kind (``E_*``), value (step number for
+    steps, checkpoint step for save/restore, index into ``types`` for custom badput),
+    duration (ns, save/restore only). ``types``: upper-cased custom badput types."""
+
+    t: np.ndarray
+    kind: np.ndarray
+    val: np.ndarray
+    dur: np.ndarray
+    types: tuple[str, ...]
+
+    def subset(self, mask: np.ndarray) -> _Events:
+        return _Events(self.t[mask], self.kind[mask], self.val[mask], self.dur[mask],
+                       self.types)
+
+
+def _events(job: JobSpans, now_ns: int | None) -> tuple[_Events, int | None]:
+    """The mgm event stream of ``job`` (see the module docstring) and the end of its last
+    attempt (ns; None without attempts)."""
+    attempts = build_attempts(job, now_ns)
+    types: dict[str, int] = {}
+    cols: list[tuple] = []  # (t, rank, kind, val, dur) arrays per chunk
+
+    def add(t, rank, kind, val=None, dur=None):
+        t = np.asarray(t, np.int64).reshape(-1)
+        n = len(t)
+        cols.append((t, np.full(n, rank, np.int8) if np.isscalar(rank) else rank,
+                     np.full(n, kind, np.int8),
+                     np.zeros(n, np.int64) if val is None else val,
+                     np.zeros(n, np.int64) if dur is None else dur))
+
+    for a in attempts:
+        add(a.start_ns, _R_JOB_START, E_JOB_START)
+        d = a.primary.data
+        kinds, start, end, ival = d[:, C_KIND], d[:, C_START], d[:, C_END], d[:, C_IVAL]
+        blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
+        sel = (kinds == K_STEP) & (ival != NONE)
+        add(start[sel], _R_STEP, E_STEP, ival[sel])
+        for k, (ek_start, ek_end) in _PAIRED.items():
+            sel = (kinds == k) & blocking
+            if not sel.any():
+                continue
+            val = None
+            if k == K_CUSTOM_BADPUT:
+                names = [(job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE).upper()
+                         for s in d[sel, C_SIDX]]
+                val = np.array([types.setdefault(n, len(types)) for n in names], np.int64)
+            s, e = start[sel], end[sel]
+            # A span's start and end interleave so that pairing sees them in write order.
+            add(s, _R_START, ek_start, val)
+            add(e, np.where(e > s, _R_END, _R_END_ZERO).astype(np.int8), ek_end, val)
+        for k, ek in ((K_CHECKPOINT_SAVE, E_SAVE), (K_CHECKPOINT_RESTORE, E_RESTORE)):
+            sel = (kinds == k) & blocking
+            add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
+        if a.end_reason not in ("killed", "running"):
+            add(a.end_ns, _R_JOB_END, E_JOB_END)
+    if not cols:
+        z = np.zeros(0, np.int64)
+        return _Events(z, z.astype(np.int8), z, z, ()), None
+    t, rank, kind, val, dur = (np.concatenate(c) for c in zip(*cols, strict=True))
+    order = np.lexsort((np.arange(len(t)), rank, t))
+    ev = _Events(t[order], kind[order], val[order], dur[order], tuple(types))
+    return ev, attempts[-1].end_ns
+
+
+def _pairs(ev: _Events, k_start: int, k_end: int, by_val: bool = False):
+    """Start/end times of mgm's pairs of one phase: an end closes the latest start after
+    the previous end (a second start overwrites the first; an end without start is
+    ignored), per value when ``by_val`` (custom badput types).
+
+    mgm 0.2.3: ``_get_current_productive_and_unproductive_time`` (tpu_init,
+    training_prep, data_loading), ``_extract_custom_sync_intervals`` (custom, per type).
+    Returns ``(start_t, end_t, val, end_pos)`` arrays, ``end_pos`` = stream index of the end.
+    """
+    pos = np.flatnonzero((ev.kind == k_start) | (ev.kind == k_end))
+    if by_val:
+        pos = pos[np.lexsort((pos, ev.val[pos]))]  # grouped by type, stream order within
+    if len(pos) < 2:
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    is_start = ev.kind[pos] == k_start
+    close = ~is_start[1:] & is_start[:-1]
+    if by_val:
+        close &= ev.val[pos[1:]] == ev.val[pos[:-1]]
+    ends, starts = pos[1:][close], pos[:-1][close]
+    if by_val:
+        o = np.argsort(ends, kind="stable")
+        ends, starts = ends[o], starts[o]
+    return ev.t[starts], ev.t[ends], ev.val[ends], ends
+
+
+# --- mgm's calculator ------------------------------------------------------------------
+
+
+@dataclass
+class _Segment:
+    """Result of one step segment (mgm's ``_get_segment_productive_and_unproductive_time``)."""
+
+    productive_s: float = 0.0
+    startup_s: float = 0.0
+    wasted_ns: int = 0
+    custom_ns: dict[int, int] = field(default_factory=dict)  # custom type index -> ns
+    max_productive_step: int = 0
+
+
+def _contained(p: np.ndarray, c: np.ndarray, cs: np.ndarray, ce: np.ndarray):
+    """Pairs (delta index, interval index) with interval ``[cs, ce]`` inside ``[p, c]``."""
+    if not len(p) or not len(cs):
+        z = np.zeros(0, np.intp)
+        return z, z
+    o = np.argsort(p, kind="stable")
+    ps, pc = p[o], c[o]
+    if np.all(pc[:-1] <= ps[1:]):  # deltas in time order, not overlapping: at most one each
+        j = np.searchsorted(ps, cs, side="right") - 1
+        jj = np.clip(j, 0, None)
+        ok = (j >= 0) & (ce <= pc[jj]) & (cs >= ps[jj])
+        return o[jj[ok]], np.flatnonzero(ok)
+    di, ci = [], []  # times running backwards: check every pair
+    for k in range(len(cs)):
+        hit = np.flatnonzero((p <= cs[k]) & (ce[k] <= c))
+        di.append(hit)
+        ci.append(np.full(len(hit), k))
+    return np.concatenate(di), np.concatenate(ci)
+
+
+def _segment(num, t, bound: int, custom) -> _Segment | None:
+    """Productive time of one segment of step starts (``num``/``t`` in stream order).
+
+    mgm 0.2.3 ``_get_segment_productive_and_unproductive_time`` with
+    ``_compute_adjusted_segment_productive_and_unproductive_time`` and
+    ``_compute_segment_final_metrics``:
+
+    - ``bound == 0`` (a restart from step 0, or only step 0): nothing at all (None).
+    - For each pair of consecutive step starts (previous, current) in stream order: if the
+      current number is above ``bound`` the delta is wasted progress (raw, whatever the
+      numbers); else it counts only if the numbers are consecutive, minus the custom
+      badput intervals lying fully inside it (clamped at 0).
+    - The counted delta that starts at the segment's smallest step number is the first
+      step; its excess over the mean of the other counted deltas is program startup.
+    - Max productive step: the previous step number of the last counted delta.
+    """
+    if bound == 0:
+        return None
+    seg = _Segment()
+    if len(num) < 2:
+        return seg
+    pn, cn, pt, ct = num[:-1], num[1:], t[:-1], t[1:]
+    raw = ct - pt
+    wasted = cn > bound
+    seg.wasted_ns = int(raw[wasted].sum())
+    counted = ~wasted & (cn == pn + 1)
+    idx = np.flatnonzero(counted)
+    if not len(idx):
+        return seg
+    sync = np.zeros(len(idx), np.int64)
+    cs, ce, cv = custom
+    di, ci = _contained(pt[idx], ct[idx], cs, ce)
+    if len(di):
+        dur = ce[ci] - cs[ci]
+        np.add.at(sync, di, dur)
+        for v in np.unique(cv[ci]):
+            seg.custom_ns[int(v)] = int(dur[cv[ci] == v].sum())
+    adjusted = np.maximum(raw[idx] - sync, 0)
+    total_ns = int(adjusted.sum())
+    first = pn[idx] == num.min()
+    first_ns = int(adjusted[first].sum())  # at most one delta starts at the smallest number
+    others = int((~first).sum())
+    seg.max_productive_step = int(pn[idx[-1]])
+    if others == 0:
+        seg.productive_s = first_ns / _NS
+        return seg
+    mean_other_s = (total_ns - first_ns) / _NS / others
+    seg.startup_s = max(0.0, first_ns / _NS - mean_other_s)
+    seg.productive_s = total_ns / _NS - seg.startup_s
+    return seg
+
+
+def _checkpoint_total_s(ev: _Events, kind: int) -> float:
+    """Sum over checkpoint steps of the mean duration of that step's entries (seconds).
+
+    mgm 0.2.3 ``CheckpointBadputCalculator.calculate_save_operation_checkpoint_manager_
+    blocking_time`` / ``calculate_restore_operation_checkpoint_manager_blocking_time``:
+    entries are grouped by step (and local vs ``gs://`` directory: one kind here),
+    averaged per step, and the averages summed.
+    """
+    sel = ev.kind == kind
+    if not sel.any():
+        return 0.0
+    _, inv = np.unique(ev.val[sel], return_inverse=True)
+    sums = np.bincount(inv, weights=ev.dur[sel] / _NS)
+    counts = np.bincount(inv)
+    return float((sums / counts).sum())
+
+
+@dataclass
+class _Core:
+    productive_s: float
+    unproductive: dict[str, float]
+    custom: dict[str, float]
+    max_productive_step: int
+    last_step: int
+    disruptions: int
+
+
+def _calculate(ev: _Events) -> _Core:
+    """mgm 0.2.3 ``_get_current_productive_and_unproductive_time`` on the event stream.
+
+    Rules (seconds; all from that function and its helpers unless named):
+
+    - Step starts form segments; a step number already in the current segment is a
+      *disruption* (counted): the segment ends and is accounted with the repeated number
+      as bound (:func:`_segment`); the new segment starts with the repeated step.
+    - At each disruption, INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION += latest job start
+      before it - start of the step recorded just before it, when positive.
+    - TPU_INITIALIZATION, TRAINING_PREP: sums of the start/end pairs (:func:`_pairs`).
+    - Data loading pairs: DATA_LOADING_SYNC is the first pair after the job start and
+      after each disruption, plus at each disruption the last pair completed since the
+      previous one (so one data loading can count twice); DATA_LOADING_ASYNC is all
+      data loading minus SYNC (negative values are sanitised later).
+    - Checkpoints (``CheckpointBadputCalculator``): :func:`_checkpoint_total_s`.
+    - The last segment is bounded by its largest step number; the last step counts as
+      productive only with a ``job_end_time`` (the latest one of the stream, whichever
+      attempt wrote it), from its start to that end; max productive step is then the
+      last step.
+    - Blocking checkpoint save time is subtracted from productive time (only when there
+      are steps at all).
+    - Last recorded step: the largest step number of the last segment (0 without steps).
+    """
+    unprod = dict.fromkeys(BADPUT_TYPES, 0.0)
+    del unprod["OTHER"]
+    custom_ns: dict[int, int] = {}
+
+    step_pos = np.flatnonzero(ev.kind == E_STEP)
+    num, st = ev.val[step_pos], ev.t[step_pos]
+    # Segments end where a step number repeats (a restart): the dict of step starts is
+    # reset to the repeated step.
+    cuts: list[int] = []  # index into the step arrays of each repeated step
+    seen: set[int] = set()
+    for i, n in enumerate(num.tolist()):
+        if n in seen:
+            cuts.append(i)
+            seen = {n}
+        else:
+            seen.add(n)
+    cs, ce, cv, _ = _pairs(ev, E_CUSTOM_START, E_CUSTOM_END, by_val=True)
+    keep = cs < ce  # mgm keeps a custom interval only if start < end
+    custom = (cs[keep], ce[keep], cv[keep])
+
+    productive_s = 0.0
+    wasted_ns = 0
+    startup_s = 0.0
+
+    def add_segment(seg: _Segment | None):
+        nonlocal productive_s, wasted_ns, startup_s
+        if seg is None:
+            return
+        productive_s += seg.productive_s
+        wasted_ns += seg.wasted_ns
+        startup_s += seg.startup_s
+        for v, ns in seg.custom_ns.items():
+            custom_ns[v] = custom_ns.get(v, 0) + ns
+
+    # Infrastructure recovery at each repeat: the latest job start before it minus the
+    # start of the step recorded just before it, if later.
+    js_pos = np.flatnonzero(ev.kind == E_JOB_START)
+    recovery_ns = 0
+    begin = 0
+    for i in cuts:
+        add_segment(_segment(num[begin:i], st[begin:i], int(num[i]), custom))
+        k = np.searchsorted(js_pos, step_pos[i], side="left") - 1
+        if k >= 0 and ev.t[js_pos[k]] > st[i - 1]:
+            recovery_ns += int(ev.t[js_pos[k]] - st[i - 1])
+        begin = i
+
+    # Phases. DATA_LOADING_SYNC: the first data loading after the start and after each
+    # repeat, plus, at each repeat, the last data loading completed since the previous
+    # repeat (it may be the same one twice); the rest is DATA_LOADING_ASYNC.
+    for name, (k0, k1) in (("TPU_INITIALIZATION", (E_TPU_START, E_TPU_END)),
+                           ("TRAINING_PREP", (E_PREP_START, E_PREP_END))):
+        s, e, _, _ = _pairs(ev, k0, k1)
+        unprod[name] = int((e - s).sum()) / _NS
+    ds, de, _, dpos = _pairs(ev, E_DL_START, E_DL_END)
+    dl = de - ds
+    sync_ns, armed, last = 0, True, None
+    marks = sorted([(int(p), 0, int(x)) for p, x in zip(dpos, dl, strict=True)]
+                   + [(int(step_pos[i]), 1, 0) for i in cuts])
+    for _pos, is_repeat, x in marks:
+        if is_repeat:
+            armed = True
+            if last is not None:
+                sync_ns += last
+                last = None
+        else:
+            last = x
+            if armed:
+                sync_ns += x
+                armed = False
+    unprod["DATA_LOADING_SYNC"] = sync_ns / _NS
+    unprod["DATA_LOADING_ASYNC"] = (int(dl.sum()) - sync_ns) / _NS
+    save_s = _checkpoint_total_s(ev, E_SAVE)
+    unprod["UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"] = save_s
+    unprod["UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"] = _checkpoint_total_s(ev, E_RESTORE)
+    unprod["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] = recovery_ns / _NS
+
+    max_productive = last_step = 0
+    if len(num):
+        # The last segment runs to its largest step number; its last step counts only
+        # if the job has an end (the latest job_end_time of the stream), up to that end.
+        fnum, ft = num[begin:], st[begin:]
+        last_step = int(fnum.max())
+        seg = _segment(fnum, ft, last_step, custom)
+        add_segment(seg)
+        if seg is not None:
+            max_productive = seg.max_productive_step
+        je = ev.t[ev.kind == E_JOB_END]
+        if len(je):
+            productive_s += int(je[-1] - ft[int(np.argmax(fnum))]) / _NS
+            max_productive = last_step
+        # Blocking checkpoint save time is taken out of productive time (only when there
+        # are steps: mgm returns early otherwise).
+        productive_s -= save_s
+    unprod["PROGRAM_STARTUP"] = startup_s
+    unprod["WASTED_PROGRESS_FROM_DISRUPTION"] = wasted_ns / _NS
+    return _Core(
+        productive_s=productive_s,
+        unproductive=unprod,
+        custom={ev.types[v]: ns / _NS for v, ns in sorted(custom_ns.items())},
+        max_productive_step=max_productive,
+        last_step=last_step,
+        disruptions=len(cuts),
+    )
+
+
+def compute_ideal_step_time(step_times_s) -> float | None:
+    """mgm 0.2.3 ``goodput_utils.compute_ideal_step_time`` (seconds in, seconds out).
+
+    Step times under 1 s are dropped (None when none is left: sub-second steps never get
+    an ideal step time); of the rest, the mean of those at most median + 3 x MAD (median
+    absolute deviation from the median).
+    """
+    x = np.asarray(list(step_times_s), np.float64)
+    x = x[x >= 1.0]
+    if not len(x):
+        return None
+    med = float(np.median(x))
+    mad = float(np.median(np.abs(x - med)))
+    return float(np.mean(x[x <= med + 3 * mad]))
+
+
+def _step_times(ev: _Events) -> dict[int, float]:
+    """mgm 0.2.3 ``_get_step_times``: over all step events in stream order, the time from
+    a step start to the next one when the next number is one higher, keyed by the first
+    step's number (a later occurrence overwrites an earlier one). Raw seconds: custom
+    badput and restarts are not taken out."""
+    sel = ev.kind == E_STEP
+    num, t = ev.val[sel], ev.t[sel]
+    ok = np.flatnonzero(num[1:] == num[:-1] + 1)
+    out: dict[int, float] = {}
+    for n, dt in zip(num[ok].tolist(), ((t[ok + 1] - t[ok]) / _NS).tolist(), strict=True):
+        out[n] = dt
+    return out
+
+
+def _finish(job: str, ev: _Events, total_ns: int, ideal_step_time_s, interval) -> MgmResult:
+    """Validity checks, sanitising, OTHER and percentages as mgm 0.2.3 ``get_job_goodput``
+    / ``_compute_job_goodput_interval_metrics`` do."""
+    if total_ns == 0:
+        raise ValueError(f"job {job!r}: total job time is zero, mgm cannot compute goodput")
+    total = total_ns / _NS
+    core = _calculate(ev)
+    # Our inputs are integer ns: a difference under 1 ns is float rounding of an equality
+    # (mgm's own float noise may go either way there; we take it as equal).
+    if core.productive_s < -_EPS_S or core.productive_s > total + _EPS_S:
+        raise ValueError(
+            f"job {job!r}: mgm's productive training time {core.productive_s:.6f} s is not "
+            f"within the total {total:.6f} s (mgm: 'Productive training time is invalid')")
+    # _sanitize_unproductive_times: values < 0 or > total are set to 0.
+    unprod = {k: v if 0.0 <= v <= total else 0.0 for k, v in core.unproductive.items()}
+    custom = {k: v if 0.0 <= v <= total else 0.0 for k, v in core.custom.items()}
+    # _compute_other_unproductive_time: everything but DATA_LOADING_ASYNC is badput.
+    known = sum(v for k, v in unprod.items() if k != "DATA_LOADING_ASYNC") + sum(
+        custom.values())
+    unprod["OTHER"] = max(0.0, total - core.productive_s - known)
+    badput_s = {k: unprod[k] for k in BADPUT_TYPES}
+
+    def pct(v: float) -> float:  # _get_job_badput_breakdown: 0 unless 0 < v < total
+        return v / total * 100 if 0 < v < total else 0.0
+
+    percent: dict[str, float | dict[str, float]] = {}
+    for name in _BREAKDOWN_ORDER:
+        percent[name] = ({k: pct(v) for k, v in custom.items()}
+                         if name == "CUSTOM_BADPUT_EVENTS" else pct(badput_s[name]))
+    step_times = _step_times(ev)
+    ideal = ideal_step_time_s
+    if ideal is None:
+        ideal = compute_ideal_step_time(step_times.values())
+    deviation = {} if ideal is None else {n: abs(x - ideal) for n, x in step_times.items()}
+    return MgmResult(
+        job=job,
+        total_time_s=total,
+        productive_time_s=core.productive_s,
+        goodput=core.productive_s / total,
+        badput_s=badput_s,
+        custom_badput_s=custom,
+        badput_percent=percent,
+        max_productive_step=core.max_productive_step,
+        last_recorded_step=core.last_step,
+        disruptions=core.disruptions,
+        ideal_step_time_s=None if ideal is None else float(ideal),
+        step_deviation_s=deviation,
+        interval=interval,
+    )
+
+
+def account_mgm(
+    job: JobSpans,
+    *,
+    interval_ns: tuple[int, int] | None = None,
+    now_ns: int | None = None,
+    ideal_step_time_s: float | None = None,
+) -> MgmResult:
+    """What ml-goodput-measurement 0.2.3's ``GoodputCalculator`` returns for ``job``.
+
+    Whole job (``get_job_goodput`` + ``get_step_deviation``): total time from the first
+    ``job_start_time`` to the last ``job_end_time`` of the stream, or to *now* when there is
+    none (``_get_total_job_time``). Interval (``get_job_goodput_interval``): only events
+    with time in ``(start, end]``; total = ``min(end, last event time) - max(start, first
+    event time)`` (``_get_total_job_time_from_interval``); the same rules on that subset.
+
+    Args:
+        job: one job's spans (``read_run_dir(path).jobs[name]``).
+        interval_ns: ``(start, end)`` in ns since the epoch, or None for the whole job.
+        now_ns: *now* in ns since the epoch, for a running last attempt
+            (:func:`~goodput_processor.timeline.build_attempts`) and as the end of a job
+            without ``job_end_time``; default: the end of the last attempt (mgm uses the
+            wall-clock time of the query).
+        ideal_step_time_s: mgm's ``configured_ideal_step_time`` in seconds; None: mgm's
+            :func:`compute_ideal_step_time` of the step times.
+
+    Returns:
+        An :class:`MgmResult`.
+
+    Raises:
+        ValueError: ``ideal_step_time_s`` is not a finite number > 0; the job has no
+            attempt or its total time is zero; mgm's productive time is < 0 or above the
+            total (mgm raises "Productive training time is invalid", e.g. when a clean end of
+            an earlier attempt is the job's last ``job_end_time`` but later attempts ran
+            on); for an interval: ``start >= end``, no event in ``(start, end]``, or the
+            effective interval is empty.
+    """
+    if ideal_step_time_s is not None and not (
+        math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
+    ):
+        raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
+    ev, last_end = _events(job, now_ns)
+    if interval_ns is None:
+        js = ev.t[ev.kind == E_JOB_START]
+        if not len(js):
+            raise ValueError(f"job {job.name!r} has no spans: mgm cannot compute goodput")
+        je = ev.t[ev.kind == E_JOB_END]
+        if len(je):
+            end = int(je[-1])
+        else:
+            end = int(now_ns) if now_ns is not None else int(last_end)
+        return _finish(job.name, ev, end - int(js[0]), ideal_step_time_s, None)
+
+    start, end = (int(x) for x in interval_ns)
+    if start >= end:
+        raise ValueError(f"interval start {start} ns is not before its end {end} ns")
+    sub = ev.subset((ev.t > start) & (ev.t <= end))
+    if not len(sub.t):
+        raise ValueError(
+            f"job {job.name!r}: no mgm events within the interval ({start}, {end}] ns")
+    lo, hi = max(start, int(sub.t[0])), min(end, int(sub.t[-1]))
+    if lo >= hi:
+        raise ValueError(
+            f"job {job.name!r}: the events within the interval ({start}, {end}] ns span no "
+            "time (mgm: 'Start time is on or after end time')")
+    return _finish(job.name, sub, hi - lo, ideal_step_time_s, (lo, hi))
+
+
+# --- table ---------------------------------------------------------------------------
+
+
+def _sec(x: float) -> str:
+    return f"{x:.3f}" if abs(x) >= 1 or x == 0 else f"{x:.6f}"
+
+
+def render_mgm(results, console: Console | None = None) -> None:
+    """Print each :class:`MgmResult` as a table (in the style of ``report.render_table``)
+    to ``console`` (a ``rich.console.Console``; default stdout)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if console is None:
+        console = make_console()
+    for i, r in enumerate(results):
+        if i:
+            console.print()
+        total = r.total_time_s
+        head = Text()
+        head.append(f"Job {r.job}", style="bold")
+        if r.interval is not None:
+            head.append(f"   interval {r.interval[0]}..{r.interval[1]} ns")
+        head.append(f"   total {format_duration(total)}")
+        head.append(f"   goodput {r.goodput_percent:.2f} %", style="bold green")
+        console.print(head)
+        console.print(
+            f"ml-goodput-measurement {MGM_VERSION} definitions (see docs/definitions.md); "
+            "percentages as mgm reports them",
+            style="dim", markup=False, highlight=False,
+        )
+        table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+        table.add_column("bucket")
+        table.add_column("seconds", justify="right")
+        table.add_column("duration", justify="right")
+        table.add_column("%", justify="right")
+        rows = [("PRODUCTIVE", r.productive_time_s, r.goodput_percent)]
+        for name in BADPUT_TYPES:
+            if name == "OTHER":
+                for t, sec in r.custom_badput_s.items():
+                    rows.append((f"CUSTOM_BADPUT_EVENTS/{t}", sec,
+                                 r.badput_percent["CUSTOM_BADPUT_EVENTS"][t]))
+            label = name + (" (not badput)" if name == "DATA_LOADING_ASYNC" else "")
+            rows.append((label, r.badput_s[name], r.badput_percent[name]))
+        for name, sec, pct in rows:
+            style = "green" if name == "PRODUCTIVE" else ("dim" if sec == 0 else None)
+            table.add_row(Text(name), _sec(sec), format_duration(sec), f"{pct:.2f}",
+                          style=style)
+        table.add_row("total", _sec(total), format_duration(total), "100.00", style="bold")
+        console.print(table)
+        console.print(
+            f"disruptions: {r.disruptions}   max productive step: {r.max_productive_step}   "
+            f"last recorded step: {r.last_recorded_step}",
+            markup=False,
+        )
+        ideal = "-" if r.ideal_step_time_s is None else f"{_sec(r.ideal_step_time_s)} s"
+        dev = r.step_deviation_s
+        worst = (f", max {format_duration(max(dev.values()))} (step "
+                 f"{max(dev, key=dev.get)})") if dev else ""
+        console.print(f"ideal step time: {ideal}   step deviation: {len(dev)} steps{worst}",
+                      markup=False)
