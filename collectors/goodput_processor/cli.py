@@ -4,7 +4,9 @@
 [--definitions goodput|mgm|resiliency]`` prints the goodput report of every job in a run
 directory, by this project's model or another tool's definitions (``docs/definitions.md``).
 ``goodput serve [...]`` runs the processor as a live service
-(:mod:`goodput_processor.serve.command`, ``docs/serve.md``).
+(:mod:`goodput_processor.serve.command`, ``docs/serve.md``). ``goodput import FILE...
+[--to RUN_DIR]`` converts ml-goodput-measurement or resiliency logs into spool files
+(:mod:`goodput_processor.importers.command`).
 Usage errors and unreadable input print one line ``goodput: error: ...`` on stderr and
 exit with status 2.
 """
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .definitions import DEFINITIONS
+from .importers.command import add_import_command
 from .reader import ReadError
 from .serve.command import add_serve_command
 
@@ -101,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     add_report_command(sub)
     add_serve_command(sub)  # grpcio & co. are imported only when serve runs
+    add_import_command(sub)
     return parser
 
 

@@ -1,0 +1,159 @@
+"""The ``goodput import`` subcommand (registered by :mod:`goodput_processor.cli`).
+
+``goodput import FILE... [--to RUN_DIR] [--from auto|mgm|resiliency] [--job NAME]
+[--timezone TZ] [--overwrite] [--format table|json]`` converts ml-goodput-measurement or
+resiliency logs into spool files under ``RUN_DIR/<job>/`` (:func:`~.import_logs`), prints
+a summary (jobs, attempts, processes, spans, problems with examples) and the command that
+reports each job. Exit status 0 when something was imported (problems are listed), 2 with
+a one-line error otherwise. A progress bar goes to stderr for large inputs when stderr is a
+terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+from goodput import schema
+
+__all__ = ["add_import_command", "cmd_import"]
+
+#: Inputs at least this large get a progress bar (when stderr is a terminal).
+_PROGRESS_MIN_BYTES = 8 << 20
+
+
+class _Bar:
+    """``progress(phase, advance, total)`` callback drawing a rich progress bar on stderr."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeRemainingColumn
+
+        self.progress = Progress("{task.description}", BarColumn(), TaskProgressColumn(),
+                                 TimeRemainingColumn(), console=Console(stderr=True),
+                                 transient=True)
+        self.tasks: dict[str, int] = {}
+
+    def __call__(self, phase: str, advance: int, total: int) -> None:
+        task = self.tasks.get(phase)
+        if task is None:
+            label = "reading logs" if phase == "read" else "writing spans"
+            task = self.tasks[phase] = self.progress.add_task(label, total=total)
+        self.progress.update(task, advance=advance)
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+
+def _want_bar(paths) -> bool:
+    if not sys.stderr.isatty():
+        return False
+    try:
+        return sum(os.path.getsize(p) for p in paths) >= _PROGRESS_MIN_BYTES
+    except OSError:
+        return False
+
+
+def _next_commands(summary) -> list[str]:
+    return [f"goodput report {shlex.quote(j.run_dir)}" for j in summary.jobs.values()]
+
+
+def _render(summary, console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text()
+    head.append(f"Imported {len(summary.jobs)} job(s)", style="bold")
+    head.append(f" from {summary.source}: {summary.entries:,} entries read from "
+                f"{len(summary.files)} file(s)")
+    console.print(head)
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    table.add_column("job", overflow="fold")
+    for col in ("attempts", "processes", "spans"):
+        table.add_column(col, justify="right")
+    table.add_column("run directory", overflow="fold")
+    for name, j in sorted(summary.jobs.items()):
+        table.add_row(Text(name), str(j.attempts), str(j.processes), f"{j.spans:,}",
+                      Text(j.run_dir))
+    console.print(table)
+    if summary.duplicates:
+        console.print(f"duplicates: {summary.duplicates:,} repeated job_started/job_terminated "
+                      "events (first start and last end per node kept)", markup=False)
+    total = sum(summary.problems.values())
+    console.print(
+        "problems: " + (f"{total:,} (" + ", ".join(
+            f"{k} {v:,}" for k, v in sorted(summary.problems.items())) + ")" if total else "none"),
+        style="yellow" if total else None, markup=False)
+    for ex in summary.examples:
+        console.print(f"  {ex}", style="dim", markup=False, highlight=False)
+    if total > len(summary.examples):
+        console.print(f"  ... and {total - len(summary.examples):,} more", style="dim",
+                      markup=False)
+    for cmd in _next_commands(summary):
+        console.print(f"next: {cmd}", markup=False, highlight=False)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Run ``goodput import``; returns the exit status."""
+    from ..cli import UsageError
+    from . import LogImportError, import_logs
+
+    try:
+        if _want_bar(args.files):
+            with _Bar() as bar:
+                summary = _run(import_logs, args, bar)
+        else:
+            summary = _run(import_logs, args, None)
+    except (LogImportError, ValueError) as e:
+        raise UsageError(str(e)) from e
+    except OSError as e:
+        raise UsageError(f"cannot write to {args.to}: {e.strerror or e}") from e
+    if args.format == "json":
+        doc = summary.to_dict()
+        doc["next"] = _next_commands(summary)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        from ..report import make_console
+
+        _render(summary, make_console())
+    return 0
+
+
+def _run(import_logs, args, progress):
+    return import_logs(args.files, args.to, source=args.source, job=args.job,
+                       timezone=args.timezone, overwrite=args.overwrite, progress=progress)
+
+
+def add_import_command(subparsers) -> argparse.ArgumentParser:
+    """Add the ``import`` subcommand to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "import",
+        help="convert ml-goodput-measurement or resiliency logs into goodput spans",
+        description="Convert ml-goodput-measurement entries (Cloud Logging JSON export, log "
+        "sink, or its local timeline cache) or resiliency event logs into spool files under "
+        "RUN_DIR/<job>/, which `goodput report` reads.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="log files: JSON lines or a JSON array")
+    p.add_argument("--to", metavar="RUN_DIR", default=schema.DEFAULT_RUN_ROOT,
+                   help=f"directory to write RUN_DIR/<job>/ into (default: "
+                   f"{schema.DEFAULT_RUN_ROOT})")
+    p.add_argument("--from", dest="source", choices=("auto", "mgm", "resiliency"),
+                   default="auto", help="input format (default: auto, from the first entries)")
+    p.add_argument("--job", metavar="NAME", default=None,
+                   help="import only this job (entries without a job name belong to it)")
+    p.add_argument("--timezone", metavar="TZ", default="UTC",
+                   help="time zone of resiliency timestamps without an offset (default: UTC)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace spans already in a job's directory")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="summary format (default: table)")
+    p.set_defaults(func=cmd_import)
+    return p
