@@ -1,0 +1,145 @@
+"""Acceptance: a realistic multi-node ``resiliency`` event log imports, deduplicates per node,
+and reports the same goodput as the resiliency calculator plus this project's full breakdown.
+
+The log is what ``resiliency.goodput_measure`` writes for a 300-node job with four attempts:
+every node's launcher logs ``job_started``/``job_terminated`` with its ``node_rank`` (some
+twice), rank 0 logs ``checkpoint_loaded``/``checkpoint_saved``, the user's tooling logs
+``user_scheduled`` and ``user_terminated``; the lines arrive shuffled (many writers).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import datetime, timedelta
+
+import pytest
+
+from goodput_processor import report_run_dir
+from goodput_processor.cli import main
+from goodput_processor.definitions import report as definitions_report
+from goodput_processor.importers import import_logs
+
+NODES, ATTEMPTS, REF_S = 300, 4, 1.5
+SAVE_EVERY, STEP_TIME = 100, (1.5, 1.5, 1.8, 1.5)  # seconds per step, per attempt
+EVENT_ORDER = {"user_scheduled": 0, "job_started": 1, "checkpoint_loaded": 2,
+               "checkpoint_saved": 3, "user_terminated": 4, "job_terminated": 5}
+
+
+def build_log(seed=7):
+    """-> (rows, truth): the event lines and the generator's true times (seconds)."""
+    rng = random.Random(seed)
+    rows, truth = [], {"restore": 0.0, "recovery": 0.0, "wasted": 0.0, "prep": 0.0,
+                       "other": 0.0, "stretch": 0.0, "slowdown": 0.0, "dups": 0}
+    t0 = datetime(2025, 9, 27, 4, 0, 0)
+
+    def ev(t, kind, **kw):
+        rows.append({"timestamp": (t0 + timedelta(seconds=t)).isoformat(),
+                     "job_name": "llm-300", "event_type": kind, **kw})
+
+    ev(0.0, "user_scheduled")
+    t, step, prev_end = 42.0, 0, None  # 42 s in the queue, until the first node starts
+    for a in range(ATTEMPTS):
+        starts = [t + rng.uniform(0, 8) for _ in range(NODES)]
+        for n, s in enumerate(starts):
+            ev(s, "job_started", node_rank=n)
+            if rng.random() < 0.1:  # a launcher that logs its start twice
+                ev(s + rng.uniform(0.1, 3), "job_started", node_rank=n)
+                truth["dups"] += 1
+        a_start = min(starts)
+        if prev_end is None:
+            truth["scheduling"] = a_start
+        else:
+            truth["recovery"] += a_start - prev_end
+        truth["other"] += starts[0] - a_start  # before rank 0 starts: no span on it
+        loaded_at = starts[0] + rng.uniform(20, 40)
+        ev(loaded_at, "checkpoint_loaded", step=step)
+        truth["prep" if step == 0 else "restore"] += loaded_at - starts[0]
+        t = loaded_at
+        saves = 6 if a < ATTEMPTS - 1 else 8
+        for _ in range(saves):
+            stretch = SAVE_EVERY * STEP_TIME[a] + rng.uniform(0, 2)  # save time included
+            t += stretch
+            step += SAVE_EVERY
+            ev(t, "checkpoint_saved", step=step)
+            if STEP_TIME[a] > REF_S * 1.05:  # beyond the 5 % noise floor: slowdown
+                truth["slowdown"] += stretch - SAVE_EVERY * REF_S
+        last_save = t
+        if a < ATTEMPTS - 1:  # crash: 70 more steps done, thrown away
+            t += 70 * STEP_TIME[a]
+        else:
+            ev(t + 1, "user_terminated")
+        ends = []
+        for n in range(NODES):
+            e = t + rng.uniform(1, 6)
+            ev(e, "job_terminated", node_rank=n)
+            ends.append(e)
+            if rng.random() < 0.05:  # logged twice: the node's end is the last one
+                e += rng.uniform(0.1, 1)
+                ev(e, "job_terminated", node_rank=n)
+                ends.append(e)
+                truth["dups"] += 1
+        prev_end = max(ends)
+        truth["stretch"] += last_save - loaded_at
+        if a < ATTEMPTS - 1:
+            truth["wasted"] += prev_end - last_save
+        else:
+            truth["other"] += prev_end - last_save
+        t = prev_end + rng.uniform(60, 180)  # the infrastructure restarts the job
+    rng.shuffle(rows)
+    return rows, truth
+
+
+def calculator_goodput(rows, reference_step_time):
+    """The resiliency calculator's goodput, from its documented formula (README primer and
+    ``calculator.py``): events sorted by (timestamp, event order); total runtime = last event
+    - first event; effective time = (max saved step - min loaded step) x reference step time."""
+    events = sorted(rows, key=lambda e: (e["timestamp"], EVENT_ORDER[e["event_type"]]))
+    total = (datetime.fromisoformat(events[-1]["timestamp"])
+             - datetime.fromisoformat(events[0]["timestamp"])).total_seconds()
+    loaded = min(e["step"] for e in events if e["event_type"] == "checkpoint_loaded")
+    saved = max(e["step"] for e in events if e["event_type"] == "checkpoint_saved")
+    return 100 * (saved - loaded) * reference_step_time / total, total
+
+
+def test_multi_node_resiliency_log(tmp_path, capsys):
+    rows, truth = build_log()
+    log = tmp_path / "llm-300-goodput.log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = import_logs([log], tmp_path / "runs")
+    assert not summary.problems
+    assert summary.duplicates == truth["dups"] > 0  # dropped per node, and counted
+    job = summary.jobs["llm-300"]
+    assert (job.attempts, job.processes) == (ATTEMPTS, NODES)
+
+    # --definitions resiliency: the calculator's number
+    expected_pct, total = calculator_goodput(rows, REF_S)
+    (res,) = definitions_report(tmp_path / "runs" / "llm-300", "resiliency",
+                                ideal_step_time_s=REF_S)
+    assert res.goodput_percent == pytest.approx(expected_pct, rel=1e-9)
+    assert res.total_time_s == pytest.approx(total, abs=1e-6)
+    assert (res.min_loaded_step, res.max_saved_step) == (0, 3 * 600 + 800)
+    assert res.job_started_count == ATTEMPTS
+    assert main(["report", str(tmp_path / "runs" / "llm-300"), "--definitions", "resiliency",
+                 "--ideal-step-time", str(REF_S)]) == 0
+    assert f"{expected_pct:.2f} %" in capsys.readouterr().out
+
+    # this project's full breakdown of the same log
+    (r,) = report_run_dir(tmp_path / "runs" / "llm-300", ideal_step_time_s=REF_S)
+    s = r.badput_s
+    assert r.total_time_s == pytest.approx(total, abs=1e-6)
+    assert sum(r.buckets_ns.values()) == r.total_ns
+    assert s["custom:scheduling"] == pytest.approx(truth["scheduling"], abs=1e-5)
+    assert s["infrastructure_recovery"] == pytest.approx(truth["recovery"], abs=1e-5)
+    assert s["checkpoint_restore"] == pytest.approx(truth["restore"], abs=1e-5)
+    assert s["training_prep"] == pytest.approx(truth["prep"], abs=1e-5)
+    assert s["wasted_progress"] == pytest.approx(truth["wasted"], abs=1e-5)
+    assert r.productive_time_s + s["training_slowdown"] == pytest.approx(truth["stretch"],
+                                                                         abs=1e-5)
+    assert s["other"] == pytest.approx(truth["other"], abs=1e-5)
+    # the slow attempt (1.8 s per step against 1.5) is slowdown, the others are within 5 %
+    assert s["training_slowdown"] == pytest.approx(truth["slowdown"], abs=1e-5)
+    assert truth["slowdown"] > 6 * 100 * 0.3
+    assert [a.resume_step for a in r.attempts] == [0, 600, 1200, 1800]
+    assert [(a.steps_kept, a.steps_wasted) for a in r.attempts] == [(600, 0)] * 3 + [(800, 0)]
+    assert [(a.processes, a.declared_processes) for a in r.attempts] == [(NODES, NODES)] * 4
