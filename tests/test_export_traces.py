@@ -141,7 +141,8 @@ def test_cloud_trace_gets_windows_as_traces_within_its_limits(tmp_path):
 
 def test_schema_attributes_survive_cloud_trace_no_floats():
     """Cloud Trace turns floats into "%.4f" strings: the schema must use none."""
-    int_attrs = {schema.ATTR_STEP, schema.ATTR_CHECKPOINT_STEP, schema.ATTR_HEARTBEAT_INTERVAL_MS,
+    int_attrs = {schema.ATTR_STEP, schema.ATTR_STEP_COUNT, schema.ATTR_CHECKPOINT_STEP,
+                 schema.ATTR_HEARTBEAT_INTERVAL_MS,
                  schema.ATTR_RECORDER_ERRORS, schema.ATTR_RECORDER_DROPPED,
                  schema.ATTR_WINDOW_INDEX, schema.ATTR_WINDOW_SPANS}
     names = {v for k, v in vars(schema).items() if k.startswith("ATTR_")}
