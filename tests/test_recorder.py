@@ -318,3 +318,14 @@ def test_reseeding_the_global_random_module_does_not_repeat_span_ids(memory):
         pass
     goodput.flush()
     assert random.random() == expected  # the recorder draws nothing from the job's sequence
+
+
+def test_extra_resource_attributes_ride_on_every_span(tmp_path):
+    goodput.configure("res", run_dir=tmp_path / "run", handle_signals=False,
+                      resource_attributes={"ml.run.name": "sweep-7", "goodput.attempt": 99})
+    with goodput.step(1):
+        pass
+    goodput.shutdown()
+    spans = spool_spans(tmp_path / "run")
+    assert spans and all(s["res"]["ml.run.name"] == {"stringValue": "sweep-7"} for s in spans)
+    assert all(s["res"][schema.RES_ATTEMPT] == {"intValue": "0"} for s in spans)  # ours win

@@ -29,6 +29,7 @@ def configure(
     traces_exporter=None,
     trace_window_s: float | None = None,
     trace_window_spans: int | None = None,
+    resource_attributes=None,
 ) -> Recorder:
     """Set up recording for this process and (by default) begin an attempt.
 
@@ -53,6 +54,9 @@ def configure(
         start: begin an attempt now. Pass False if you call :func:`job_start` yourself.
         start_time: the attempt's start (datetime or epoch seconds); default: when
             this OS process started (Linux), else when ``goodput`` was imported.
+        resource_attributes: extra OpenTelemetry resource attributes on every span
+            (e.g. the ML run's name and configs, :mod:`goodput.diagnostics`); the
+            schema's own attributes win on conflicts.
 
     Returns:
         The :class:`~goodput.recorder.Recorder`.
@@ -78,6 +82,7 @@ def configure(
         traces_exporter=traces_exporter,
         trace_window_s=trace_window_s,
         trace_window_spans=trace_window_spans,
+        resource_attributes=resource_attributes,
     )
     with _LOCK:
         old, _RECORDER = _RECORDER, rec

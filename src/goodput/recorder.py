@@ -105,6 +105,8 @@ class Recorder:
             many seconds (> 0, default 60) or child spans (>= 1, default 500).
         spool: write the local spool (default: yes unless ``GOODPUT_SPOOL=0``).
         handle_signals: record the attempt's end on SIGTERM (main thread only).
+        resource_attributes: extra resource attributes (str -> str/bool/int/float or a
+            sequence of one of those) on every span; the schema's own attributes win.
 
     Raises:
         ValueError: ``flush_interval_s``, ``trace_window_s`` or ``trace_window_spans``
@@ -124,6 +126,7 @@ class Recorder:
         traces_exporter=None,
         trace_window_s: float | None = None,
         trace_window_spans: int | None = None,
+        resource_attributes=None,
     ):
         self.job_name = config.job_name(job_name)
         self.process_index = config.process_index(process_index)
@@ -134,7 +137,8 @@ class Recorder:
         self._window_ns = int(config.trace_window_s(trace_window_s) * 1e9)
         self._window_spans = config.trace_window_spans(trace_window_spans)
         extra = list(exporters or []) + export.from_config(traces_exporter)
-        self._resource_extra = export.resource_attributes(extra)
+        self._resource_extra = {**dict(resource_attributes or {}),
+                                **export.resource_attributes(extra)}
         self._shared = [BatchSpanProcessor(e) for e in extra]
         self._handle_signals = handle_signals
 
