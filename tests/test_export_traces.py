@@ -147,7 +147,8 @@ def test_schema_attributes_survive_cloud_trace_no_floats():
                  schema.ATTR_WINDOW_INDEX, schema.ATTR_WINDOW_SPANS}
     names = {v for k, v in vars(schema).items() if k.startswith("ATTR_")}
     assert names == int_attrs | {schema.ATTR_BLOCKING, schema.ATTR_BADPUT_TYPE,
-                                 schema.ATTR_END_REASON}
+                                 schema.ATTR_END_REASON, schema.ATTR_PROFILE_SESSION,
+                                 schema.ATTR_PROFILE_DIR, schema.ATTR_PROFILE_TRIGGER}
     assert all(len(n.encode()) <= 128 for n in names | set(schema.SPAN_NAMES))
 
 

@@ -2,8 +2,9 @@
 
 The training side writes ``RUN_DIR/spans-p<index>-a<attempt>.jsonl`` files, one OTLP JSON
 ``ExportTraceServiceRequest`` per line (see ``docs/span-schema.md``). :func:`read_run_dir`
-streams every ``*.jsonl`` file under the directory (recursively, in sorted order) line by
-line and keeps, per (job, attempt, process index), one ``int64`` record per span
+streams every ``*.jsonl`` file under the directory (recursively, in sorted order; not the
+``metrics-*.jsonl`` files of :mod:`goodput.diagnostics`) line by line and keeps, per
+(job, attempt, process index), one ``int64`` record per span
 (:data:`~goodput_processor.timeline.COLUMNS`): a million spans take about 70 MB and no
 parsed JSON is retained. On Linux, inputs of 64 MiB or more are split at line boundaries
 and parsed by forked worker processes (one per CPU, at most 4); the result is identical to
@@ -451,7 +452,8 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet
     if not os.access(root, os.R_OK | os.X_OK):
         raise RunDirError(f"run directory {str(root)!r} is not readable")
     try:
-        files = sorted(p for p in root.rglob("*.jsonl") if p.is_file())
+        files = sorted(p for p in root.rglob("*.jsonl")
+                       if p.is_file() and not p.name.startswith(schema.METRICS_SPOOL_PREFIX))
         nbytes = sum(p.stat().st_size for p in files)
     except OSError as e:
         raise RunDirError(f"cannot list run directory {str(root)!r}: {e.strerror or e}") from e

@@ -38,6 +38,10 @@ HEARTBEAT = "goodput.heartbeat"
 #: ``GOODPUT_TRACE_WINDOW_S`` seconds or ``GOODPUT_TRACE_WINDOW_SPANS`` children,
 #: or at the attempt's end). Structure only: the processor ignores it.
 WINDOW = "goodput.window"
+#: Zero-length record of an ML run's configuration (``goodput.diagnostics``): user
+#: configs too large for resource attributes, and software/system configs known only
+#: after the framework initialised (device kind and count). Not part of the accounting.
+RUN_CONFIG = "goodput.run.config"
 
 ACCELERATOR_INIT = "goodput.accelerator_init"
 TRAINING_PREP = "goodput.training_prep"
@@ -59,8 +63,9 @@ PHASES = (
     CHECKPOINT_RESTORE,
     CUSTOM_BADPUT,
 )
-#: Spans that only give traces their shape (ignored for time accounting).
-STRUCTURE = (WINDOW,)
+#: Spans that only give traces their shape or carry run information: the processor
+#: reads past them (no time accounting, not counted as unknown).
+STRUCTURE = (WINDOW, RUN_CONFIG)
 #: Markers (lifecycle of an attempt of one process, and trace structure).
 MARKERS = (JOB_START, JOB_END, HEARTBEAT) + STRUCTURE
 #: Every span name of this schema.
@@ -80,6 +85,13 @@ ATTR_END_REASON = "goodput.end.reason"  # str on JOB_END: one of END_REASONS
 ATTR_HEARTBEAT_INTERVAL_MS = "goodput.heartbeat.interval_ms"  # int on JOB_START
 ATTR_RECORDER_ERRORS = "goodput.recorder.errors"  # int on JOB_END/HEARTBEAT: failures so far
 ATTR_RECORDER_DROPPED = "goodput.recorder.dropped"  # int on JOB_END/HEARTBEAT: records lost so far
+
+#: on CUSTOM_BADPUT spans of type PROFILE_BADPUT_TYPE (profile capture sessions):
+ATTR_PROFILE_SESSION = "goodput.profile.session_id"  # str, the same on every host
+ATTR_PROFILE_DIR = "goodput.profile.dir"  # str: where the profiler wrote
+ATTR_PROFILE_TRIGGER = "goodput.profile.trigger"  # str: "programmatic" or "on_demand"
+#: Custom badput type of profile capture (``custom:profile`` in the report).
+PROFILE_BADPUT_TYPE = "profile"
 
 ATTR_WINDOW_INDEX = "goodput.window.index"  # int on WINDOW: 0, 1, ... within the attempt
 ATTR_WINDOW_SPANS = "goodput.window.spans"  # int on WINDOW: number of its child spans
@@ -104,10 +116,20 @@ RES_SCHEMA_VERSION = "goodput.schema.version"  # str: SCHEMA_VERSION
 RES_IMPORTED_FROM = "goodput.imported_from"
 IMPORT_SOURCES = ("ml-goodput-measurement", "resiliency")
 
+# ML run (``goodput.diagnostics``), read by the processor for MFU:
+RES_RUN_NAME = "ml.run.name"  # str
+RES_RUN_GROUP = "ml.run.group"  # str
+RES_FLOPS_PER_STEP = "ml.flops_per_step"  # int: model FLOPs of one training step (all devices)
+RES_PEAK_FLOPS = "ml.device.peak_flops"  # int: peak FLOP/s of one device
+RES_DEVICE_COUNT = "ml.device.count"  # int: devices of the job
+
 # --- where spans are written --------------------------------------------------
 
 #: Parent of the default run directories (``./goodput-runs/<job>``).
 DEFAULT_RUN_ROOT = "goodput-runs"
+#: Files in a run directory whose names start with this hold OTLP JSON *metrics*
+#: (``goodput.diagnostics``), not spans: span readers skip them.
+METRICS_SPOOL_PREFIX = "metrics-"
 
 
 def default_run_dir(job: str) -> str:

@@ -15,6 +15,8 @@ import os
 import threading
 from pathlib import Path
 
+from goodput import schema
+
 from .store import LiveStore
 
 __all__ = ["SpoolTailer"]
@@ -53,7 +55,8 @@ class SpoolTailer:
             n = 0
             for d in self.dirs:
                 try:
-                    files = sorted(p for p in d.rglob("*.jsonl") if p.is_file())
+                    files = sorted(p for p in d.rglob("*.jsonl") if p.is_file()
+                                   and not p.name.startswith(schema.METRICS_SPOOL_PREFIX))
                 except OSError:
                     continue  # missing or unreadable for now: try again next poll
                 for p in files:
