@@ -348,3 +348,21 @@ def test_account_interval(tmp_path):
     assert all(abs(whole.buckets_ns[k] - v) <= 1 for k, v in result.buckets_ns.items())
     with pytest.raises(ValueError, match="does not overlap"):
         account_interval(job, 0, t0 - NS, now_ns=FAR_FUTURE)
+
+
+def test_mfu_from_run_attributes(tmp_path):
+    """MFU = flops/step x kept steps / (productive s x peak x devices); useful = goodput x MFU."""
+    attrs = {schema.RES_RUN_NAME: "sweep-1", schema.RES_FLOPS_PER_STEP: 4 * 10**12,
+           schema.RES_PEAK_FLOPS: 10**12, schema.RES_DEVICE_COUNT: 8}
+    t = Timeline(**attrs).job_start(0).span("training_prep", 0, 10)
+    t.steps(1, 90, start=10, step_time=1).job_end(100)
+    r = run(tmp_path, t)
+    # 90 steps x 4 TFLOP in 90 productive s on 8 x 1 TFLOP/s = 0.5; goodput 0.9
+    assert r.mfu == pytest.approx(0.5) and r.useful_compute == pytest.approx(0.45)
+    assert r.run[schema.RES_RUN_NAME] == "sweep-1"
+    plain = run(tmp_path / "plain", Timeline().job_start(0).steps(1, 5, 0, 1).job_end(5))
+    assert plain.mfu is None and plain.useful_compute is None and plain.run == {}
+    from goodput_processor import to_json_dict
+
+    doc = to_json_dict([r])["jobs"][0]
+    assert doc["mfu"] == pytest.approx(0.5) and doc["run"][schema.RES_DEVICE_COUNT] == 8

@@ -33,6 +33,8 @@ from goodput_processor.reader import read_run_dir
 from goodput_processor.tensorboard import TensorBoardWriter, badput_tag
 
 MIN = 60 * 10**9
+#: Every metric but the MFU pair, which needs the run's FLOPs attributes (test_mfu_gauges).
+EXPORTED = set(METRIC_NAMES) - {"goodput.mfu", "goodput.useful_compute"}
 
 
 def _job(tmp_path, *tls, name="job"):
@@ -105,8 +107,8 @@ def test_gauges_from_job_spans(worked):
     gm = GoodputMetrics(lambda: [worked], MeterProvider(metric_readers=[reader]),
                         windows_s=(3600, 6000), ideal_step_time_s=120)
     pts, units = _points(reader)
-    assert set(units) == set(METRIC_NAMES)
-    assert {n: u for n, u in units.items()} == {n: u for n, (u, _) in METRIC_NAMES.items()}
+    assert set(units) == EXPORTED
+    assert {n: u for n, u in units.items()} == {n: METRIC_NAMES[n][0] for n in EXPORTED}
     r = account(worked, ideal_step_time_s=120)
     assert pts[_key("goodput.goodput")] == pytest.approx(0.5)
     assert pts[_key("goodput.productive_time")] == pytest.approx(100 * 60)
@@ -185,7 +187,7 @@ def test_otlp_export_to_loopback_collector(worked):
         provider.shutdown()
     pts = fake.points()
     names = {n for n, _, _ in pts}
-    assert names == set(METRIC_NAMES)
+    assert names == EXPORTED
     got = {(n, a.get("goodput.badput.bucket"), a.get("goodput.window")): v for n, a, v in pts}
     assert got[("goodput.goodput", None, None)] == pytest.approx(0.5)
     assert got[("goodput.badput_time", "infrastructure_recovery", None)] == pytest.approx(900)
@@ -203,7 +205,7 @@ def test_cloud_monitoring_export_to_loopback_service(worked):
         provider.shutdown()
     assert all(r.name == "projects/my-project" for r in fake.requests)
     types = {d.metric_descriptor.type for d in fake.descriptors}
-    assert types == {f"workload.googleapis.com/{n}" for n in METRIC_NAMES}
+    assert types == {f"workload.googleapis.com/{n}" for n in EXPORTED}
     series = {(t, tuple(sorted(lab.items()))): v for t, lab, v in fake.series()}
     key = ("workload.googleapis.com/goodput.badput_time",
            (("goodput_badput_bucket", "wasted_progress"), ("goodput_job_name", "job")))
@@ -273,3 +275,19 @@ def test_tensorboard_tags_read_back(tmp_path):
     assert [s for s, _ in dev] == list(range(26, 51)) + list(range(51, 76))
     assert dev[0] == (26, pytest.approx(0)) and dev[-1] == (75, pytest.approx(60))
     assert n == 1 + len(r.badput_s) + 50
+
+
+def test_mfu_gauges(tmp_path):
+    attrs = {schema.RES_FLOPS_PER_STEP: 4 * 10**12, schema.RES_PEAK_FLOPS: 10**12,
+             schema.RES_DEVICE_COUNT: 8}
+    Timeline(**attrs).job_start(0).steps(1, 10, 0, 1).job_end(10).write(tmp_path)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    GoodputMetrics(run_dir_source(tmp_path), meter_provider=provider)
+    points = {m.name: m.data.data_points[0].value
+              for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics
+              if m.name in ("goodput.mfu", "goodput.useful_compute")}
+    assert points == {"goodput.mfu": pytest.approx(0.5),
+                      "goodput.useful_compute": pytest.approx(0.5)}
+    provider.shutdown()

@@ -337,6 +337,9 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     ts = per_step / _NS
     pct = [float(x) for x in np.percentile(ts, [50, 90, 99, 100])] if len(ts) else [None] * 4
     valid = snum[snum != NONE]
+    run = _run_attributes(attempts)
+    mfu = _mfu(run, int(cnt.sum()), buckets[schema.PRODUCTIVE])
+    goodput = buckets[schema.PRODUCTIVE] / total_ns if total_ns else 0.0
     return JobResult(
         job=job.name,
         start_ns=attempts[0].start_ns if attempts else 0,
@@ -344,7 +347,7 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         total_ns=total_ns,
         total_time_s=total_ns / _NS,
         productive_time_s=buckets[schema.PRODUCTIVE] / _NS,
-        goodput=buckets[schema.PRODUCTIVE] / total_ns if total_ns else 0.0,
+        goodput=goodput,
         badput_s={k: v / _NS for k, v in buckets.items() if k != schema.PRODUCTIVE},
         buckets_ns=buckets,
         disruptions=max(len(attempts) - 1, 0),
@@ -361,7 +364,37 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         recorder_dropped=sum(a.recorder_dropped for a in attempts),
         schema_version=",".join(sorted(job.schema_versions)) or None,
         steps=StepArrays(snum, satt, sstart, t, ts, deviation, anomalous, cnt),
+        run=run,
+        mfu=mfu,
+        useful_compute=None if mfu is None else goodput * mfu,
     )
+
+
+def _run_attributes(attempts) -> dict:
+    """The ML run's resource attributes: the latest attempt's primary process first."""
+    run: dict = {}
+    for a in attempts:
+        for p in (*a.processes[1:], a.primary):  # the primary process wins
+            run.update(p.run)
+    return run
+
+
+def _mfu(run: dict, steps: int, productive_ns: int) -> float | None:
+    """Model FLOPs utilisation during productive time (a fraction):
+    ``flops_per_step x kept steps / (productive seconds x peak FLOP/s x devices)``.
+
+    The standard MFU (PaLM, Chowdhery et al. 2022, appendix B: achieved model FLOP/s over
+    peak FLOP/s), measured over the productive time of the kept steps, so that
+    ``goodput x mfu`` is the share of the whole job's peak compute spent on kept training.
+    None when an input is missing, not a positive number, or nothing was productive.
+    """
+    vals = [run.get(k) for k in (schema.RES_FLOPS_PER_STEP, schema.RES_PEAK_FLOPS,
+                                 schema.RES_DEVICE_COUNT)]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+               for v in vals) or productive_ns <= 0 or steps <= 0:
+        return None
+    flops, peak, devices = (float(v) for v in vals)
+    return flops * steps / (productive_ns / _NS * peak * devices)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,9 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     "goodput.step_time_deviation": ("s", "Step time minus ideal step time over kept steps: "
                                     "p50, p90, p99 and max"),
     "goodput.anomalous_steps": ("{step}", "Kept steps slower than ideal + noise band"),
+    "goodput.mfu": ("1", "Model FLOPs utilisation during productive time (0..1)"),
+    "goodput.useful_compute": ("1", "Goodput x MFU: share of the job's peak FLOP/s spent on "
+                               "kept training (0..1)"),
     "goodput.window.goodput": ("1", "Goodput over the last W seconds of the job"),
     "goodput.window.productive_time": ("s", "Productive time in the last W seconds"),
     "goodput.window.badput_time": ("s", "Badput time per bucket in the last W seconds"),
@@ -185,6 +188,8 @@ class GoodputMetrics:
             "goodput.ideal_step_time": self._obs_ideal,
             "goodput.step_time_deviation": self._obs_deviation,
             "goodput.anomalous_steps": self._obs_anomalous,
+            "goodput.mfu": self._obs_mfu,
+            "goodput.useful_compute": self._obs_useful,
             "goodput.window.goodput": self._obs_w_goodput,
             "goodput.window.productive_time": self._obs_w_productive,
             "goodput.window.badput_time": self._obs_w_badput,
@@ -275,6 +280,16 @@ class GoodputMetrics:
         values = np.percentile(dev, [q for _, q in _STATS])
         return [Observation(float(v), {**a, ATTR_STATISTIC: n})
                 for (n, _), v in zip(_STATS, values, strict=True)]
+
+    @staticmethod
+    def _obs_mfu(s, a):
+        m = s.result.mfu
+        return [] if m is None else [Observation(m, a)]
+
+    @staticmethod
+    def _obs_useful(s, a):
+        u = s.result.useful_compute
+        return [] if u is None else [Observation(u, a)]
 
     @staticmethod
     def _obs_anomalous(s, a):

@@ -224,6 +224,9 @@ class _Reader:
         host, count = attrs.get(schema.RES_HOST_NAME), attrs.get(schema.RES_PROCESS_COUNT)
         proc.host = proc.host if host is None else str(host)
         proc.process_count = count if isinstance(count, int) else proc.process_count
+        for key in tl.RUN_ATTRIBUTES:
+            if key in attrs:
+                proc.run[key] = attrs[key]
         version = attrs.get(schema.RES_SCHEMA_VERSION)
         proc.schema_version = version = None if version is None else str(version)
         ok = version is None or version.split(".")[0] == _SUPPORTED_MAJOR
@@ -337,6 +340,7 @@ class _Reader:
                 for attr in ("host", "process_count", "schema_version"):
                     if getattr(op, attr) is not None:
                         setattr(proc, attr, getattr(op, attr))
+                proc.run.update(op.run)
                 if len(op._buf):
                     d = np.frombuffer(op._buf, np.int64).reshape(-1, tl.NCOLS)
                     d[:, tl.C_SIDX] = smap[d[:, tl.C_SIDX]]

@@ -49,9 +49,15 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
                                                  # unknown, unsupported_schema (spans); all
                                                  # six always present
           "skipped_examples": [str],             # up to 20 "file:line: reason"
-          "recorder": {"errors": int, "dropped": int}   # goodput.recorder.errors /
+          "recorder": {"errors": int, "dropped": int},  # goodput.recorder.errors /
                                                  # dropped: per process the largest value
                                                  # on job_end/heartbeat, summed
+          "run": {attribute: str | int},         # ML run resource attributes (ml.run.name,
+                                                 # ml.flops_per_step, ...); {} if none
+          "mfu": float | null,                   # model FLOPs utilisation in productive
+                                                 # time, 0..1 (needs ml.flops_per_step,
+                                                 # ml.device.peak_flops, ml.device.count)
+          "useful_compute": float | null         # goodput x mfu
         }
       ]
     }
@@ -146,6 +152,11 @@ class JobResult:
     in ns; they sum exactly to ``total_ns``. ``async_work_s``: seconds of
     ``goodput.blocking=false`` spans per bucket name (not badput). ``skipped``: counts
     of skipped records by reason, ``skipped_examples`` up to 20 "where: why" strings.
+    ``run``: the ML run's resource attributes (``ml.run.name``, ``ml.flops_per_step``, ...;
+    :data:`~goodput_processor.timeline.RUN_ATTRIBUTES`). ``mfu``: model FLOPs utilisation
+    during productive time, a fraction (None without FLOPs per step, peak FLOP/s and device
+    count); ``useful_compute`` = ``goodput`` x ``mfu``, the share of the machine's peak
+    over the whole job that went into kept training math (see ``docs/accounting.md``).
     """
 
     job: str
@@ -171,6 +182,9 @@ class JobResult:
     recorder_dropped: int
     schema_version: str | None
     steps: StepArrays = field(repr=False)
+    run: dict = field(default_factory=dict)
+    mfu: float | None = None
+    useful_compute: float | None = None
 
 
 def format_duration(seconds: float | None) -> str:
@@ -252,6 +266,9 @@ def job_to_dict(r: JobResult) -> dict:
         "skipped": dict(r.skipped),
         "skipped_examples": list(r.skipped_examples),
         "recorder": {"errors": r.recorder_errors, "dropped": r.recorder_dropped},
+        "run": {k: v for k, v in r.run.items()},
+        "mfu": r.mfu,
+        "useful_compute": r.useful_compute,
     }
 
 
@@ -305,6 +322,16 @@ def render_job(r: JobResult, console: Console) -> None:
         markup=False,
     )
     console.print(f"ideal step time: {ideal}", markup=False)
+    if r.run.get(schema.RES_RUN_NAME):
+        group = r.run.get(schema.RES_RUN_GROUP)
+        console.print(f"ML run: {r.run[schema.RES_RUN_NAME]}"
+                      + (f" (group {group})" if group else ""), markup=False)
+    if r.mfu is not None:
+        console.print(
+            f"MFU in productive time: {r.mfu * 100:.2f} %   useful compute (goodput x MFU): "
+            f"{r.useful_compute * 100:.2f} % of the job's peak FLOP/s",
+            style="bold", markup=False,
+        )
     console.print(
         f"step time of {st.count} kept steps: p50 {format_duration(st.p50_s)}, "
         f"p90 {format_duration(st.p90_s)}, p99 {format_duration(st.p99_s)}, "

@@ -19,7 +19,8 @@ import numpy as np
 
 from goodput import schema
 
-__all__ = ["COLUMNS", "DEFAULT_HEARTBEAT_INTERVAL_MS", "KIND_NAMES", "NONE", "SKIP_REASONS",
+__all__ = ["COLUMNS", "DEFAULT_HEARTBEAT_INTERVAL_MS", "KIND_NAMES", "NONE", "RUN_ATTRIBUTES",
+           "SKIP_REASONS",
            "Attempt", "JobSpans", "ProcessSpans", "SpanSet", "build_attempts", "drop_duplicates"]
 
 #: Span kind codes (column ``kind``) are indexes into this tuple.
@@ -45,6 +46,9 @@ NCOLS = len(COLUMNS)
 NONE = -(2**63)
 F_NONBLOCKING = 1
 F_ERROR = 2
+#: Resource attributes of an ML run (``goodput.diagnostics``) kept per process.
+RUN_ATTRIBUTES = (schema.RES_RUN_NAME, schema.RES_RUN_GROUP, schema.RES_FLOPS_PER_STEP,
+                  schema.RES_PEAK_FLOPS, schema.RES_DEVICE_COUNT)
 #: Reasons a record is skipped (keys of the ``skipped`` counters); see
 #: :mod:`goodput_processor.reader`.
 SKIP_REASONS = ("torn", "malformed", "invalid_span", "duplicate", "unknown", "unsupported_schema")
@@ -55,7 +59,8 @@ class ProcessSpans:
     """Spans of one process in one attempt of a job.
 
     ``data`` is an ``(n, len(COLUMNS))`` int64 array (see :data:`COLUMNS`), deduplicated,
-    in file order (not sorted). ``host``/``process_count`` come from the resource.
+    in file order (not sorted). ``host``/``process_count`` come from the resource, and
+    ``run`` holds the ML run's resource attributes (:data:`RUN_ATTRIBUTES`) it carried.
     """
 
     job: str
@@ -65,6 +70,7 @@ class ProcessSpans:
     process_count: int | None = None
     schema_version: str | None = None
     data: np.ndarray = field(default_factory=lambda: np.empty((0, NCOLS), np.int64))
+    run: dict = field(default_factory=dict)
     # While reading: the records, NCOLS int64 per span (``data`` is a view of it).
     _buf: array = field(default_factory=lambda: array("q"), repr=False, compare=False)
 

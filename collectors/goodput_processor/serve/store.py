@@ -120,7 +120,7 @@ class LiveStore:
             for key, p in job.processes.items():
                 data = np.frombuffer(p._buf, np.int64).reshape(-1, tl.NCOLS).copy()
                 procs[key] = ProcessSpans(p.job, p.attempt, p.index, p.host, p.process_count,
-                                          p.schema_version, data)
+                                          p.schema_version, data, dict(p.run))
             skipped = Counter(job.skipped) + Counter(self._reader.skipped)
             raw = self._reader._examples
             examples = [":".join(map(str, ex[:-1])) + ": " + ex[-1]
