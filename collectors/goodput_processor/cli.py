@@ -1,8 +1,9 @@
 """The ``goodput`` command line.
 
 ``goodput report RUN_DIR [--format table|json] [--ideal-step-time SECONDS] [--job NAME]
-[--definitions goodput|mgm|resiliency]`` prints the goodput report of every job in a run
-directory, by this project's model or another tool's definitions (``docs/definitions.md``).
+[--definitions goodput|mgm|resiliency] [--html PATH]`` prints the goodput report of every
+job in a run directory, by this project's model or another tool's definitions
+(``docs/definitions.md``); ``--html`` also writes the HTML report (``docs/html-report.md``).
 ``goodput serve [...]`` runs the processor as a live service
 (:mod:`goodput_processor.serve.command`, ``docs/serve.md``). ``goodput import FILE...
 [--to RUN_DIR]`` converts ml-goodput-measurement or resiliency logs into spool files
@@ -59,9 +60,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.definitions == "resiliency" and ideal is None:
         raise UsageError("--definitions resiliency needs --ideal-step-time SECONDS (the "
                          "resiliency calculator's --reference-step-time)")
+    if args.html is not None and args.definitions != "goodput":
+        raise UsageError("--html needs the default --definitions goodput")
     try:
-        results = definitions.report(args.run_dir, args.definitions, ideal_step_time_s=ideal,
-                                     job=args.job)
+        if args.html is not None:  # the HTML report (docs/html-report.md) and the results
+            from .html import report_html
+
+            results = report_html(args.run_dir, args.html, ideal_step_time_s=ideal, job=args.job)
+            print(f"{PROG}: wrote {args.html}", file=sys.stderr)
+        else:
+            results = definitions.report(args.run_dir, args.definitions,
+                                         ideal_step_time_s=ideal, job=args.job)
+    except ImportError as e:
+        if args.html is None:
+            raise
+        raise UsageError(f"--html needs plotly: pip install 'goodput-otel[html]' ({e})") from e
+    except OSError as e:
+        if args.html is None:
+            raise
+        raise UsageError(f"--html {args.html}: {e}") from e
     except ReadError as e:
         raise UsageError(str(e)) from e
     except KeyError as e:
@@ -92,6 +109,9 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
                    "0.2.3's numbers; resiliency: resiliency.goodput_measure's calculator "
                    "(needs --ideal-step-time as its reference step time). See "
                    "docs/definitions.md")
+    p.add_argument("--html", metavar="PATH", default=None,
+                   help="also write a self-contained HTML report (timeline, goodput over time, "
+                   "step times) to PATH; needs plotly (docs/html-report.md)")
     p.set_defaults(func=cmd_report)
     return p
 

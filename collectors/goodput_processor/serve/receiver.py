@@ -11,8 +11,8 @@ Both feed a :class:`~goodput_processor.serve.store.LiveStore`. Limits and securi
 HTTP accepts ``application/x-protobuf`` and ``application/json`` (OTLP/JSON: hex ids)
 bodies, optionally ``Content-Encoding: gzip``; errors carry a ``google.rpc.Status`` in the
 request's encoding, as the OTLP/HTTP specification asks. ``GET /v1/report`` returns the
-current report (``goodput report --format json``; ``?job=NAME`` for one job) and
-``GET /healthz`` returns ``ok``.
+current report (``goodput report --format json``; ``?job=NAME`` for one job),
+``GET /v1/report.html`` the HTML report (``docs/html-report.md``) and ``GET /healthz`` ``ok``.
 """
 
 from __future__ import annotations
@@ -187,16 +187,25 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if url.path == "/healthz":
             return self._reply(200, b"ok\n", "text/plain")
-        if url.path != "/v1/report":
-            return self._error(404, 5, "text", f"no such path {url.path!r} (GET /v1/report)")
+        if url.path not in ("/v1/report", "/v1/report.html"):
+            return self._error(404, 5, "text", f"no such path {url.path!r} (GET /v1/report, "
+                               "/v1/report.html)")
         if not self._authorized("json"):
             return
         job = parse_qs(url.query).get("job", [None])[0]
+        html = url.path.endswith(".html")
         try:
-            body = self.server.app.store.report_json(job=job).encode()
+            if html:  # the HTML report of docs/html-report.md
+                from ..html import live_report_html
+
+                body = live_report_html(self.server.app.store, job=job).encode()
+            else:
+                body = self.server.app.store.report_json(job=job).encode()
         except KeyError as e:
             return self._error(404, 5, "json", e.args[0])
-        self._reply(200, body, "application/json")
+        except ImportError as e:
+            return self._error(501, 12, "text", f"the HTML report needs plotly ({e})")
+        self._reply(200, body, "text/html; charset=utf-8" if html else "application/json")
 
     def do_POST(self):  # noqa: N802
         app = self.server.app
