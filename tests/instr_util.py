@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from goodput import schema
+
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = [ROOT / "src", ROOT / "collectors", ROOT / "instrumentation"]
 
@@ -53,6 +55,8 @@ def spans(run_dir) -> list[dict]:
     """Every span in a run directory's spool: name, start/end ns, attrs (plain values)."""
     out = []
     for path in sorted(Path(run_dir).glob("*.jsonl")):
+        if path.name.startswith(schema.METRICS_SPOOL_PREFIX):  # metrics, not spans
+            continue
         for line in path.read_text().splitlines():
             try:
                 req = json.loads(line)

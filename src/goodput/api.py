@@ -94,6 +94,11 @@ def configure(
     return rec
 
 
+def current_recorder() -> Recorder | None:
+    """The configured recorder, or None (unlike :func:`get_recorder`, never configures one)."""
+    return _RECORDER
+
+
 def get_recorder() -> Recorder:
     """The process's recorder; configured with defaults (and an attempt begun) on first use."""
     rec = _RECORDER

@@ -26,7 +26,7 @@ _log = logging.getLogger(__name__)
 #: Resource attributes copied onto every span as Cloud Trace labels by ``gcp_trace``
 #: (a regular expression matched at the start of each key), unless
 #: ``OTEL_EXPORTER_GCP_TRACE_RESOURCE_REGEX`` says otherwise.
-DEFAULT_RESOURCE_REGEX = r"goodput\.|service\.name$|host\.name$"
+DEFAULT_RESOURCE_REGEX = r"goodput\.|service\.name$|host\.name$|ml\.run\.|k8s\.pod\.name$"
 #: Google's OTLP endpoint for traces (the Telemetry API).
 GCP_OTLP_ENDPOINT = "https://telemetry.googleapis.com/v1/traces"
 #: OAuth scope the ``gcp_otlp`` exporter asks Application Default Credentials for.

@@ -371,6 +371,12 @@ class Recorder:
             schema.ATTR_RECORDER_DROPPED: self._counts["dropped"],
         }
 
+    @property
+    def resource(self):
+        """The OpenTelemetry ``Resource`` of the open attempt (None when none is open)."""
+        provider = self._provider
+        return provider.resource if provider is not None else None
+
     def _open_attempt(self, at: int) -> None:
         if self._tracer is not None:
             self._close_attempt(at, "restart")

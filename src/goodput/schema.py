@@ -119,8 +119,9 @@ IMPORT_SOURCES = ("ml-goodput-measurement", "resiliency")
 # ML run (``goodput.diagnostics``), read by the processor for MFU:
 RES_RUN_NAME = "ml.run.name"  # str
 RES_RUN_GROUP = "ml.run.group"  # str
-RES_FLOPS_PER_STEP = "ml.flops_per_step"  # int: model FLOPs of one training step (all devices)
-RES_PEAK_FLOPS = "ml.device.peak_flops"  # int: peak FLOP/s of one device
+#: int (a float beyond int64): model FLOPs of one training step, all devices together
+RES_FLOPS_PER_STEP = "ml.flops_per_step"
+RES_PEAK_FLOPS = "ml.device.peak_flops"  # int (float beyond int64): peak FLOP/s of one device
 RES_DEVICE_COUNT = "ml.device.count"  # int: devices of the job
 
 # --- where spans are written --------------------------------------------------
