@@ -424,31 +424,33 @@ def test_on_demand_sigusr2_capture_in_a_jax_training_process(tmp_path):
 # --- the examples ---------------------------------------------------------------------------
 
 
-def _has_run_api() -> bool:
-    try:
-        from goodput import diagnostics
-    except ImportError:
-        return False
-    return hasattr(diagnostics, "run") and hasattr(diagnostics, "metrics")
-
-
-@pytest.mark.skipif(not _has_run_api(), reason="goodput.diagnostics.run is not there yet")
 @pytest.mark.parametrize("script", ["jax_train.py", "torch_train.py"])
 def test_example_runs_end_to_end(tmp_path, script):
     run_dir = tmp_path / "run"
-    start = time.monotonic()
     proc = run_python([ROOT / "examples" / "diagnostics" / script, "--run-dir", run_dir,
                        "--steps", "60", "--on-demand"],
-                      env=child_env(GOODPUT_PROFILE_PORT="0"), timeout=120)
-    took = time.monotonic() - start
-    assert took < 90, took
+                      env=child_env(GOODPUT_PROFILE_PORT="0"), timeout=180)
     out = proc.stdout
     assert "profile session" in out and "custom:profile" in out
     profiles = list((run_dir / "profiles").iterdir())
     assert len(profiles) == 1
     suffix = ".xplane.pb" if script.startswith("jax") else ".pt.trace.json"
     assert [p for p in profiles[0].rglob("*") if p.name.endswith(suffix)]
-    assert list(run_dir.glob(f"{schema.METRICS_SPOOL_PREFIX}*.jsonl"))
+    # the metric points the example recorded, as written to the local OTLP JSON spool
+    points: dict[str, list] = {}
+    for path in run_dir.glob(f"{schema.METRICS_SPOOL_PREFIX}*.jsonl"):
+        for line in path.read_text().splitlines():
+            for rm in json.loads(line)["resourceMetrics"]:
+                for sm in rm["scopeMetrics"]:
+                    for m in sm["metrics"]:
+                        kind = next(k for k in ("gauge", "sum") if k in m)
+                        points.setdefault(m["name"], []).extend(m[kind]["dataPoints"])
+    for name in ("ml.loss", "ml.learning_rate", "ml.step_time", "ml.throughput",
+                 "ml.gradient_norm", "ml.step", "system.cpu.utilization"):
+        assert points.get(name), (name, sorted(points))
+    assert max(float(p["asInt"]) if "asInt" in p else p["asDouble"]
+               for p in points["ml.step"]) >= 50
+    assert all(0 <= p["asDouble"] < 20 for p in points["ml.loss"])
     names = {s["name"] for s in spans(run_dir)}
     assert {schema.STEP, schema.CUSTOM_BADPUT, schema.RUN_CONFIG} <= names
 

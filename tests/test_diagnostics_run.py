@@ -537,7 +537,8 @@ def test_end_is_bounded_with_a_stuck_exporter(tmp_path):
     metrics.record("loss", 1.0)
     t0 = time.monotonic()
     r.end(timeout_s=0.5)
-    assert time.monotonic() - t0 < 3 and stuck.calls >= 1
+    # bounded: it did not wait for the 30 s export (a wide margin on a shared machine)
+    assert time.monotonic() - t0 < 15 and stuck.calls >= 1
     assert api._RECORDER is None
 
 
