@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from goodput import schema
 
 from .reader import read_run_dir
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
+from .stragglers import straggler_report
 from .timeline import (
     C_AUX,
     C_END,
@@ -267,11 +268,12 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
     attempts = build_attempts(job, now_ns)
     acc = _Acc(job, attempts, keep_segments)
     resume = [resume_step(a.primary.data) for a in attempts]
-    rows, recovery_ns = [], 0
+    rows, recovery_ns, bounds = [], 0, []
     for i, a in enumerate(attempts):
         later = [r for r in resume[i + 1 :] if r is not None]
         has_next = i + 1 < len(attempts)
-        kept, wasted = acc.attempt(a, min(later) if later else None, has_next)
+        bounds.append(min(later) if later else None)
+        kept, wasted = acc.attempt(a, bounds[-1], has_next)
         if has_next:
             recovery_ns += attempts[i + 1].start_ns - a.end_ns
         errors = sum(int(((p.data[:, C_FLAGS] & F_ERROR) != 0).sum()) for p in a.processes)
@@ -283,7 +285,11 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
             resume_step=resume[i], steps_kept=kept, steps_wasted=wasted, error_spans=errors,
             recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
         ))
-    return _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s), attempts, acc
+    result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
+    # --- stragglers (goodput_processor.stragglers): per-host step times, not in the buckets
+    result = replace(result, stragglers=straggler_report(attempts, bounds))
+    # --- end stragglers
+    return result, attempts, acc
 
 
 def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s):

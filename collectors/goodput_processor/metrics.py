@@ -54,6 +54,10 @@ ATTR_JOB = schema.RES_JOB_NAME
 ATTR_BUCKET = "goodput.badput.bucket"
 ATTR_WINDOW = "goodput.window"
 ATTR_STATISTIC = "goodput.statistic"
+#: Attributes of ``goodput.straggler.step_time_ratio``: host, process index, rank (1 = slowest).
+ATTR_HOST = schema.RES_HOST_NAME
+ATTR_PROCESS = schema.RES_PROCESS_INDEX
+ATTR_RANK = "goodput.straggler.rank"
 #: Rolling windows (seconds) used when none are given.
 DEFAULT_WINDOWS_S = (60, 300, 900)
 #: Statistics of the step-time deviation (percentiles over kept steps, and the maximum).
@@ -77,6 +81,10 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     "goodput.window.goodput": ("1", "Goodput over the last W seconds of the job"),
     "goodput.window.productive_time": ("s", "Productive time in the last W seconds"),
     "goodput.window.badput_time": ("s", "Badput time per bucket in the last W seconds"),
+    # --- stragglers (goodput_processor.stragglers)
+    "goodput.straggler.step_time_ratio": ("1", "Median step time of one of the slowest hosts "
+                                          "/ median over hosts (top 5, by host)"),
+    # --- end stragglers
 }
 
 
@@ -193,6 +201,7 @@ class GoodputMetrics:
             "goodput.window.goodput": self._obs_w_goodput,
             "goodput.window.productive_time": self._obs_w_productive,
             "goodput.window.badput_time": self._obs_w_badput,
+            "goodput.straggler.step_time_ratio": self._obs_straggler,  # --- stragglers
         }
         first = True
         for name, fn in observers.items():
@@ -294,6 +303,17 @@ class GoodputMetrics:
     @staticmethod
     def _obs_anomalous(s, a):
         return [Observation(s.result.step_time.anomalous_steps, a)]
+
+    # --- stragglers: absent with fewer than two host processes
+    @staticmethod
+    def _obs_straggler(s, a):
+        st = getattr(s.result, "stragglers", None)
+        if st is None:
+            return []
+        return [Observation(h.ratio, {**a, ATTR_HOST: h.host or "", ATTR_PROCESS: h.process,
+                                      ATTR_RANK: rank})
+                for rank, h in enumerate(st.slowest, 1)]
+    # --- end stragglers
 
     @staticmethod
     def _obs_w_goodput(s, a):

@@ -57,7 +57,15 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
           "mfu": float | null,                   # model FLOPs utilisation in productive
                                                  # time, 0..1 (needs ml.flops_per_step,
                                                  # ml.device.peak_flops, ml.device.count)
-          "useful_compute": float | null         # goodput x mfu
+          "useful_compute": float | null,        # goodput x mfu
+          "stragglers": null | {                 # per-host step times (stragglers.py);
+                                                 # null with fewer than 2 host processes
+            "hosts": int,                        # host processes with kept steps
+            "median_step_time_s": float,         # median over hosts of their median
+            "max_ratio": float,                  # slowest host's median / that
+            "slowest": [{"host": str | null, "process": int, "steps": int,
+                         "median_step_time_s": float, "ratio": float,
+                         "median_start_lag_s": float | null}]}  # up to 5, slowest first
         }
       ]
     }
@@ -77,6 +85,8 @@ from goodput import schema
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from .stragglers import StragglerReport
 
 __all__ = ["REPORT_SCHEMA", "AttemptResult", "JobResult", "StepArrays", "StepTimeSummary",
            "format_duration", "job_to_dict", "render_table", "to_json", "to_json_dict"]
@@ -185,6 +195,8 @@ class JobResult:
     run: dict = field(default_factory=dict)
     mfu: float | None = None
     useful_compute: float | None = None
+    #: Per-host step times against the median host (:mod:`.stragglers`); None with < 2 hosts.
+    stragglers: StragglerReport | None = None
 
 
 def format_duration(seconds: float | None) -> str:
@@ -269,7 +281,36 @@ def job_to_dict(r: JobResult) -> dict:
         "run": {k: v for k, v in r.run.items()},
         "mfu": r.mfu,
         "useful_compute": r.useful_compute,
+        "stragglers": _stragglers_dict(r.stragglers),  # --- stragglers
     }
+
+
+# --- stragglers (goodput_processor.stragglers) ------------------------------------------
+def _stragglers_dict(s) -> dict | None:
+    if s is None:
+        return None
+    return {
+        "hosts": s.hosts,
+        "median_step_time_s": s.median_step_time_s,
+        "max_ratio": s.max_ratio,
+        "slowest": [{"host": h.host, "process": h.process, "steps": h.steps,
+                     "median_step_time_s": h.median_step_time_s, "ratio": h.ratio,
+                     "median_start_lag_s": h.median_start_lag_s} for h in s.slowest],
+    }
+
+
+def _render_stragglers(s, console) -> None:
+    if s is None:
+        return
+    console.print(f"stragglers: {s.hosts} hosts, median step time "
+                  f"{format_duration(s.median_step_time_s)}; slowest:", markup=False)
+    for h in s.slowest:
+        lag = ("" if h.median_start_lag_s is None
+               else f", starts {format_duration(h.median_start_lag_s)} after the median")
+        console.print(f"  {h.host or '-'} (process {h.process}): {h.ratio:.2f}x, "
+                      f"{format_duration(h.median_step_time_s)} over {h.steps} steps{lag}",
+                      markup=False, highlight=False)
+# --- end stragglers
 
 
 def to_json_dict(results: Iterable[JobResult]) -> dict:
@@ -344,6 +385,7 @@ def render_job(r: JobResult, console: Console) -> None:
             f"{format_duration(r.noise_tolerance_s)})",
             markup=False,
         )
+    _render_stragglers(r.stragglers, console)  # --- stragglers
 
     attempts = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     for col in ("attempt", "start", "duration", "end", "procs", "hosts", "resume",
