@@ -83,7 +83,8 @@ def resume_step(d: np.ndarray) -> int | None:
     for kind in (K_CHECKPOINT_RESTORE, K_STEP):
         rows = np.flatnonzero((kinds == kind) & (ival != NONE))
         if len(rows):
-            r = rows[np.argmin(start[rows])]
+            rows = rows[start[rows] == start[rows].min()]  # ties: the lowest step
+            r = rows[np.argmin(ival[rows])]
             if kind == K_CHECKPOINT_RESTORE:
                 return int(ival[r])
             return int(ival[r]) - int(_step_counts(d[r : r + 1, C_AUX])[0])
@@ -187,6 +188,10 @@ class _Acc:
                 lv[cidx[sids == sx]] = level[schema.custom_bucket(_type_name(job, sx))]
         is_step = pk == K_STEP
         order = np.argsort(ps[is_step], kind="stable")
+        if len(order) > 1 and not np.diff(ps[is_step][order]).all():
+            # steps starting together: order them by end, number and count, not by arrival
+            order = np.lexsort((d[:, C_AUX][use][is_step], d[:, C_IVAL][use][is_step],
+                                pe[is_step], ps[is_step]))
         ss, se = ps[is_step][order], pe[is_step][order]
         snum = d[:, C_IVAL][use][is_step][order]
         scount = _step_counts(d[:, C_AUX][use][is_step][order])
@@ -400,7 +405,8 @@ def _mfu(run: dict, steps: int, productive_ns: int) -> float | None:
                for v in vals) or productive_ns <= 0 or steps <= 0:
         return None
     flops, peak, devices = (float(v) for v in vals)
-    return flops * steps / (productive_ns / _NS * peak * devices)
+    mfu = flops * steps / (productive_ns / _NS * peak * devices)
+    return mfu if math.isfinite(mfu) else None
 
 
 @dataclass(frozen=True)

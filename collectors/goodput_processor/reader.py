@@ -16,7 +16,9 @@ Nothing is dropped silently: every skipped line or span is counted by reason in
 - ``torn``: last line of a file with no trailing newline that is not valid JSON (a crash
   mid-write); counted in lines.
 - ``malformed``: a later line that is not valid JSON or not an OTLP request; in lines.
-- ``invalid_span``: a span without valid name/times/ids, or ending before it starts.
+- ``invalid_span``: a span without valid name/times/ids (times are integers in
+  [0, 2**63), ``spanId`` 16 and ``traceId`` 32 hex digits, as the protobuf path requires),
+  or ending before it starts.
 - ``duplicate``: a span whose (traceId, spanId) was already read for the same process.
 - ``unknown``: a span of another instrumentation scope or with a name not in the schema
   (the structure spans of :data:`goodput.schema.STRUCTURE` are read past, not counted).
@@ -27,6 +29,7 @@ Nothing is dropped silently: every skipped line or span is counted by reason in
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -117,7 +120,10 @@ class _Reader:
         # Examples per job name (None: not tied to a job) as (path, line, why).
         self._examples: dict[str | None, list[tuple]] = {}
         self.examples: list[str] = []  # not tied to a job; filled by finish()
-        # Line skips before any job of the range was seen: (reason, where, why).
+        # Line skips before any job of the range was seen: counts by reason, and the
+        # first _MAX_EXAMPLES as (reason, where, why) (bounded: a file of garbage lines
+        # after a first line naming no job must not grow a list per line).
+        self._orphan_n: Counter = Counter()
         self._orphans: list[tuple] = []
         self.nlines, self.last_job = 0, None
 
@@ -193,7 +199,9 @@ class _Reader:
     def _skip_line(self, job: JobSpans | None, reason: str, where, why: str) -> None:
         """Skip a line; before the first job of the range is known, keep it for later."""
         if job is None:
-            self._orphans.append((reason, where, why))
+            self._orphan_n[reason] += 1
+            if len(self._orphans) < _MAX_EXAMPLES:
+                self._orphans.append((reason, where, why))
         else:
             self._skip(job, reason, where, why)
 
@@ -225,8 +233,9 @@ class _Reader:
         proc.host = proc.host if host is None else str(host)
         proc.process_count = count if isinstance(count, int) else proc.process_count
         for key in tl.RUN_ATTRIBUTES:
-            if key in attrs:
-                proc.run[key] = attrs[key]
+            v = attrs.get(key)
+            if v is not None and not (isinstance(v, float) and not math.isfinite(v)):
+                proc.run[key] = v  # NaN/infinity dropped: the JSON report cannot hold them
         version = attrs.get(schema.RES_SCHEMA_VERSION)
         proc.schema_version = version = None if version is None else str(version)
         ok = version is None or version.split(".")[0] == _SUPPORTED_MAJOR
@@ -269,10 +278,12 @@ class _Reader:
                     continue
                 start = int(sp["startTimeUnixNano"])
                 end = int(sp["endTimeUnixNano"])
-                sid = int(sp["spanId"], 16)
-                tid = sp["traceId"]
-                if end < start:
-                    raise ValueError("end before start")
+                hsid, tid = sp["spanId"], sp["traceId"]
+                sid = int(hsid, 16)
+                if not 0 <= start <= end:
+                    raise ValueError("end before start" if start >= 0 else "negative time")
+                if len(hsid) != 16 or len(tid) != 32:
+                    raise ValueError("spanId must be 16 hex digits and traceId 32")
                 if tid != last_tid:
                     tidx = trace_ids.get(tid)
                     if tidx is None:
@@ -348,8 +359,16 @@ class _Reader:
                     proc._buf.extend(op._buf)  # memcpy; grows in place (mremap)
         self.skipped.update(other.skipped)
         job = self.jobs.get(last_job) if last_job else None
-        for reason, (path, line), why in other._orphans:  # they came first in the range
-            self._skip_line(job, reason, (path, line + line_base), why)
+        # other's orphans came first in its range: they belong to the job before it
+        (job.skipped if job else self._orphan_n).update(other._orphan_n)
+        for reason, (path, line), why in other._orphans:
+            where = (path, line + line_base)
+            if job is not None:
+                examples = self._examples.setdefault(job.name, [])
+                if len(examples) < _MAX_EXAMPLES:
+                    examples.append((*where, why))
+            elif len(self._orphans) < _MAX_EXAMPLES:
+                self._orphans.append((reason, where, why))
         for key, examples in other._examples.items():
             mine = self._examples.setdefault(key, [])
             for path, line, why in examples[: _MAX_EXAMPLES - len(mine)]:
@@ -357,8 +376,10 @@ class _Reader:
 
     def finish(self) -> int:
         """Build each process's array, drop duplicate spans; returns the number of spans."""
-        for reason, where, why in self._orphans:
-            self._skip(None, reason, where, why)
+        self.skipped.update(self._orphan_n)
+        examples = self._examples.setdefault(None, [])
+        for _reason, where, why in self._orphans[: _MAX_EXAMPLES - len(examples)]:
+            examples.append((*where, why))
         total = 0
         for job in self.jobs.values():
             for proc in job.processes.values():

@@ -6,6 +6,12 @@ Both feed a :class:`~goodput_processor.serve.store.LiveStore`. Limits and securi
   ``RESOURCE_EXHAUSTED`` and by HTTP with ``413`` (also when a gzip body inflates past it).
 - Bearer token (optional): without ``Authorization: Bearer <token>`` a request gets
   ``UNAUTHENTICATED`` (gRPC) or ``401`` (HTTP, with ``WWW-Authenticate: Bearer``).
+- Every refused request is counted in the store's ``stats`` (``refused_unauthenticated``,
+  ``refused_too_large``, ``refused_malformed``, ``refused_unsupported``,
+  ``refused_unavailable``); a wrong or missing token is also logged (a warning, for the
+  first 10 and then every 1000th, with the client's address).
+- A body that is not an ``ExportTraceServiceRequest`` gets ``INVALID_ARGUMENT`` (gRPC) or
+  ``400`` (HTTP), with a message that says why.
 - TLS (optional): PEM certificate chain and key files.
 
 HTTP accepts ``application/x-protobuf`` and ``application/json`` (OTLP/JSON: hex ids)
@@ -22,6 +28,7 @@ import json
 import logging
 import socket
 import ssl
+import sys
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import grpc
 from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from .store import LiveStore
 
@@ -45,6 +52,14 @@ def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _refused(store: LiveStore, reason: str, peer=None) -> None:
+    """Count a refused request; log a wrong/missing token (first 10, then every 1000th)."""
+    n = store.count("refused_" + reason)
+    if reason == "unauthenticated" and (n <= 10 or n % 1000 == 0):
+        _log.warning("goodput serve: refused request without the right bearer token from %s "
+                     "(%d so far)", peer, n)
+
+
 def _token_ok(header: str | None, token: str | None) -> bool:
     if token is None:
         return True
@@ -52,21 +67,41 @@ def _token_ok(header: str | None, token: str | None) -> bool:
     return header is not None and hmac.compare_digest(header.strip().encode(), expected)
 
 
-class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+class _TraceService:
+    """``TraceService/Export`` on raw bytes, so that a body that does not parse gets
+    ``INVALID_ARGUMENT`` with the reason (gRPC's own deserializer answers ``INTERNAL``)."""
+
     def __init__(self, store: LiveStore, token: str | None, gate):
         self.store, self.token, self.gate = store, token, gate
 
-    def Export(self, request, context):  # noqa: N802 - the gRPC method name
+    def Export(self, request: bytes, context):  # noqa: N802 - the gRPC method name
         if not _token_ok(dict(context.invocation_metadata()).get("authorization"), self.token):
+            _refused(self.store, "unauthenticated", context.peer())
             context.abort(grpc.StatusCode.UNAUTHENTICATED,
                           "goodput serve: missing or wrong bearer token (Authorization header)")
         if not self.gate.enter():
+            _refused(self.store, "unavailable")
             context.abort(grpc.StatusCode.UNAVAILABLE, "goodput serve is shutting down")
         try:
-            self.store.ingest_request(request, "otlp-grpc")
+            req = trace_service_pb2.ExportTraceServiceRequest()
+            try:
+                req.ParseFromString(request)
+            except DecodeError as e:
+                _refused(self.store, "malformed")
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"goodput serve: request of "
+                              f"{len(request)} bytes is not a protobuf ExportTraceServiceRequest "
+                              f"({e})")
+            self.store.ingest_request(req, "otlp-grpc")
         finally:
             self.gate.leave()
         return trace_service_pb2.ExportTraceServiceResponse()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        export = grpc.unary_unary_rpc_method_handler(
+            self.Export, request_deserializer=None,
+            response_serializer=trace_service_pb2.ExportTraceServiceResponse.SerializeToString)
+        return grpc.method_handlers_generic_handler(
+            "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": export})
 
 
 class Gate:
@@ -113,8 +148,7 @@ class GrpcReceiver:
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", 1 << 20), ("grpc.so_reuseport", 0)]
         self.server = grpc.server(ThreadPoolExecutor(workers, "goodput-serve-grpc"), options=opts)
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-            _TraceService(store, token, self.gate), self.server)
+        self.server.add_generic_rpc_handlers((_TraceService(store, token, self.gate).handler(),))
         addr = _hostport(host, port)
         if tls:
             with open(tls[0], "rb") as c, open(tls[1], "rb") as k:
@@ -156,6 +190,9 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "goodput-serve"
     protocol_version = "HTTP/1.1"
     timeout = 30  # seconds a client may stall a connection
+    # Headers and body go out in two writes: with Nagle's algorithm on, a keep-alive
+    # client's delayed ACK held every response with a body (JSON, errors) for ~40 ms.
+    disable_nagle_algorithm = True
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's signature
         _log.debug("goodput serve http: " + format, *args)
@@ -180,8 +217,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _authorized(self, kind: str) -> bool:
         if _token_ok(self.headers.get("Authorization"), self.server.app.token):
             return True
+        _refused(self.server.app.store, "unauthenticated", self.client_address[0])
         self._error(401, 16, kind, "missing or wrong bearer token (Authorization header)", True)
         return False
+
+    def _refuse(self, reason: str, status: int, grpc_code: int, kind: str, message: str,
+                close=False) -> None:
+        _refused(self.server.app.store, reason)
+        self._error(status, grpc_code, kind, message, close)
 
     def do_GET(self):  # noqa: N802
         url = urlsplit(self.path)
@@ -217,57 +260,91 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized(kind or "text"):
             return
         if kind is None:
-            return self._error(415, 3, "text", f"unsupported Content-Type {ctype!r}: expected "
-                               "application/x-protobuf or application/json", close=True)
+            return self._refuse("unsupported", 415, 3, "text", f"unsupported Content-Type "
+                                f"{ctype!r}: expected application/x-protobuf or application/json",
+                                close=True)
         try:
             length = int(self.headers.get("Content-Length", ""))
+            if length < 0:
+                raise ValueError(length)
         except ValueError:
-            return self._error(411, 3, kind, "a Content-Length header is required", close=True)
+            return self._refuse("unsupported", 411, 3, kind, "a Content-Length header "
+                                "(a number >= 0) is required", close=True)
         limit = app.max_message_bytes
         if length > limit:
-            return self._error(413, 8, kind, f"request of {length} bytes is over the limit of "
-                               f"{limit} bytes (--max-message-bytes)", close=True)
+            return self._refuse("too_large", 413, 8, kind, f"request of {length} bytes is over "
+                                f"the limit of {limit} bytes (--max-message-bytes)", close=True)
         body = self.rfile.read(length)
+        if len(body) < length:
+            return self._refuse("malformed", 400, 3, kind, f"body ended after {len(body)} of "
+                                f"{length} bytes (Content-Length)", close=True)
         enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if enc == "gzip":
-            try:
-                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                body = d.decompress(body, limit + 1)
-            except zlib.error as e:
-                return self._error(400, 3, kind, f"bad gzip body ({e})")
-            if len(body) > limit or d.unconsumed_tail:
-                return self._error(413, 8, kind, f"request inflates to more than the limit of "
-                                   f"{limit} bytes (--max-message-bytes)")
+            body, why = _gunzip(body, limit)
+            if why:
+                reason, status, code, msg = why
+                return self._refuse(reason, status, code, kind, f"gzip body {msg}")
         elif enc != "identity":
-            return self._error(415, 3, kind, f"unsupported Content-Encoding {enc!r} (gzip or "
-                               "none)")
+            return self._refuse("unsupported", 415, 3, kind, f"unsupported Content-Encoding "
+                                f"{enc!r} (gzip or none)")
         if not app.gate.enter():
-            return self._error(503, 14, kind, "shutting down", close=True)
+            return self._refuse("unavailable", 503, 14, kind, "shutting down", close=True)
         try:
             if kind == "protobuf":
                 req = trace_service_pb2.ExportTraceServiceRequest()
                 try:
                     req.ParseFromString(body)
                 except DecodeError as e:
-                    return self._error(400, 3, kind, f"body is not a protobuf "
-                                       f"ExportTraceServiceRequest ({e})")
+                    return self._refuse("malformed", 400, 3, kind, f"body of {len(body)} bytes "
+                                        f"is not a protobuf ExportTraceServiceRequest ({e})")
                 app.store.ingest_request(req, "otlp-http")
                 out = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 return self._reply(200, out, "application/x-protobuf")
             try:
                 app.store.ingest_json(json.loads(body), ("otlp-http", self.client_address[0]))
             except (ValueError, RecursionError) as e:
-                return self._error(400, 3, kind, f"body is not an OTLP JSON "
-                                   f"ExportTraceServiceRequest ({e})")
+                return self._refuse("malformed", 400, 3, kind, f"body of {len(body)} bytes is "
+                                    f"not an OTLP JSON ExportTraceServiceRequest ({e})")
             return self._reply(200, b"{}", "application/json")
         finally:
             app.gate.leave()
+
+
+def _gunzip(body: bytes, limit: int) -> tuple[bytes, tuple | None]:
+    """Inflate a gzip body (one or more members) to at most ``limit`` bytes.
+
+    Returns ``(data, None)``, or ``(b"", (reason, http status, grpc code, why))``.
+    """
+    out, size = [], 0
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            part = d.decompress(body, limit + 1 - size)
+        except zlib.error as e:
+            return b"", ("malformed", 400, 3, f"not valid gzip ({e})")
+        size += len(part)
+        out.append(part)
+        if size > limit or d.unconsumed_tail:
+            return b"", ("too_large", 413, 8, f"inflates to more than the limit of {limit} "
+                         "bytes (--max-message-bytes)")
+        if not d.eof:
+            return b"", ("malformed", 400, 3, "truncated (the gzip stream does not end)")
+        body = d.unused_data
+        if not body:
+            return b"".join(out), None
 
 
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     app: HttpReceiver
+
+    def handle_error(self, request, client_address):
+        """A client that went away is not an error of ours; anything else is logged."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            _log.debug("goodput serve http: %s went away", client_address)
+        else:
+            _log.exception("goodput serve http: request from %s failed", client_address)
 
 
 class _HttpServer6(_HttpServer):

@@ -56,7 +56,8 @@ class LiveStore:
         self._reader = rd._Reader()
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, JobResult]] = {}  # job -> (monotonic s, result)
-        #: Counters: ``requests``, ``spans`` (of any scope), ``lines`` (spool lines).
+        #: Counters: ``requests``, ``spans`` (of any scope), ``lines`` (spool lines), and
+        #: ``refused_<reason>`` for requests the receivers refused (see :meth:`count`).
         self.stats: Counter = Counter()
 
     # --- taking spans in -------------------------------------------------------
@@ -100,6 +101,17 @@ class LiveStore:
                 self._reader._skip(None, "malformed", where, f"not an OTLP JSON line ({e})")
         with self._lock:
             self.stats["lines"] += 1
+
+    def count(self, key: str, n: int = 1) -> int:
+        """Add ``n`` to counter ``key`` of :attr:`stats` (thread-safe); returns the new value.
+
+        The receivers count refused requests as ``refused_unauthenticated``,
+        ``refused_too_large``, ``refused_malformed``, ``refused_unsupported`` and
+        ``refused_unavailable``.
+        """
+        with self._lock:
+            self.stats[key] += n
+            return self.stats[key]
 
     # --- reading results --------------------------------------------------------
 
