@@ -34,6 +34,9 @@ GCP_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 #: Attribute name an exporter object may carry (a dict) to extend the resource.
 RESOURCE_ATTRIBUTES_ATTR = "goodput_resource_attributes"
 
+#: Attribute :func:`from_config` sets on each exporter it makes: the name it was made from.
+EXPORTER_NAME_ATTR = "goodput_exporter_name"
+
 _EXTRA = {"otlp": "otlp", "otlp_proto_grpc": "otlp", "otlp_proto_http": "otlp",
           "gcp_trace": "gcp", "gcp_otlp": "gcp"}
 
@@ -131,12 +134,25 @@ def from_config(explicit=None) -> list:
     exporters = []
     for name in names:
         try:
-            exporters.append(make(name, source))
+            exporter = make(name, source)
         except ValueError as exc:
             if explicit is not None:
                 raise
             _log.warning("goodput: %s", exc)
+            continue
+        try:
+            setattr(exporter, EXPORTER_NAME_ATTR, name)
+        except (AttributeError, TypeError):  # an exporter with __slots__: keyed by its class
+            pass
+        exporters.append(exporter)
     return exporters
+
+
+def exporter_key(exporter) -> str:
+    """How an exporter is named in messages and in the spool's ``.offset`` sidecar files:
+    the name it was made from (``otlp``, ...), else its class name."""
+    name = getattr(exporter, EXPORTER_NAME_ATTR, None)
+    return name if isinstance(name, str) and name else type(exporter).__name__
 
 
 def resource_attributes(exporters) -> dict:

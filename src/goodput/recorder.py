@@ -26,10 +26,9 @@ import time
 from collections import deque
 
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-from goodput import config, export, schema
+from goodput import config, export, forward, schema
 from goodput.spool import SpoolSpanExporter
 from goodput.traces import AttemptIds, TraceWindows
 
@@ -47,8 +46,9 @@ _VERSION = "0.1.0"
 class _SpoolProcessor(SpanProcessor):
     """Collects ended spans; :meth:`force_flush` writes them in lines of up to 512."""
 
-    def __init__(self, exporter: SpoolSpanExporter):
+    def __init__(self, exporter: SpoolSpanExporter, on_failure=None):
         self.exporter = exporter
+        self.on_failure = on_failure  # gets the spans a write failed for
         self._pending: list = []
 
     def on_end(self, span) -> None:
@@ -58,31 +58,16 @@ class _SpoolProcessor(SpanProcessor):
         pending, self._pending = self._pending, []
         ok = True
         for i in range(0, len(pending), _EXPORT_BATCH):
-            ok = self.exporter.export(pending[i : i + _EXPORT_BATCH]).value == 0 and ok
+            batch = pending[i : i + _EXPORT_BATCH]
+            if self.exporter.export(batch).value != 0:
+                ok = False
+                if self.on_failure is not None:
+                    self.on_failure(batch)
         return ok
 
     def shutdown(self) -> None:
         self.force_flush()
         self.exporter.shutdown()
-
-
-class _Shared(SpanProcessor):
-    """Forwards to a processor that outlives one attempt's provider."""
-
-    def __init__(self, inner: SpanProcessor):
-        self.inner = inner
-
-    def on_start(self, span, parent_context=None) -> None:
-        self.inner.on_start(span, parent_context=parent_context)
-
-    def on_end(self, span) -> None:
-        self.inner.on_end(span)
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-    def shutdown(self) -> None:  # the recorder shuts the inner processor down itself
-        self.inner.force_flush(2000)
 
 
 class Recorder:
@@ -97,8 +82,9 @@ class Recorder:
         process_index, process_count: rank and size of the job's host processes.
         flush_interval_s: how often spans are written (seconds, > 0); a process
             killed with SIGKILL loses at most this much.
-        exporters: extra ``SpanExporter`` objects (each behind a
-            ``BatchSpanProcessor``), in addition to those named by ``traces_exporter``.
+        exporters: extra ``SpanExporter`` objects, in addition to those named by
+            ``traces_exporter``; each is fed from the spool by a
+            :class:`goodput.forward.Forwarder` (retried through outages).
         traces_exporter: exporter names (see :mod:`goodput.export`); default
             ``GOODPUT_TRACES_EXPORTER``, else ``OTEL_TRACES_EXPORTER``.
         trace_window_s, trace_window_spans: a window (one trace) closes after this
@@ -139,7 +125,8 @@ class Recorder:
         extra = list(exporters or []) + export.from_config(traces_exporter)
         self._resource_extra = {**dict(resource_attributes or {}),
                                 **export.resource_attributes(extra)}
-        self._shared = [BatchSpanProcessor(e) for e in extra]
+        self._forward = forward.Forwarding(extra, self.run_dir, self.process_index,
+                                           poll_s=self.flush_interval_s)
         self._handle_signals = handle_signals
 
         self._q: deque = deque()
@@ -194,18 +181,21 @@ class Recorder:
         """Begin a new attempt (ending the open one, reason ``restart``); written at once."""
         self.start()
         self._q.append((_START, time.time_ns() if at_ns is None else at_ns, 0, None, None))
-        self.flush()
+        self.flush(exporters=False)
 
     def job_end(self, at_ns: int | None = None, reason: str = "explicit") -> None:
         """End the open attempt at ``at_ns`` (default: now) and write everything."""
         self._q.append((_END, time.time_ns() if at_ns is None else at_ns, 0, reason, None))
-        self.flush()
+        self.flush(exporters=False)
 
-    def flush(self, timeout_s: float = 5.0) -> bool:
+    def flush(self, timeout_s: float = 5.0, exporters: bool = True) -> bool:
         """Drain and write everything recorded so far, on the calling thread.
 
-        Returns False if the export lock could not be taken within ``timeout_s``.
+        With ``exporters``, also wait (within ``timeout_s`` in all) until the other
+        exporters have sent it. Returns False if the export lock could not be taken, or
+        the exporters did not finish, within ``timeout_s``.
         """
+        deadline = time.monotonic() + timeout_s
         if not self._lock.acquire(timeout=timeout_s):
             self.error("flush timed out after %.1f s", timeout_s)
             return False
@@ -213,9 +203,9 @@ class Recorder:
             if self._draining:  # re-entered from a signal handler mid-drain
                 return False
             self._drain_and_write()
-            return True
         finally:
             self._lock.release()
+        return not exporters or self._forward.wait(deadline - time.monotonic())
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """End the open attempt (reason ``exit``), write everything, stop the thread.
@@ -230,14 +220,13 @@ class Recorder:
             self._q.append((_END, time.time_ns(), 0, reason, None))
         self._stop.set()
         self._wake.set()
-        self.flush(timeout_s)
+        self.flush(timeout_s, exporters=False)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
-        for proc in self._shared:
-            try:
-                proc.shutdown()
-            except Exception as exc:
-                self.error("exporter shutdown failed: %s", exc)
+        try:
+            self._forward.shutdown(timeout_s)
+        except Exception as exc:
+            self.error("exporter shutdown failed: %s", exc)
         self._restore_hooks()
 
     def _restore_hooks(self) -> None:
@@ -252,8 +241,11 @@ class Recorder:
 
     def stats(self) -> dict:
         """Counters: ``recorded`` phases, ``spans`` exported, ``errors``, ``dropped``,
-        ``export_failures``; plus ``attempt`` and ``spool_path``."""
+        ``export_failures``; plus ``attempt``, ``spool_path`` and ``exporters`` (per
+        exporter: ``sent``, ``failures``, ``dropped``, ``bad_lines``, ``pending_bytes``)."""
         out = dict(self._counts)
+        out["dropped"] += self._forward.dropped
+        out["exporters"] = self._forward.stats()
         out["attempt"] = self.attempt
         out["spool_path"] = self._spool.path if self._spool else None
         return out
@@ -368,7 +360,7 @@ class Recorder:
     def _health(self) -> dict:
         return {
             schema.ATTR_RECORDER_ERRORS: self._counts["errors"],
-            schema.ATTR_RECORDER_DROPPED: self._counts["dropped"],
+            schema.ATTR_RECORDER_DROPPED: self._counts["dropped"] + self._forward.dropped,
         }
 
     @property
@@ -399,9 +391,10 @@ class Recorder:
             path = config.spool_path(self.run_dir, self.process_index, self.attempt)
             self._spool = SpoolSpanExporter(path)
             self._spool_failures_counted = 0
-            provider.add_span_processor(_SpoolProcessor(self._spool))
-        for proc in self._shared:
-            provider.add_span_processor(_Shared(proc))
+            provider.add_span_processor(_SpoolProcessor(self._spool, self._forward.spool_failed))
+            self._forward.attach(path)
+        elif (queue := self._forward.processor()) is not None:
+            provider.add_span_processor(queue)
         self._provider = provider
         self._tracer = provider.get_tracer(schema.SCOPE_NAME, _VERSION)
         self._windows = TraceWindows(self._tracer, ids, self._window_ns, self._window_spans)
@@ -420,6 +413,7 @@ class Recorder:
         provider, self._provider, self._tracer = self._provider, None, None
         self._windows = None
         provider.shutdown()  # syncs and closes the spool file
+        self._forward.detach()
         self._count_spool_failures()
         self._spool = None
         self.attempt = None
@@ -428,6 +422,7 @@ class Recorder:
         if self._provider is None:
             return
         self._provider.force_flush()
+        self._forward.notify()
         if self._spool is not None and self._sync_requested:
             self._spool.sync()
         self._count_spool_failures()

@@ -116,7 +116,9 @@ class SpoolSpanExporter(SpanExporter):
     export is written and flushed to the OS at once, so a process killed with
     SIGKILL loses nothing that was exported; :meth:`sync` also asks the OS to
     write it to disk (``fsync``). I/O errors never raise: the export returns
-    ``FAILURE``, :attr:`failures` counts it, and the first one is logged.
+    ``FAILURE``, :attr:`failures` counts it, and the first one is logged. A write
+    cut short (disk full) may leave part of a line; the next write starts on a new
+    line, so only that line is torn and the ones after it stay readable.
 
     Args:
         path: file to append to (str or os.PathLike).
@@ -129,11 +131,12 @@ class SpoolSpanExporter(SpanExporter):
         self._file = None
         self._lock = threading.Lock()
         self._closed = False
+        self._torn = False  # a write failed part-way: start the next one on a new line
 
     def _open(self):
         if self._file is None:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115
         return self._file
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -145,11 +148,15 @@ class SpoolSpanExporter(SpanExporter):
                 self.failures += 1
                 return SpanExportResult.FAILURE
             try:
-                line = json.dumps(encode_request(spans), separators=(",", ":"))
+                line = json.dumps(encode_request(spans), separators=(",", ":")) + "\n"
+                data = memoryview(("\n" + line if self._torn else line).encode("utf-8"))
                 f = self._open()
-                f.write(line + "\n")
-                f.flush()
+                while data:  # unbuffered: what write() did not take was not written
+                    data = data[f.write(data) :]
+                self._torn = False
             except (OSError, ValueError, TypeError) as exc:
+                if self._file is not None and isinstance(exc, OSError):
+                    self._torn = True
                 self.failures += 1
                 if self.failures == 1:
                     _log.warning("goodput: cannot write spool file %s: %s", self.path, exc)
