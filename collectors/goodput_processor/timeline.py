@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -184,6 +184,29 @@ def _max_attr(rows: np.ndarray, col: int) -> int:
     return int(vals.max()) if len(vals) else 0
 
 
+def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:
+    """``proc`` split at each start marker that comes after it had stepped or ended.
+
+    A process starts an attempt once, so a ``goodput.job_start`` later than one of its
+    steps or its ``goodput.job_end`` belongs to another run that reused the job name,
+    attempt number and process index (two run directories read together, two runs
+    sending to one service). Each such run becomes an attempt of its own, ordered by
+    start, instead of one attempt holding both runs' steps. (Earlier extra start
+    markers, such as the scheduling time an imported log adds, do not split.)
+    """
+    d = proc.data
+    kinds = d[:, C_KIND]
+    starts = np.unique(d[kinds == K_JOB_START][:, C_START])
+    if len(starts) < 2:
+        return [proc]
+    done = d[(kinds == K_STEP) | (kinds == K_JOB_END)][:, C_END]
+    cuts = starts[starts >= done.min()] if len(done) else starts[:0]
+    if not len(cuts):
+        return [proc]
+    run = np.searchsorted(cuts, d[:, C_START], side="right")
+    return [replace(proc, data=d[run == i]) for i in range(len(cuts) + 1)]
+
+
 def build_attempts(job: JobSpans, now_ns: int | None = None) -> list[Attempt]:
     """Attempts of ``job`` ordered by start, with ends cut at the next attempt's start.
 
@@ -198,13 +221,14 @@ def build_attempts(job: JobSpans, now_ns: int | None = None) -> list[Attempt]:
     """
     if now_ns is None:
         now_ns = time.time_ns()
-    by_attempt: dict[int, list[ProcessSpans]] = {}
+    by_attempt: dict[tuple[int, int], list[ProcessSpans]] = {}
     for (attempt, _index), proc in sorted(job.processes.items()):
         if len(proc.data):
-            by_attempt.setdefault(attempt, []).append(proc)
+            for run, part in enumerate(_split_runs(proc)):
+                by_attempt.setdefault((attempt, run), []).append(part)
 
     raw = []
-    for attempt, procs in by_attempt.items():
+    for (attempt, _run), procs in by_attempt.items():
         starts, ends, firsts, intervals = [], [], [], []
         errors = dropped = 0
         end_reason = None

@@ -86,6 +86,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="goodput flush interval in seconds (a SIGKILL loses at most this much)",
     )
     p.add_argument(
+        "--raise-at-step",
+        type=int,
+        default=None,
+        help="fault injection: raise an unhandled RuntimeError inside step N (after its "
+        "computation, before the step span ends); a restart must leave the flag off, or it "
+        "fails again at N",
+    )
+    p.add_argument(
         "--marks",
         choices=("manual", "auto", "none"),
         default="manual",
@@ -354,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
             loss_value = loss.item()  # waits for the device
             if args.step_sleep > 0:
                 time.sleep(args.step_sleep)
+            if n == args.raise_at_step:
+                print(f"raising at step {n}", flush=True)
+                raise RuntimeError(f"injected failure at step {n} (--raise-at-step)")
         if n % args.log_every == 0 or n == args.steps:
             print(f"step {n} loss {loss_value:.4f}", flush=True)
         if n % args.ckpt_every == 0 or n == args.steps:
