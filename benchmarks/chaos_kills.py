@@ -35,7 +35,7 @@ Checks per trial (a failed check is listed in the table, and the exit status is 
   ``sigterm`` and ``exception``, every step it saw finish);
 - wasted progress and infrastructure recovery within the tolerance of the truth.
 
-Tolerance (derived in ``docs/reliability/kills.md``): a SIGKILLed attempt ends
+Tolerance (derived in ``docs/reliability.md``): a SIGKILLed attempt ends
 at its last flushed span or heartbeat, up to one flush interval before the
 kill, so wasted progress reads low and recovery high by up to
 ``flush_interval + slack``; attempts that write their end marker are off by the

@@ -5,7 +5,7 @@ four trials (each kind mid-training, and a SIGKILL during start-up), each a real
 process (``examples/pytorch_digits/
 train.py``) disrupted at a seeded random point, restarted from its last checkpoint and
 finished; then ``goodput report --format json`` is run as a real process and compared
-with what the driver saw. See ``docs/reliability/kills.md`` for the tolerance.
+with what the driver saw. See ``docs/reliability.md`` for the tolerance.
 
 Takes about 50 s (eight Python processes importing torch).
 """

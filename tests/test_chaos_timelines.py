@@ -1,4 +1,4 @@
-"""Chaos: messy timelines have defined results (docs/reliability/kills.md, "Timelines").
+"""Chaos: messy timelines have defined results (docs/reliability.md, "Timelines").
 
 Hosts whose clocks disagree by seconds, spans arriving out of order or twice, attempts
 with no end, a job name reused for a new run. Every case is written as real spool files
@@ -224,7 +224,7 @@ def test_reused_name_in_the_same_run_dir_is_the_next_attempt(tmp_path):
     same job (the recorder numbers attempts from the files there; the spans carry no run
     identity). Defined result: the first run's steps past the second run's resume step
     (0: it restored nothing) are wasted progress and the gap is recovery. Use a new job
-    name or run directory per run (docs/reliability/kills.md)."""
+    name or run directory per run (docs/reliability.md)."""
     first = clean_attempt()
     second = clean_attempt(attempt=1, t0=3600)
     r = report(tmp_path, first, second)
