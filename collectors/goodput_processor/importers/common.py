@@ -22,7 +22,8 @@ try:  # optional speed-up, never a dependency (as in goodput_processor.reader)
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 
-__all__ = ["InputError", "LogImportError", "OutputExistsError", "EntryReader", "Problems",
+__all__ = ["InputError", "LogImportError", "OutputExistsError", "EntryReader", "Payloads",
+           "Problems",
            "MAX_EXAMPLES", "as_int", "check_readable", "iso_to_ns", "unwrap", "where"]
 
 #: Examples of problems kept (the counts are complete).
@@ -286,6 +287,38 @@ _EPOCH_NAIVE = datetime(1970, 1, 1)
 _US = timedelta(microseconds=1)
 _ISO = re.compile(
     r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?\s*(Z|z|[+-]\d\d:?\d\d)?$")
+
+
+class Payloads:
+    """Every JSON object of every file in ``paths``, with its place, as the importers read it.
+
+    Iterating yields ``(file index, path, line, element, payload, LogEntry timestamp)``
+    (:func:`unwrap` gives the last two); a value that is not an object is reported to
+    ``problems`` and skipped. ``entries`` counts every JSON value read.
+
+    Raises:
+        InputError: a file holds no entry at all (``what`` names what was expected).
+    """
+
+    def __init__(self, paths, problems: Problems, progress=None, what: str = "log entries"):
+        self.paths, self.problems, self.progress, self.what = paths, problems, progress, what
+        self.entries = 0
+
+    def __iter__(self):
+        for fi, path in enumerate(self.paths):
+            reader = EntryReader(path, self.problems, self.progress)
+            for value, line, element in reader:
+                self.entries += 1
+                payload, logts = unwrap(value)
+                if payload is None:
+                    self.problems.add(where(path, line, element), "not an object",
+                                      f"expected a JSON object, got {type(value).__name__}"
+                                      if type(value) is not dict
+                                      else "jsonPayload is not an object")
+                    continue
+                yield fi, path, line, element, payload, logts
+            if not reader.nonempty:
+                raise InputError(f"{path} is empty: no {self.what} to import")
 
 
 def iso_to_ns(text: str, tz: tzinfo | None = None) -> int:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .common import EntryReader, InputError, Problems, as_int, iso_to_ns, unwrap, where
+from .common import InputError, Payloads, Problems, as_int, iso_to_ns, where
 from .writer import (
     K_ACCELERATOR_INIT,
     K_CHECKPOINT_RESTORE,
@@ -157,82 +157,71 @@ def _read(paths: list[str], problems: Problems, progress) -> tuple[_Rows, int]:
         rows.element.append)
     jobs, types = rows.jobs, rows.types
     time_keys = _TIME_KEYS
-    entries = 0
-    for fi, path in enumerate(paths):
-        reader = EntryReader(path, problems, progress)
-        for value, line, element in reader:
-            entries += 1
-            payload, logts = unwrap(value)
-            if payload is None:
-                problems.add(where(path, line, element), "not an object",
-                             f"expected a JSON object, got {type(value).__name__}"
-                             if type(value) is not dict else "jsonPayload is not an object")
+    source = Payloads(paths, problems, progress, "log entries")
+    for fi, path, line, element, payload, logts in source:
+        job = payload.get("job_name")
+        if job is None:
+            j = -1
+        elif type(job) is str:
+            j = jobs.get(job)
+            if j is None:
+                j = jobs[job] = len(jobs)
+        else:
+            problems.add(where(path, line, element), "wrong type",
+                         f"job_name must be a string, got {job!r:.40}")
+            continue
+        found = False
+        for key, v in payload.items():
+            kind = time_keys.get(key)
+            if kind is None:
                 continue
-            job = payload.get("job_name")
-            if job is None:
-                j = -1
-            elif type(job) is str:
-                j = jobs.get(job)
-                if j is None:
-                    j = jobs[job] = len(jobs)
-            else:
+            found = True
+            if not _number(v):
                 problems.add(where(path, line, element), "wrong type",
-                             f"job_name must be a string, got {job!r:.40}")
+                             f"{key} must be POSIX seconds (a finite number), got {v!r:.40}")
                 continue
-            found = False
-            for key, v in payload.items():
-                kind = time_keys.get(key)
-                if kind is None:
+            ival, sidx = NONE, -1
+            if kind == E_STEP:
+                step = as_int(payload.get("step_count"))
+                if step is None:
+                    why = "missing field" if "step_count" not in payload else "wrong type"
+                    problems.add(where(path, line, element), why, "step_count must be an "
+                                 f"integer, got {payload.get('step_count')!r:.40}")
                     continue
-                found = True
-                if not _number(v):
+                ival = step
+            elif kind == E_CB_S or kind == E_CB_E:
+                btype = payload.get("custom_badput_event_type", _UNKNOWN_TYPE)
+                if type(btype) is not str:
                     problems.add(where(path, line, element), "wrong type",
-                                 f"{key} must be POSIX seconds (a finite number), got {v!r:.40}")
+                                 f"custom_badput_event_type must be a string, got "
+                                 f"{btype!r:.40}")
                     continue
-                ival, sidx = NONE, -1
-                if kind == E_STEP:
-                    step = as_int(payload.get("step_count"))
-                    if step is None:
-                        why = "missing field" if "step_count" not in payload else "wrong type"
-                        problems.add(where(path, line, element), why, "step_count must be an "
-                                     f"integer, got {payload.get('step_count')!r:.40}")
-                        continue
-                    ival = step
-                elif kind == E_CB_S or kind == E_CB_E:
-                    btype = payload.get("custom_badput_event_type", _UNKNOWN_TYPE)
-                    if type(btype) is not str:
-                        problems.add(where(path, line, element), "wrong type",
-                                     f"custom_badput_event_type must be a string, got "
-                                     f"{btype!r:.40}")
-                        continue
-                    sidx = types.get(btype)
-                    if sidx is None:
-                        sidx = types[btype] = len(types)
-                kinds(kind)
-                ts_(v)
-                jobs_(j)
-                ival_(ival)
-                dur_(-1.0)
-                sidx_(sidx)
-                tss(logts)
-                file_(fi)
-                line_(line)
-                element_(element)
-            if not found:
-                op = payload.get("event_type")
-                if op in ORBAX_EVENTS:
-                    found = True
-                    r = _orbax(payload, ORBAX_EVENTS[op], problems, where(path, line, element))
-                    if r is not None:
-                        rows.append(ORBAX_EVENTS[op], r[0], j, r[2], r[1], -1, logts, fi, line,
-                                    element)
-            if not found:
-                keys = ", ".join(sorted(map(str, payload))[:6])
-                problems.add(where(path, line, element), "unknown payload",
-                             f"no ml-goodput-measurement key (keys: {keys or 'none'})")
-        if not reader.nonempty:
-            raise InputError(f"{path} is empty: no log entries to import")
-    return rows, entries
+                sidx = types.get(btype)
+                if sidx is None:
+                    sidx = types[btype] = len(types)
+            kinds(kind)
+            ts_(v)
+            jobs_(j)
+            ival_(ival)
+            dur_(-1.0)
+            sidx_(sidx)
+            tss(logts)
+            file_(fi)
+            line_(line)
+            element_(element)
+        if not found:
+            op = payload.get("event_type")
+            if op in ORBAX_EVENTS:
+                found = True
+                r = _orbax(payload, ORBAX_EVENTS[op], problems, where(path, line, element))
+                if r is not None:
+                    rows.append(ORBAX_EVENTS[op], r[0], j, r[2], r[1], -1, logts, fi, line,
+                                element)
+        if not found:
+            keys = ", ".join(sorted(map(str, payload))[:6])
+            problems.add(where(path, line, element), "unknown payload",
+                         f"no ml-goodput-measurement key (keys: {keys or 'none'})")
+    return rows, source.entries
 
 
 def _orbax(payload: dict, kind: int, problems: Problems, at: str):

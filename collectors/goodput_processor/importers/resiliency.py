@@ -39,7 +39,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 
 import numpy as np
 
-from .common import EntryReader, InputError, Problems, as_int, iso_to_ns, unwrap, where
+from .common import InputError, Payloads, Problems, as_int, iso_to_ns, where
 from .writer import (
     K_CHECKPOINT_RESTORE,
     K_CHECKPOINT_SAVE,
@@ -111,83 +111,72 @@ def _read(paths, tz: tzinfo | None, problems: Problems, progress) -> tuple[_Even
     ranks = _RANK
     fromiso, epoch, us = datetime.fromisoformat, _EPOCH_NAIVE, _US
     utc = tz is None or tz is timezone.utc
-    entries = 0
-    for fi, path in enumerate(paths):
-        reader = EntryReader(path, problems, progress)
-        for value, line, element in reader:
-            entries += 1
-            payload, logts = unwrap(value)
-            if payload is None:
-                problems.add(where(path, line, element), "not an object",
-                             f"expected a JSON object, got {type(value).__name__}"
-                             if type(value) is not dict else "jsonPayload is not an object")
-                continue
-            et = payload.get("event_type")
-            rank = ranks.get(et) if type(et) is str else None
-            if rank is None:
-                problems.add(where(path, line, element), "unknown event type",
-                             f"event_type {et!r:.40} is not one of {', '.join(EVENT_TYPES)}"
-                             if "event_type" in payload else "no event_type")
-                continue
-            ts = payload.get("timestamp", logts)
+    source = Payloads(paths, problems, progress, "events")
+    for fi, path, line, element, payload, logts in source:
+        et = payload.get("event_type")
+        rank = ranks.get(et) if type(et) is str else None
+        if rank is None:
+            problems.add(where(path, line, element), "unknown event type",
+                         f"event_type {et!r:.40} is not one of {', '.join(EVENT_TYPES)}"
+                         if "event_type" in payload else "no event_type")
+            continue
+        ts = payload.get("timestamp", logts)
+        try:
+            dt = fromiso(ts)  # the common case: a naive local time in UTC
+            if dt.tzinfo is None and utc:
+                t = (dt - epoch) // us * 1000
+            else:
+                t = iso_to_ns(ts, tz)
+        except (ValueError, TypeError, OverflowError, AttributeError):
             try:
-                dt = fromiso(ts)  # the common case: a naive local time in UTC
-                if dt.tzinfo is None and utc:
-                    t = (dt - epoch) // us * 1000
-                else:
-                    t = iso_to_ns(ts, tz)
+                t = iso_to_ns(ts, tz)
             except (ValueError, TypeError, OverflowError, AttributeError):
-                try:
-                    t = iso_to_ns(ts, tz)
-                except (ValueError, TypeError, OverflowError, AttributeError):
-                    t = None
-            if t is None or not _MIN_NS < t < _MAX_NS:
-                why = "missing field" if ts is None else "wrong type"
-                problems.add(where(path, line, element), why, "timestamp must be an ISO 8601 "
-                             f"date-time string (years 1678-2261), got {ts!r:.40}")
+                t = None
+        if t is None or not _MIN_NS < t < _MAX_NS:
+            why = "missing field" if ts is None else "wrong type"
+            problems.add(where(path, line, element), why, "timestamp must be an ISO 8601 "
+                         f"date-time string (years 1678-2261), got {ts!r:.40}")
+            continue
+        node = payload.get("node_rank")
+        if node is not None:
+            node = as_int(node)
+            if node is None or node < 0:
+                problems.add(where(path, line, element), "wrong type", "node_rank must "
+                             f"be an integer >= 0, got {payload.get('node_rank')!r:.40}")
                 continue
-            node = payload.get("node_rank")
-            if node is not None:
-                node = as_int(node)
-                if node is None or node < 0:
-                    problems.add(where(path, line, element), "wrong type", "node_rank must "
-                                 f"be an integer >= 0, got {payload.get('node_rank')!r:.40}")
-                    continue
-            else:
-                node = -1
-            step = payload.get("step")
-            if rank == CHECKPOINT_LOADED or rank == CHECKPOINT_SAVED:
-                s = as_int(step)
-                if s is None or s < 0:
-                    why = "missing field" if step is None else "wrong type"
-                    problems.add(where(path, line, element), why,
-                                 f"{et} needs a step (an integer >= 0), got {step!r:.40}")
-                    continue
-                step = s
-            else:
-                step = -1
-            name = payload.get("job_name")
-            if name is None:
-                j = -1
-            elif type(name) is str:
-                j = jobs.get(name)
-                if j is None:
-                    j = jobs[name] = len(jobs)
-            else:
-                problems.add(where(path, line, element), "wrong type",
-                             f"job_name must be a string, got {name!r:.40}")
+        else:
+            node = -1
+        step = payload.get("step")
+        if rank == CHECKPOINT_LOADED or rank == CHECKPOINT_SAVED:
+            s = as_int(step)
+            if s is None or s < 0:
+                why = "missing field" if step is None else "wrong type"
+                problems.add(where(path, line, element), why,
+                             f"{et} needs a step (an integer >= 0), got {step!r:.40}")
                 continue
-            t_(t)
-            rank_(rank)
-            node_(node)
-            step_(step)
-            job_(j)
-            file_(fi)
-            line_(line)
-            element_(element)
-        if not reader.nonempty:
-            raise InputError(f"{path} is empty: no events to import")
-    return ev, entries
+            step = s
+        else:
+            step = -1
+        name = payload.get("job_name")
+        if name is None:
+            j = -1
+        elif type(name) is str:
+            j = jobs.get(name)
+            if j is None:
+                j = jobs[name] = len(jobs)
+        else:
+            problems.add(where(path, line, element), "wrong type",
+                         f"job_name must be a string, got {name!r:.40}")
+            continue
+        t_(t)
+        rank_(rank)
+        node_(node)
+        step_(step)
+        job_(j)
+        file_(fi)
+        line_(line)
+        element_(element)
+    return ev, source.entries
 
 
 def convert(paths: list[str], *, tz: tzinfo | None = None, job: str | None = None,
