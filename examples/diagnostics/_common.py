@@ -1,9 +1,32 @@
-"""Shared by the two diagnostics examples: how to trigger on-demand capture, and the end."""
+"""Shared by the two diagnostics examples: options, how to trigger on-demand capture, the end."""
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
+
+
+def parse_args(argv, *, doc: str, framework: str, lr: float) -> argparse.Namespace:
+    """The examples' options; ``framework`` ("jax", "torch") names the default run."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--run-dir", default=f"runs/diag-{framework}", help="goodput run directory")
+    p.add_argument("--name", default=f"{framework}-digits-diag", help="run (and job) name")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--metrics-every", type=int, default=10, help="metrics.record every N steps")
+    p.add_argument("--profile-at", type=int, default=20, help="first profiled step (0: none)")
+    p.add_argument("--profile-steps", type=int, default=5, help="steps in the profile")
+    p.add_argument("--on-demand", action="store_true",
+                   help="enable on-demand capture (SIGUSR2, HTTP on GOODPUT_PROFILE_PORT/9012)")
+    p.add_argument("--step-sleep", type=float, default=0.005,
+                   help="extra seconds per step, so that the tiny steps are measurable")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.metrics_every < 1 or args.profile_steps < 1:
+        p.error("--steps, --metrics-every and --profile-steps must be >= 1")
+    return args
 
 
 def print_on_demand(enabled: bool) -> None:

@@ -22,36 +22,16 @@ From the repository root::
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from itertools import pairwise
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run-dir", default="runs/diag-jax", help="goodput run directory")
-    p.add_argument("--name", default="jax-digits-diag", help="run (and job) name")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--metrics-every", type=int, default=10, help="metrics.record every N steps")
-    p.add_argument("--profile-at", type=int, default=20, help="first profiled step (0: none)")
-    p.add_argument("--profile-steps", type=int, default=5, help="steps in the profile")
-    p.add_argument("--on-demand", action="store_true",
-                   help="enable on-demand capture (SIGUSR2, HTTP on GOODPUT_PROFILE_PORT/9012)")
-    p.add_argument("--step-sleep", type=float, default=0.005,
-                   help="extra seconds per step, so that the tiny steps are measurable")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.steps < 1 or args.metrics_every < 1 or args.profile_steps < 1:
-        p.error("--steps, --metrics-every and --profile-steps must be >= 1")
-    return args
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    from _common import finish, parse_args, print_on_demand
+
+    args = parse_args(argv, doc=__doc__, framework="jax", lr=0.01)
     from goodput import diagnostics
     from goodput.diagnostics import MetricType, metrics
     from goodput.diagnostics.profile import profile
@@ -73,7 +53,6 @@ def main(argv=None) -> int:
         flush_interval_s=0.5,
     )
 
-    from _common import finish, print_on_demand
 
     import goodput
 
