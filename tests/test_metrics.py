@@ -18,7 +18,7 @@ from otlp_fixtures import Timeline
 from test_accounting import worked_example
 
 from goodput import schema
-from goodput_processor.accounting import account, account_windows
+from goodput_processor.accounting import account
 from goodput_processor.metrics import (
     METRIC_NAMES,
     GoodputMetrics,
@@ -31,6 +31,7 @@ from goodput_processor.metrics import (
 )
 from goodput_processor.reader import read_run_dir
 from goodput_processor.tensorboard import TensorBoardWriter, badput_tag
+from goodput_processor.windows import account_windows
 
 MIN = 60 * 10**9
 #: Every metric but the MFU pair, which needs the run's FLOPs attributes (test_mfu_gauges),

@@ -29,15 +29,13 @@ from .accounting import (  # noqa: E402
     JobResult,
     StepArrays,
     StepTimeSummary,
-    WindowResult,
     account,
-    account_interval,
-    account_windows,
     report_run_dir,
 )
 from .reader import ReadError, RunDirError, SpoolFormatError, read_run_dir  # noqa: E402
 from .report import format_duration, render_table, to_json, to_json_dict  # noqa: E402
 from .timeline import JobSpans, ProcessSpans, SpanSet  # noqa: E402
+from .windows import WindowResult, account_interval, account_windows  # noqa: E402
 
 __all__ = [
     "AttemptResult",

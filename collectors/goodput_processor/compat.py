@@ -246,7 +246,7 @@ class GoodputCalculator:
                 pct.get("CUSTOM_BADPUT_EVENTS", {}))
             return (m.goodput * 100, breakdown, int(m.max_productive_step or 0),
                     m.total_time_s, m.disruptions)
-        from .accounting import account_interval
+        from .windows import account_interval
 
         r, w = account_interval(self._job(), start_ns, end_ns)
         st = r.steps

@@ -35,10 +35,10 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from goodput import schema
 
-from .accounting import WindowResult, _check_windows, account_windows
 from .reader import read_run_dir
 from .report import JobResult
 from .timeline import JobSpans
+from .windows import WindowResult, account_windows, check_windows
 
 __all__ = ["ATTR_BUCKET", "ATTR_JOB", "ATTR_STATISTIC", "ATTR_WINDOW", "DEFAULT_WINDOWS_S",
            "METER_NAME", "METRIC_NAMES", "GoodputMetrics", "JobSnapshot",
@@ -102,7 +102,7 @@ def snapshot(
     ideal_step_time_s: float | None = None,
     now_ns: int | None = None,
 ) -> JobSnapshot:
-    """Account ``job`` with rolling windows (see :func:`~.accounting.account_windows`).
+    """Account ``job`` with rolling windows (see :func:`~.windows.account_windows`).
 
     Raises:
         ValueError: a window is not a number of seconds > 0, or bad ``ideal_step_time_s``.
@@ -125,7 +125,7 @@ def run_dir_source(
     Raises (when called):
         RunDirError, SpoolFormatError: see :func:`~goodput_processor.reader.read_run_dir`.
     """
-    windows = _check_windows(windows_s)
+    windows = check_windows(windows_s)
 
     def source() -> list[JobSnapshot]:
         spans = read_run_dir(path)
@@ -169,7 +169,7 @@ class GoodputMetrics:
         ideal_step_time_s: float | None = None,
         min_refresh_s: float = 0.5,
     ):
-        self.windows_s = _check_windows(windows_s)
+        self.windows_s = check_windows(windows_s)
         if ideal_step_time_s is not None and not (
             math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
         ):

@@ -28,11 +28,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .accounting import _check_windows
 from .metrics import DEFAULT_WINDOWS_S, GoodputMetrics, JobSnapshot, snapshot
 from .reader import RunDirError
 from .serve.store import LiveStore
 from .serve.tail import SpoolTailer
+from .windows import check_windows
 
 __all__ = ["GoodputMonitor"]
 
@@ -84,7 +84,7 @@ class GoodputMonitor:
         include_step_deviation: bool = True,
     ):
         self.run_dir = os.fspath(run_dir)
-        self.windows_s = _check_windows(windows_s)
+        self.windows_s = check_windows(windows_s)
         self.interval_s = _positive("interval_s", interval_s)
         if ideal_step_time_s is not None:
             _positive("ideal_step_time_s", ideal_step_time_s)
@@ -99,7 +99,7 @@ class GoodputMonitor:
         if meter_provider is not None:
             self.metrics = GoodputMetrics(lambda: self._snaps, meter_provider,
                                           windows_s=windows_s, min_refresh_s=0)
-        self.windows_s = _check_windows(windows_s)
+        self.windows_s = check_windows(windows_s)
         self._ideal = ideal_step_time_s
         self._job = job
         self._tb_dir = None if tensorboard_dir is None else os.fspath(tensorboard_dir)
