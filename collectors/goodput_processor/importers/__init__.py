@@ -39,6 +39,7 @@ from .common import (
     check_readable,
     unwrap,
 )
+from .resiliency_attempts import DEFAULT_DUPLICATE_WINDOW_S
 from .writer import SpanWriter
 
 __all__ = ["SOURCES", "ImportSummary", "ImportedJob", "InputError", "LogImportError",
@@ -71,9 +72,10 @@ class ImportSummary:
     ``source`` is ``"ml-goodput-measurement"`` or ``"resiliency"``; ``jobs`` maps each job
     written to an :class:`ImportedJob`; ``entries`` counts the JSON values read;
     ``problems`` counts problems by reason and ``examples`` holds up to 20
-    ``"file:line: reason: detail"`` strings; ``duplicates`` counts repeated
-    ``job_started``/``job_terminated`` events of a node in one attempt (resiliency; kept
-    once, not a problem).
+    ``"file:line: reason: detail"`` strings; ``duplicates`` counts duplicate resiliency
+    lines dropped: identical events, a node's ``job_started`` repeated within the duplicate
+    window with nothing in between, and repeated ``job_terminated`` of a node in one
+    attempt (the last one kept); not problems.
     """
 
     source: str
@@ -153,7 +155,9 @@ def detect_source(paths) -> str:
 
 
 def import_logs(paths, run_dir, *, source: str = "auto", job: str | None = None,
-                timezone="UTC", overwrite: bool = False, progress=None) -> ImportSummary:
+                timezone="UTC", overwrite: bool = False,
+                duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S,
+                progress=None) -> ImportSummary:
     """Convert goodput logs into spool files under ``run_dir`` (one directory per job).
 
     Args:
@@ -166,6 +170,10 @@ def import_logs(paths, run_dir, *, source: str = "auto", job: str | None = None,
         timezone: zone of resiliency timestamps without an offset: an IANA name or a
             ``tzinfo`` (default UTC). Not used for mgm (POSIX seconds).
         overwrite: replace spans already in a job's directory instead of refusing.
+        duplicate_window_s: resiliency only: a node's ``job_started`` repeated within this
+            many seconds of its start, with no checkpoint or termination event of its
+            attempt in between, is a duplicate line, not a restart (default 10 s;
+            ``docs/migration.md``).
         progress: optional ``callback(phase, advance, total)``: phase ``"read"`` advances in
             bytes of input, ``"write"`` in spans written.
 
@@ -178,7 +186,7 @@ def import_logs(paths, run_dir, *, source: str = "auto", job: str | None = None,
             the problems).
         OutputExistsError: a job directory already holds spans and ``overwrite`` is False
             (nothing is written then).
-        ValueError: unknown ``source`` or ``timezone``.
+        ValueError: unknown ``source`` or ``timezone``; ``duplicate_window_s`` < 0.
         OSError: the output cannot be written.
     """
     paths = [os.fspath(p) for p in paths]
@@ -202,7 +210,8 @@ def import_logs(paths, run_dir, *, source: str = "auto", job: str | None = None,
 
     duplicates = 0
     if name == "resiliency":
-        res = resiliency.convert(paths, tz=tz, job=job, progress=read_cb)
+        res = resiliency.convert(paths, tz=tz, job=job, duplicate_window_s=duplicate_window_s,
+                                 progress=read_cb)
         tables, counts, entries, problems = res.tables, res.process_counts, res.entries, \
             res.problems
         duplicates = res.duplicates

@@ -1,12 +1,12 @@
 """The ``goodput import`` subcommand (registered by :mod:`goodput_processor.cli`).
 
 ``goodput import FILE... [--to RUN_DIR] [--from auto|mgm|resiliency] [--job NAME]
-[--timezone TZ] [--overwrite] [--format table|json]`` converts ml-goodput-measurement or
-resiliency logs into spool files under ``RUN_DIR/<job>/`` (:func:`~.import_logs`), prints
-a summary (jobs, attempts, processes, spans, problems with examples) and the command that
-reports each job. Exit status 0 when something was imported (problems are listed), 2 with
-a one-line error otherwise. A progress bar goes to stderr for large inputs when stderr is a
-terminal.
+[--timezone TZ] [--duplicate-window SECONDS] [--overwrite] [--format table|json]``
+converts ml-goodput-measurement or resiliency logs into spool files under
+``RUN_DIR/<job>/`` (:func:`~.import_logs`), prints a summary (jobs, attempts, processes,
+spans, problems with examples) and the command that reports each job. Exit status 0 when
+something was imported (problems are listed), 2 with a one-line error otherwise. A progress
+bar goes to stderr for large inputs when stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import shlex
 import sys
 
 from goodput import schema
+
+from .resiliency_attempts import DEFAULT_DUPLICATE_WINDOW_S
 
 __all__ = ["add_import_command", "cmd_import"]
 
@@ -84,8 +86,9 @@ def _render(summary, console) -> None:
                       Text(j.run_dir))
     console.print(table)
     if summary.duplicates:
-        console.print(f"duplicates: {summary.duplicates:,} repeated job_started/job_terminated "
-                      "events (first start and last end per node kept)", markup=False)
+        console.print(f"duplicates: {summary.duplicates:,} duplicate lines dropped (identical "
+                      "events, job_started repeated within the duplicate window, repeated "
+                      "job_terminated: first start and last end per node kept)", markup=False)
     total = sum(summary.problems.values())
     console.print(
         "problems: " + (f"{total:,} (" + ", ".join(
@@ -128,7 +131,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def _run(import_logs, args, progress):
     return import_logs(args.files, args.to, source=args.source, job=args.job,
-                       timezone=args.timezone, overwrite=args.overwrite, progress=progress)
+                       timezone=args.timezone, overwrite=args.overwrite,
+                       duplicate_window_s=args.duplicate_window, progress=progress)
 
 
 def add_import_command(subparsers) -> argparse.ArgumentParser:
@@ -151,6 +155,11 @@ def add_import_command(subparsers) -> argparse.ArgumentParser:
                    help="import only this job (entries without a job name belong to it)")
     p.add_argument("--timezone", metavar="TZ", default="UTC",
                    help="time zone of resiliency timestamps without an offset (default: UTC)")
+    p.add_argument("--duplicate-window", metavar="SECONDS", type=float,
+                   default=DEFAULT_DUPLICATE_WINDOW_S,
+                   help="resiliency: a node's job_started repeated within SECONDS of its "
+                   "start, with no checkpoint or termination in between, is a duplicate "
+                   "line, not a restart (default: %(default)g)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace spans already in a job's directory")
     p.add_argument("--format", choices=("table", "json"), default="table",

@@ -8,27 +8,36 @@ microsecond; spans get integer nanoseconds. Event types: ``user_scheduled``,
 ``job_terminated``. Every node writes ``job_started``/``job_terminated`` with its
 ``node_rank`` (= process index); checkpoint events without one belong to node 0.
 
-Conversion (events sorted by time, ties in the order of the event types above):
+Conversion (events sorted by time, ties in the order of the event types above; identical
+events, a line written twice, are kept once and counted as duplicates):
 
-- attempts: a ``job_started`` that follows a ``job_terminated`` (or is the first) begins a
-  new attempt; other ``job_started`` events join the current one. Per node and attempt the
-  first start and the last termination become ``goodput.job_start`` / ``goodput.job_end``
-  (reason ``exit``) markers; repeated ones are counted as duplicates, not problems.
+- attempts: found from per-node evidence by :class:`.resiliency_attempts.AttemptFinder`: a
+  node that logs ``job_started`` again begins a new attempt (a restart, whether or not
+  anything logged ``job_terminated``) unless the repeat is a duplicate line (within
+  ``duplicate_window_s`` of its start with nothing of the attempt in between); the first
+  ``job_started`` and the first after a ``job_terminated`` also begin one; other nodes'
+  starts join the open attempt. Every other event belongs to its node's current attempt.
+  Per node and attempt the first start and the last termination become
+  ``goodput.job_start`` / ``goodput.job_end`` (reason ``exit``) markers; a node that logged
+  no termination gets no end marker (the processor ends a killed attempt at its last span).
 - ``user_scheduled`` before the first start: a ``goodput.job_start`` marker of attempt 0 on
   process 0 and a ``goodput.custom_badput`` span of type ``scheduling`` up to the first
   ``job_started``. ``user_terminated``: ``goodput.job_end`` (reason ``explicit``) on
-  process 0.
-- ``checkpoint_loaded`` step S at t: ``goodput.checkpoint_restore`` (step S) from the
-  process's attempt start to t; for S = 0 (fresh start) that range is
-  ``goodput.training_prep`` and the restore is zero-length at t.
+  process 0 of the open attempt.
+- ``checkpoint_loaded`` step S at t: the log has no restore duration, so the time from the
+  node's start in its attempt to t (start-up, initialisation and the restore together) is
+  a ``goodput.custom_badput`` span of type ``startup_and_restore`` for S > 0, and
+  ``goodput.training_prep`` for S = 0 (a fresh start); the restore itself is a zero-length
+  ``goodput.checkpoint_restore`` (step S) at t, which gives the attempt's resume step.
 - ``checkpoint_saved`` step S at t: a zero-length blocking ``goodput.checkpoint_save`` at t
   (the log has no duration) and, when S is above the previous checkpoint step, a
   ``goodput.step`` span (step S, ``goodput.step.count`` = S - previous) from the process's
-  previous checkpoint event (or its attempt start, with the latest step saved in earlier
-  attempts) to t.
+  previous checkpoint event (or its attempt start, with the step of the latest save of
+  earlier attempts) to t.
 
 Problems: ``not JSON``, ``not an object``, ``unknown event type``, ``wrong type``,
-``missing field``, ``no job name``, ``event before job start``, ``ignored event``.
+``missing field``, ``no job name``, ``event before job start``, ``ignored event``, and the
+attempt warnings ``ambiguous restart`` and ``restart without job_started``.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 import numpy as np
 
 from .common import InputError, Payloads, Problems, as_int, iso_to_ns, where
+from .resiliency_attempts import DEFAULT_DUPLICATE_WINDOW_S, AttemptFinder
 from .writer import (
     K_CHECKPOINT_RESTORE,
     K_CHECKPOINT_SAVE,
@@ -52,7 +62,8 @@ from .writer import (
     SpanTable,
 )
 
-__all__ = ["EVENT_TYPES", "ResiliencyResult", "convert", "is_resiliency_payload"]
+__all__ = ["EVENT_TYPES", "SCHEDULING", "STARTUP_AND_RESTORE", "ResiliencyResult", "convert",
+           "is_resiliency_payload"]
 
 #: Event types in their tie order (events at the same time are taken in this order).
 EVENT_TYPES = ("user_scheduled", "job_started", "checkpoint_loaded", "checkpoint_saved",
@@ -65,6 +76,9 @@ _EPOCH_NAIVE = datetime(1970, 1, 1)
 _US = timedelta(microseconds=1)
 #: ``goodput.badput.type`` of the time from ``user_scheduled`` to the first start.
 SCHEDULING = "scheduling"
+#: ``goodput.badput.type`` of the time from a node's start to ``checkpoint_loaded`` of a
+#: step > 0 (start-up, initialisation and the restore together; the log has no duration).
+STARTUP_AND_RESTORE = "startup_and_restore"
 
 
 def is_resiliency_payload(payload: dict, logentry_timestamp=None) -> bool:
@@ -180,6 +194,7 @@ def _read(paths, tz: tzinfo | None, problems: Problems, progress) -> tuple[_Even
 
 
 def convert(paths: list[str], *, tz: tzinfo | None = None, job: str | None = None,
+            duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S,
             progress=None) -> ResiliencyResult:
     """Read resiliency event logs and build one :class:`SpanTable` per job.
 
@@ -188,12 +203,20 @@ def convert(paths: list[str], *, tz: tzinfo | None = None, job: str | None = Non
         tz: time zone of timestamps without an offset (None = UTC).
         job: import only this job (events without ``job_name`` belong to it); None: every
             job (events without ``job_name`` belong to the only job).
+        duplicate_window_s: seconds within which a node's repeated ``job_started``, with
+            nothing of its attempt in between, is a duplicate line rather than a restart
+            (:mod:`.resiliency_attempts`).
         progress: optional ``callback(nbytes)`` while reading.
 
     Raises:
         InputError: a file cannot be read or is empty; ``job`` is not in the input; no event
             names a job and ``job`` is None.
+        ValueError: ``duplicate_window_s`` is not a finite number >= 0.
     """
+    if not (isinstance(duplicate_window_s, (int, float))
+            and 0 <= duplicate_window_s < float("inf")):
+        raise ValueError("the duplicate window must be a number of seconds >= 0, got "
+                         f"{duplicate_window_s!r}")
     problems = Problems()
     ev, entries = _read(paths, tz, problems, progress)
     result = ResiliencyResult(entries=entries, problems=problems)
@@ -219,10 +242,19 @@ def convert(paths: list[str], *, tz: tzinfo | None = None, job: str | None = Non
                          "import it with --job NAME")
     t = np.frombuffer(ev.t, np.int64)
     rank = np.frombuffer(ev.rank, np.int8)
+    node = np.frombuffer(ev.node, np.int64)
+    step = np.frombuffer(ev.step, np.int64)
+    window_ns = round(duplicate_window_s * 1e9)
     for j in sorted(set(np.unique(jobcol).tolist()) - {-1, -2}):
         sel = np.flatnonzero(jobcol == j)
-        sel = sel[np.lexsort((sel, rank[sel], t[sel]))]
-        table, nproc, dups = _job_spans(sel.tolist(), ev, paths, problems)
+        sel = sel[np.lexsort((sel, step[sel], node[sel], rank[sel], t[sel]))]
+        # identical events (a line written or shipped twice) are kept once
+        same = ((t[sel[1:]] == t[sel[:-1]]) & (rank[sel[1:]] == rank[sel[:-1]])
+                & (node[sel[1:]] == node[sel[:-1]]) & (step[sel[1:]] == step[sel[:-1]]))
+        if same.any():
+            result.duplicates += int(same.sum())
+            sel = sel[np.concatenate(([True], ~same))]
+        table, nproc, dups = _job_spans(sel.tolist(), ev, paths, problems, window_ns)
         result.duplicates += dups
         if len(table):
             result.tables[names[j]] = table
@@ -230,7 +262,7 @@ def convert(paths: list[str], *, tz: tzinfo | None = None, job: str | None = Non
     return result
 
 
-def _job_spans(order: list[int], ev: _Events, paths, problems: Problems):
+def _job_spans(order: list[int], ev: _Events, paths, problems: Problems, window_ns: int):
     """Spans of one job from its events (``order``: row indexes sorted by time and type)."""
     table = SpanTable()
     add = table.add
@@ -240,63 +272,55 @@ def _job_spans(order: list[int], ev: _Events, paths, problems: Problems):
     def at(i: int) -> str:
         return ev.where(paths, i)
 
-    attempt = -1
-    after_termination = False
-    starts: dict[tuple, int] = {}  # (attempt, node) -> first job_started
-    ends: dict[tuple, int] = {}  # (attempt, node) -> last job_terminated
-    first_start: dict[int, int] = {}  # attempt -> earliest job_started
+    found = AttemptFinder(window_ns)
+    starts = found.starts
     prev: dict[tuple, tuple] = {}  # (attempt, node) -> (time, step) of last checkpoint event
-    saved_before: dict[int, int] = {}  # attempt -> latest step saved in earlier attempts
-    last_saved = 0
+    last_save: dict[int, tuple] = {}  # attempt -> (time, step) of its latest save
+    startup = -1  # string index of STARTUP_AND_RESTORE, once used
     scheduled = None
-    duplicates = 0
     nodes: set[int] = set()
     for i in order:
         r, t = rank_[i], t_[i]
         node = node_[i]
         p = 0 if node < 0 else node
         if r == JOB_STARTED:
-            if attempt < 0 or after_termination:
-                attempt += 1
-                after_termination = False
-                saved_before[attempt] = last_saved
-            first_start.setdefault(attempt, t)
             nodes.add(p)
-            if (attempt, p) in starts:
-                duplicates += 1
-            else:
-                starts[attempt, p] = t
+            why = found.start(p, t)
+            if why is not None:
+                problems.add(at(i), why, f"job_started of node {p} within the duplicate "
+                             "window of its previous start, after a checkpoint, termination "
+                             "or restart of the job in between: taken as a restart")
             continue
         if r == USER_SCHEDULED:
-            if attempt >= 0 or scheduled is not None:
+            if found.open >= 0 or scheduled is not None:
                 problems.add(at(i), "ignored event", "user_scheduled after the first "
                              "user_scheduled or job_started")
             else:
                 scheduled = t
             continue
-        if attempt < 0:
-            if r == JOB_TERMINATED or r == USER_TERMINATED:
+        if r == JOB_TERMINATED or r == USER_TERMINATED:
+            if found.open < 0:
                 problems.add(at(i), "event before job start",
                              f"{EVENT_TYPES[r]} before any job_started: ignored")
-                continue
-            attempt = 0  # checkpoint events before the first start belong to attempt 0
-            saved_before[0] = 0
-        if r == JOB_TERMINATED:
-            nodes.add(p)
-            if (attempt, p) in ends:
-                duplicates += 1
-            ends[attempt, p] = t  # the last one wins
-            after_termination = True
+            elif r == JOB_TERMINATED:
+                nodes.add(p)
+                found.terminate(p, t)
+            else:
+                nodes.add(0)
+                add(found.open, 0, K_JOB_END, t, t, sidx=table.string("explicit"))
             continue
-        if r == USER_TERMINATED:
-            nodes.add(0)
-            add(attempt, 0, K_JOB_END, t, t, sidx=table.string("explicit"))
-            continue
-        # checkpoint_loaded / checkpoint_saved on process p of the current attempt
+        # checkpoint_loaded / checkpoint_saved of node p, in its attempt
         nodes.add(p)
+        attempt, why = found.checkpoint(p, t, r == CHECKPOINT_LOADED)
         key = (attempt, p)
-        begin = starts.get(key, first_start.get(attempt))
-        if begin is None or begin > t:
+        begin = starts.get(key)
+        if begin is None:
+            begin = found.first_start(attempt)
+        if why is not None:
+            problems.add(at(i), why, f"a second checkpoint_loaded of node {p} in one attempt "
+                         "and no job_started before it: a new attempt begins here")
+            begin = t
+        elif (begin is None or begin > t) and (r == CHECKPOINT_LOADED or key not in prev):
             if attempt == 0 and scheduled is not None and scheduled <= t and begin is None:
                 begin = scheduled
             else:
@@ -307,27 +331,38 @@ def _job_spans(order: list[int], ev: _Events, paths, problems: Problems):
         step = step_[i]
         if r == CHECKPOINT_LOADED:
             if step > 0:
-                add(attempt, p, K_CHECKPOINT_RESTORE, begin, t, ival=step)
+                if startup < 0:
+                    startup = table.string(STARTUP_AND_RESTORE)
+                add(attempt, p, K_CUSTOM_BADPUT, begin, t, sidx=startup)
             else:
                 add(attempt, p, K_TRAINING_PREP, begin, t)
-                add(attempt, p, K_CHECKPOINT_RESTORE, t, t, ival=step)
+            add(attempt, p, K_CHECKPOINT_RESTORE, t, t, ival=step)
         else:  # CHECKPOINT_SAVED
-            pt, ps = prev.get(key, (begin, saved_before.get(attempt, 0)))
+            pt, ps = prev.get(key) or (begin, _saved_before(last_save, attempt))
             if step > ps:
                 put((attempt, p, K_STEP, min(pt, t), t, step, step - ps, -1))
             put((attempt, p, K_CHECKPOINT_SAVE, t, t, step, NONE, -1))
-            last_saved = step
+            last_save[attempt] = (t, step)
             step = max(step, ps)  # a save of an older step does not move progress back
         prev[key] = (t, step)
     for (a, p), t in starts.items():
         add(a, p, K_JOB_START, t, t)
-    exit_reason = table.string("exit") if ends else -1
-    for (a, p), t in ends.items():
+    exit_reason = table.string("exit") if found.ends else -1
+    for (a, p), t in found.ends.items():
         add(a, p, K_JOB_END, t, t, sidx=exit_reason)
     if scheduled is not None:
         nodes.add(0)
         add(0, 0, K_JOB_START, scheduled, scheduled)
-        first = first_start.get(0)
+        first = found.first_start(0) if found.open >= 0 else None
         if first is not None and first > scheduled:
             add(0, 0, K_CUSTOM_BADPUT, scheduled, first, sidx=table.string(SCHEDULING))
-    return table, len(nodes), duplicates
+    return table, len(nodes), found.duplicates
+
+
+def _saved_before(last_save: dict[int, tuple], attempt: int) -> int:
+    """The step of the latest save (by time) of the attempts before ``attempt``; 0: none."""
+    best = None
+    for a, ts in last_save.items():
+        if a < attempt and (best is None or ts > best):
+            best = ts
+    return 0 if best is None else best[1]
