@@ -124,7 +124,7 @@ def reader_scenario(name: str, scale: float) -> dict:
         for k, v in job.skipped.items():
             if v:
                 skipped[k] = skipped.get(k, 0) + v
-    good = spans.jobs["good"].processes[(0, 0)].data.shape[0]
+    good = spans.jobs["good"].processes[(0, 0, "")].data.shape[0]
     shutil.rmtree(d, ignore_errors=True)
     return {"scenario": name, "n": n, "input_mib": round(size / 2**20, 1),
             "peak_over_base_mib": round((peak - base) / 2**20, 1), "seconds": round(dt, 2),

@@ -85,7 +85,7 @@ def write_job(
         res = {schema.RES_SERVICE_NAME: "synth", schema.RES_JOB_NAME: "synth",
                schema.RES_ATTEMPT: attempt, schema.RES_PROCESS_INDEX: 0,
                schema.RES_PROCESS_COUNT: 1, schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION}
-        w = _Writer(config.spool_path(out_dir, 0, attempt), res)
+        w = _Writer(config.spool_path(out_dir, 0, attempt, f"synth{attempt:04d}"), res)
         w.span(schema.JOB_START, t, t, {schema.ATTR_HEARTBEAT_INTERVAL_MS: 1000})
         w.span(schema.ACCELERATOR_INIT, t, t + 5 * SEC)
         t += 5 * SEC

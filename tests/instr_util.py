@@ -51,8 +51,24 @@ def run_python(args: list[str], *, env: dict[str, str] | None = None, cwd=None,
     return proc
 
 
+def attempt_of_instance(run_dir) -> dict[str, int]:
+    """``service.instance.id`` -> the attempt number the processor finds for it."""
+    from goodput_processor.attempts import build_attempts
+    from goodput_processor.reader import read_run_dir
+
+    out = {}
+    for job in read_run_dir(run_dir).jobs.values():
+        for a in build_attempts(job):
+            for p in a.processes:
+                out[p.instance] = a.attempt
+    return out
+
+
 def spans(run_dir) -> list[dict]:
-    """Every span in a run directory's spool: name, start/end ns, attrs (plain values)."""
+    """Every span in a run directory's spool: name, start/end ns, attrs (plain values),
+    ``attempt`` (the attempt the processor puts its process in). The recorder's
+    ``goodput.open`` records of phases in flight are left out."""
+    attempts = attempt_of_instance(run_dir)
     out = []
     for path in sorted(Path(run_dir).glob("*.jsonl")):
         if path.name.startswith(schema.METRICS_SPOOL_PREFIX):  # metrics, not spans
@@ -66,13 +82,16 @@ def spans(run_dir) -> list[dict]:
                 res = {a["key"]: _value(a["value"]) for a in rs["resource"]["attributes"]}
                 for ss in rs["scopeSpans"]:
                     for s in ss["spans"]:
+                        if any(a["key"] == schema.ATTR_OPEN for a in s.get("attributes", ())):
+                            continue
                         out.append({
                             "name": s["name"],
                             "start": int(s["startTimeUnixNano"]),
                             "end": int(s["endTimeUnixNano"]),
                             "attrs": {a["key"]: _value(a["value"])
                                       for a in s.get("attributes", [])},
-                            "attempt": res.get("goodput.attempt"),
+                            "attempt": attempts.get(res.get("service.instance.id"),
+                                                    res.get("goodput.attempt")),
                         })
     return out
 

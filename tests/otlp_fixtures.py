@@ -170,7 +170,34 @@ class Timeline:
             self.step(n, start + i * step_time, start + (i + 1) * step_time)
         return self
 
+    def os_process(self, pid, start, *, instance=None, attempt_source="process",
+                   index_source="env") -> Timeline:
+        """Give the resource an OS process identity, as the recorder (schema 1.1) writes it:
+        ``pid``, its start time ``start`` (units), a ``service.instance.id`` (default
+        derived from pid, start and attempt) and the sources of attempt and index."""
+        self.resource.update({
+            schema.RES_SERVICE_INSTANCE_ID: instance or f"i{pid}-{start}-{self.attempt}",
+            schema.RES_PROCESS_PID: pid,
+            schema.RES_PROCESS_START: self.ns(start),
+            schema.RES_ATTEMPT_SOURCE: attempt_source,
+            schema.RES_PROCESS_INDEX_SOURCE: index_source,
+            schema.RES_SCHEMA_VERSION: "1.1",
+        })
+        return self
+
+    def identity(self, t, rank, size) -> Timeline:
+        """The framework's rank and world size became known at ``t``."""
+        return self.span(schema.IDENTITY, t, t, {schema.RES_PROCESS_INDEX: rank,
+                                                 schema.RES_PROCESS_COUNT: size})
+
+    def open(self, name, start, seen, attrs=None) -> Timeline:
+        """A ``goodput.open`` record: phase ``name`` started at ``start``, in flight at
+        ``seen``."""
+        return self.span(name, start, seen, {**(attrs or {}), schema.ATTR_OPEN: True})
+
     def write(self, run_dir, **kw) -> Path:
-        """Write to ``run_dir/spans-p<process>-a<attempt>.jsonl`` (kw: see write_spool)."""
-        name = f"spans-p{self.process:05d}-a{self.attempt:04d}.jsonl"
+        """Write to ``run_dir/spans-p<process>-a<attempt>[-<instance>].jsonl`` (kw: see
+        write_spool)."""
+        inst = self.resource.get(schema.RES_SERVICE_INSTANCE_ID)
+        name = f"spans-p{self.process:05d}-a{self.attempt:04d}{'-' + inst if inst else ''}.jsonl"
         return write_spool(Path(run_dir) / name, self.resource, self.spans, **kw)

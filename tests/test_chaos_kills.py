@@ -78,8 +78,9 @@ def test_every_trial_passes_its_checks(trials: list) -> None:
 
 
 def test_end_reasons(trials: list) -> None:
-    """SIGKILL leaves no marker (killed); SIGTERM and the exception write theirs."""
-    expected = {"sigkill": "killed", "sigterm": "sigterm", "exception": "exception"}
+    """SIGKILL and SIGTERM leave no marker (killed: no handler delays the signal); the
+    exception writes its own."""
+    expected = {"sigkill": "killed", "sigterm": "killed", "exception": "exception"}
     assert [t.end_reason for t in trials] == [expected[t.kind] for t in trials]
 
 
@@ -88,17 +89,18 @@ def test_flushed_steps_are_there(trials: list) -> None:
     for t in trials:
         assert t.steps_required is not None and t.steps_recorded is not None
         assert t.steps_recorded >= t.steps_required, t
-        if t.kind != "sigkill":
+        if t.kind == "exception":
             # The end marker flushes everything: every step the driver saw is there.
             assert t.steps_recorded >= t.kill_step_seen, t
-        # Nothing invented: no more steps than the fault step.
-        assert t.steps_recorded <= t.fault_step, t
+        # Nothing invented: no more steps than the one in flight at the fault (a kill up
+        # to 1.5 step times after step fault_step - 1 ended lands in step fault_step + 1).
+        assert t.steps_recorded <= t.fault_step + (t.kind != "exception"), t
 
 
 def test_wasted_and_recovery_match_truth(trials: list) -> None:
-    """Within flush interval + slack (SIGKILL) or the slack (SIGTERM, exception)."""
+    """Within flush interval + slack (SIGKILL, SIGTERM) or the slack (exception)."""
     for t in trials:
-        tol = CFG.tol_killed if t.kind == "sigkill" else CFG.tol_marked
+        tol = CFG.tol_marked if t.kind == "exception" else CFG.tol_killed
         assert t.truth_recovery_s >= t.restart_delay
         if t.startup_delay is None:
             assert t.truth_wasted_s > 0
@@ -107,5 +109,5 @@ def test_wasted_and_recovery_match_truth(trials: list) -> None:
         assert t.report_wasted_s == pytest.approx(t.truth_wasted_s, abs=tol), t
         assert t.report_recovery_s == pytest.approx(t.truth_recovery_s, abs=tol), t
         # A killed attempt ends at its last sign of life: never after the kill.
-        if t.kind == "sigkill":
+        if t.kind != "exception":
             assert t.report_end <= t.truth_end + CFG.slack, t

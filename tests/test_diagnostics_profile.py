@@ -62,7 +62,8 @@ def spans(run_dir) -> list[dict]:
 def profile_spans(exporter) -> list:
     goodput.flush()
     return [s for s in exporter.get_finished_spans() if s.name == schema.CUSTOM_BADPUT
-            and s.attributes.get(schema.ATTR_BADPUT_TYPE) == schema.PROFILE_BADPUT_TYPE]
+            and s.attributes.get(schema.ATTR_BADPUT_TYPE) == schema.PROFILE_BADPUT_TYPE
+            and not s.attributes.get(schema.ATTR_OPEN)]  # not the records of it in flight
 
 
 def report(run_dir):

@@ -461,7 +461,9 @@ def test_metrics_spool_is_otlp_json_and_report_still_works(tmp_path):
     metrics.record("loss", float("nan"))
     r.end()
     files = sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_file())
-    assert files == ["metrics-p00000-a0000.jsonl", "spans-p00000-a0000.jsonl"]
+    assert [f.split("-")[:3] for f in files] == [["metrics", "p00000", "a0000"],
+                                                 ["spans", "p00000", "a0000"]]
+    assert files[0] == f"metrics-p00000-a0000-{os.getpid()}.jsonl"
     names = set()
     for line in (tmp_path / "run" / files[0]).read_text().splitlines():
         req = json_format.Parse(line, ExportMetricsServiceRequest())  # strict OTLP JSON
@@ -500,7 +502,7 @@ def test_otlp_loopback_via_environment(tmp_path, monkeypatch):
            for kv in fake.requests[0].resource_metrics[0].resource.attributes}
     assert res["ml.run.name"] == "otlp-run" and res["ml.run.group"] == "g"
     assert res["service.name"] == "otlp-run"
-    assert (tmp_path / "run" / "metrics-p00000-a0000.jsonl").exists()  # the spool as well
+    assert (tmp_path / "run" / f"metrics-p00000-a0000-{os.getpid()}.jsonl").exists()  # spool
 
 
 def test_export_interval_from_environment(monkeypatch):

@@ -117,7 +117,7 @@ def test_cloud_trace_gets_windows_as_traces_within_its_limits(tmp_path):
             "end": s.end_time.timestamp_pb().ToNanoseconds(), "attrs": attrs,
             "links": [(ln.trace_id, ln.span_id) for ln in s.links.link],
         })
-    names = [s["name"] for s in flat]
+    names = [s["name"] for s in flat if schema.ATTR_OPEN not in s["attrs"]]
     assert names.count(schema.STEP) == 12 and names.count(schema.JOB_END) == 1
     assert {schema.JOB_START, *schema.PHASES} <= set(names)
     traces = check_structure(flat)
@@ -134,8 +134,9 @@ def test_cloud_trace_gets_windows_as_traces_within_its_limits(tmp_path):
         a = s["attrs"]
         assert a[schema.RES_JOB_NAME] == "ct-job" and a[schema.RES_SERVICE_NAME] == "ct-job"
         assert a[schema.RES_ATTEMPT] == "0" and a[schema.RES_PROCESS_INDEX] == "0"
-        assert a[schema.RES_SCHEMA_VERSION] == "1" and "g.co/agent" in a
-    steps = sorted(s["attrs"][schema.ATTR_STEP] for s in flat if s["name"] == schema.STEP)
+        assert a[schema.RES_SCHEMA_VERSION] == "1.1" and "g.co/agent" in a
+    steps = sorted(s["attrs"][schema.ATTR_STEP] for s in flat
+                   if s["name"] == schema.STEP and schema.ATTR_OPEN not in s["attrs"])
     assert steps == list(range(12))
 
 
@@ -146,7 +147,7 @@ def test_schema_attributes_survive_cloud_trace_no_floats():
                  schema.ATTR_RECORDER_ERRORS, schema.ATTR_RECORDER_DROPPED,
                  schema.ATTR_WINDOW_INDEX, schema.ATTR_WINDOW_SPANS}
     names = {v for k, v in vars(schema).items() if k.startswith("ATTR_")}
-    assert names == int_attrs | {schema.ATTR_BLOCKING, schema.ATTR_BADPUT_TYPE,
+    assert names == int_attrs | {schema.ATTR_BLOCKING, schema.ATTR_OPEN, schema.ATTR_BADPUT_TYPE,
                                  schema.ATTR_END_REASON, schema.ATTR_PROFILE_SESSION,
                                  schema.ATTR_PROFILE_DIR, schema.ATTR_PROFILE_TRIGGER}
     assert all(len(n.encode()) <= 128 for n in names | set(schema.SPAN_NAMES))

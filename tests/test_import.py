@@ -55,7 +55,7 @@ def spans_of(run_dir, job, attempt=0, process=0, unit=1.0, t0_ns=T0_NS):
     times in ``unit`` seconds after ``t0_ns``."""
     s = read_run_dir(run_dir)
     j = s.jobs[job]
-    d = j.processes[(attempt, process)].data
+    d = j.processes[(attempt, process, "")].data
     out = []
     for row in d.tolist():
         name = KIND_NAMES[row[C_KIND]].removeprefix("goodput.")
@@ -207,9 +207,9 @@ def test_mgm_spans_read_back(seed_files, tmp_path):
     assert spans_of(run, JOB, 1) == SEED_SPANS_A1
     s = read_run_dir(run)
     job = s.jobs[JOB]
-    assert sorted(job.processes) == [(0, 0), (1, 0)]
+    assert sorted(job.processes) == [(0, 0, ""), (1, 0, "")]
     assert not job.skipped and job.schema_versions == {schema.SCHEMA_VERSION}
-    proc = job.processes[(0, 0)]
+    proc = job.processes[(0, 0, "")]
     assert proc.process_count == 1 and proc.host is None
     line = json.loads((run / "spans-p00000-a0000.jsonl").read_text().splitlines()[0])
     res = {a["key"]: a["value"] for a in line["resourceSpans"][0]["resource"]["attributes"]}
@@ -502,12 +502,17 @@ def test_resiliency_readme_log(tmp_path):
     assert got0 == sorted(expected0, key=lambda r: (r[1], r[2], r[0]))
     got1 = spans_of(run, FSDP_JOB, 1, t0_ns=int(t0.timestamp()) * NS)
     assert got1[0][:4] == ("job_start", round(t[11], 6), round(t[11], 6), None)
-    assert [r[0] for r in got1[1:3]] == ["checkpoint_restore", "step"]
+    # start -> checkpoint_loaded (step > 0) is start-up and restore together; the restore
+    # itself is a zero-length span at the load, carrying the step
+    assert [r[0] for r in got1[1:4]] == ["custom_badput", "checkpoint_restore", "step"]
     assert round(got1[1][1], 6) == t[11] and round(got1[1][2], 6) == t[12]
-    assert got1[1][3] == 4000 and got1[2][3:5] == (4500, 500)
+    assert got1[1][5] == "startup_and_restore"
+    assert round(got1[2][1], 6) == round(got1[2][2], 6) == t[12] and got1[2][3] == 4000
+    assert got1[3][3:5] == (4500, 500)
     (r,) = report_run_dir(run, now_ns=NOW)
     assert r.total_ns == 118_253_782_000
-    assert r.buckets_ns["checkpoint_restore"] == 33_614_406_000
+    assert r.buckets_ns["checkpoint_restore"] == 0
+    assert r.buckets_ns["custom:startup_and_restore"] == 33_614_406_000
     assert r.buckets_ns["training_prep"] == 28_884_743_000
     assert r.buckets_ns["infrastructure_recovery"] == 19_479_510_000
     assert r.buckets_ns["wasted_progress"] == 2_334_065_000
@@ -535,14 +540,16 @@ def test_resiliency_primer(tmp_path):
     t0 = int(datetime(2025, 9, 27, tzinfo=timezone.utc).timestamp()) * NS
     assert spans_of(run, "primer", 0, unit=60, t0_ns=t0) == [
         ("job_start", 0, 0, None, None, None),
-        ("checkpoint_restore", 0, 5, 25, None, None),
+        ("custom_badput", 0, 5, None, None, "startup_and_restore"),
+        ("checkpoint_restore", 5, 5, 25, None, None),
         ("step", 5, 60, 50, 25, None),
         ("checkpoint_save", 60, 60, 50, None, None),
         ("job_end", 100, 100, None, None, "exit"),
     ]
     assert spans_of(run, "primer", 1, unit=60, t0_ns=t0) == [
         ("job_start", 115, 115, None, None, None),
-        ("checkpoint_restore", 115, 120, 50, None, None),
+        ("custom_badput", 115, 120, None, None, "startup_and_restore"),
+        ("checkpoint_restore", 120, 120, 50, None, None),
         ("step", 120, 200, 75, 25, None),
         ("checkpoint_save", 200, 200, 75, None, None),
         ("job_end", 200, 200, None, None, "exit"),
@@ -550,7 +557,8 @@ def test_resiliency_primer(tmp_path):
     (r,) = report_run_dir(run, ideal_step_time_s=120, now_ns=NOW)
     minutes = {k: v / 60 / NS for k, v in r.buckets_ns.items()}
     assert r.total_ns == 200 * 60 * NS
-    assert minutes["checkpoint_restore"] == 10
+    # the log has no restore duration: start -> checkpoint_loaded is start-up and restore
+    assert minutes["checkpoint_restore"] == 0 and minutes["custom:startup_and_restore"] == 10
     assert minutes["infrastructure_recovery"] == 15
     assert minutes["wasted_progress"] == 40
     assert minutes["productive"] == 100 and r.goodput == 0.5
@@ -560,8 +568,8 @@ def test_resiliency_timezone(tmp_path):
     path = primer_log(tmp_path / "primer.log")
     import_logs([path], tmp_path / "utc")
     import_logs([path], tmp_path / "paris", timezone="Europe/Paris")
-    utc = read_run_dir(tmp_path / "utc").jobs["primer"].processes[(0, 0)].data
-    paris = read_run_dir(tmp_path / "paris").jobs["primer"].processes[(0, 0)].data
+    utc = read_run_dir(tmp_path / "utc").jobs["primer"].processes[(0, 0, "")].data
+    paris = read_run_dir(tmp_path / "paris").jobs["primer"].processes[(0, 0, "")].data
     assert (utc[:, C_START] - paris[:, C_START] == 2 * 3600 * NS).all()  # CEST = UTC+2
     with pytest.raises(ValueError, match="unknown time zone 'Mars/Olympus'"):
         import_logs([path], tmp_path / "x", timezone="Mars/Olympus")
@@ -641,23 +649,165 @@ def test_resiliency_multi_node(tmp_path):
     assert (job.attempts, job.processes, job.files) == (3, 256, 3 * 256)
     s = read_run_dir(tmp_path / "out" / "big")
     procs = s.jobs["big"].processes
-    assert sorted(procs) == [(a, n) for a in range(3) for n in range(nodes)]
+    assert sorted(k[:2] for k in procs) == [(a, n) for a in range(3) for n in range(nodes)]
 
     def ns(dt):
         return int(dt.replace(tzinfo=timezone.utc).timestamp()) * NS + dt.microsecond * 1000
 
-    for (a, n), proc in procs.items():
+    for key, proc in procs.items():
+        a, n = key[:2]
         d = proc.data
         assert proc.process_count == nodes
         starts = d[d[:, C_KIND] == 0][:, C_START].tolist()
         ends = d[d[:, C_KIND] == 1][:, C_START].tolist()
         assert starts == [ns(first_start[a, n])] and ends == [ns(last_end[a, n])]
-        # node 0 also: restore (+ training prep in attempt 0, from step 0), steps, saves
-        assert len(d) == (2 if n else 2 + (2 if a == 0 else 1) + 5 * 2)
+        # node 0 also: training prep (step 0, attempt 0) or startup_and_restore (step > 0)
+        # up to the load, a zero-length restore at it, steps, saves
+        assert len(d) == (2 if n else 2 + 2 + 5 * 2)
     (r,) = report_run_dir(tmp_path / "out" / "big", now_ns=NOW)
     assert [(a.processes, a.declared_processes, a.resume_step) for a in r.attempts] == [
         (256, 256, 0), (256, 256, 400), (256, 256, 800)]
     assert r.max_productive_step == 1300
+
+
+def events_log(path, events, job="r", t0=datetime(2025, 9, 27, 4, 0)) -> Path:
+    """A resiliency log from ``(seconds after t0, event type, extra fields)``, shuffled."""
+    rows = [{"timestamp": (t0 + timedelta(seconds=s)).isoformat(), "job_name": job,
+             "event_type": e, **kw} for s, e, kw in events]
+    random.Random(5).shuffle(rows)
+    return write_lines(path, rows)
+
+
+def marker_times(run_dir, job, kind):
+    """{(attempt, process): [times in s after T0]} of the markers of ``kind`` (0 start, 1 end)."""
+    out = {}
+    for key, proc in read_run_dir(run_dir).jobs[job].processes.items():
+        d = proc.data
+        ts = ((d[d[:, C_KIND] == kind][:, C_START] - T0_NS) / NS).tolist()
+        if ts:
+            out[tuple(key[:2])] = ts
+    return out
+
+
+#: The minimal pod-kill case: node 0 restarts at 200 s without any job_terminated.
+KILLED = [(0, "job_started", {"node_rank": 0}), (10, "checkpoint_loaded", {"step": 0}),
+          (110, "checkpoint_saved", {"step": 100}), (200, "job_started", {"node_rank": 0}),
+          (210, "checkpoint_loaded", {"step": 100}), (310, "checkpoint_saved", {"step": 200}),
+          (320, "job_terminated", {"node_rank": 0})]
+
+
+def test_resiliency_restart_without_terminate(tmp_path, capsys):
+    """A node's second job_started is a restart even when nothing logged job_terminated;
+    the killed attempt ends at its last event, the downtime is infrastructure recovery."""
+    summary = import_logs([events_log(tmp_path / "k.log", KILLED)], tmp_path / "out")
+    assert summary.jobs["r"].attempts == 2 and not summary.problems
+    assert summary.duplicates == 0
+    run = tmp_path / "out" / "r"
+    assert spans_of(run, "r", 0) == [
+        ("job_start", 0, 0, None, None, None),
+        ("training_prep", 0, 10, None, None, None),
+        ("checkpoint_restore", 10, 10, 0, None, None),
+        ("step", 10, 110, 100, 100, None),
+        ("checkpoint_save", 110, 110, 100, None, None)]  # no job_end: killed
+    assert spans_of(run, "r", 1) == [
+        ("job_start", 200, 200, None, None, None),
+        ("custom_badput", 200, 210, None, None, "startup_and_restore"),
+        ("checkpoint_restore", 210, 210, 100, None, None),
+        ("step", 210, 310, 200, 100, None),
+        ("checkpoint_save", 310, 310, 200, None, None),
+        ("job_end", 320, 320, None, None, "exit")]
+    (r,) = report_run_dir(run, ideal_step_time_s=1, now_ns=NOW)
+    assert r.goodput == 0.625 and r.total_ns == 320 * NS
+    assert r.buckets_ns == {**dict.fromkeys(r.buckets_ns, 0), "productive": 200 * NS,
+                            "training_prep": 10 * NS, "custom:startup_and_restore": 10 * NS,
+                            "infrastructure_recovery": 90 * NS, "other": 10 * NS}
+    assert [a.resume_step for a in r.attempts] == [0, 100]
+    assert main(["report", str(run), "--definitions", "resiliency",
+                 "--ideal-step-time", "1"]) == 0
+    assert "62.50 %" in capsys.readouterr().out
+
+
+def test_resiliency_duplicate_or_restart(tmp_path):
+    """A repeated job_started within the window with nothing in between is a duplicate; after
+    the window it is a restart (an attempt that died before loading is an attempt); inside
+    the window but after a checkpoint event it is a restart, reported as ambiguous."""
+    events = [(0, "job_started", {"node_rank": 0}), (0.5, "job_started", {"node_rank": 1}),
+              (2.5, "job_started", {"node_rank": 0}),  # duplicate line (2.5 s)
+              (3, "job_started", {"node_rank": 1}),  # duplicate line (2.5 s)
+              (40, "job_started", {"node_rank": 1}),  # restart: died before loading
+              (41, "job_started", {"node_rank": 0}),  # ... joins the wave
+              (60, "checkpoint_loaded", {"step": 0}),
+              (62, "job_started", {"node_rank": 0}),  # 21 s after its start: a restart
+              (63, "job_started", {"node_rank": 1}),
+              (70, "checkpoint_loaded", {"step": 0}),
+              (72, "job_started", {"node_rank": 0}),  # 10 s, but after a load: ambiguous
+              (73, "job_started", {"node_rank": 1})]
+    path = events_log(tmp_path / "d.log", events)
+    summary = import_logs([path], tmp_path / "out")
+    assert summary.duplicates == 2
+    assert summary.jobs["r"].attempts == 4
+    # both nodes' starts at 72-73 s come 10 s after their previous one, but after a load
+    assert summary.problems == {"ambiguous restart": 2}
+    assert any("ambiguous restart" in e and "node 0" in e for e in summary.examples)
+    assert marker_times(tmp_path / "out" / "r", "r", 0) == {
+        (0, 0): [0], (0, 1): [0.5], (1, 0): [41], (1, 1): [40], (2, 0): [62], (2, 1): [63],
+        (3, 0): [72], (3, 1): [73]}
+    # a window of 0: every repeat is a restart
+    summary = import_logs([path], tmp_path / "w0", duplicate_window_s=0)
+    assert summary.duplicates == 0 and summary.jobs["r"].attempts == 5
+    assert not summary.problems
+    with pytest.raises(ValueError, match="duplicate window"):
+        import_logs([path], tmp_path / "bad", duplicate_window_s=-1)
+    assert main(["import", str(path), "--to", str(tmp_path / "cli"),
+                 "--duplicate-window", "0"]) == 0
+    assert len(list((tmp_path / "cli" / "r").glob("*-a0004.jsonl"))) == 2
+
+
+def test_resiliency_restart_wave(tmp_path):
+    """Events belong to their node's attempt: a slow node's late job_terminated stays in the
+    attempt it ends; a node absent from the killed attempt that logs the wave's first start
+    joins the new attempt; identical lines are kept once."""
+    events = [(0, "job_started", {"node_rank": 0}), (1, "job_started", {"node_rank": 1}),
+              (2, "job_started", {"node_rank": 2}),
+              (30, "checkpoint_loaded", {"step": 0}),
+              (130, "checkpoint_saved", {"step": 100, "node_rank": 0}),
+              (130, "checkpoint_saved", {"step": 100, "node_rank": 0}),  # identical line
+              (300, "job_started", {"node_rank": 3}),  # absent before: the wave's first line
+              (301, "job_started", {"node_rank": 1}), (302, "job_started", {"node_rank": 0}),
+              (303, "job_terminated", {"node_rank": 2}),  # late end of node 2's attempt 0
+              (305, "job_started", {"node_rank": 2}),
+              (340, "checkpoint_loaded", {"step": 100}),
+              (440, "checkpoint_saved", {"step": 200})]
+    summary = import_logs([events_log(tmp_path / "w.log", events)], tmp_path / "out")
+    assert not summary.problems and summary.duplicates == 1
+    assert summary.jobs["r"].attempts == 2 and summary.jobs["r"].processes == 4
+    run = tmp_path / "out" / "r"
+    assert marker_times(run, "r", 0) == {(0, 0): [0], (0, 1): [1], (0, 2): [2], (1, 0): [302],
+                                         (1, 1): [301], (1, 2): [305], (1, 3): [300]}
+    assert marker_times(run, "r", 1) == {(0, 2): [303]}
+    (r,) = report_run_dir(run, ideal_step_time_s=1, now_ns=NOW)
+    assert [(a.start_ns - T0_NS) / NS for a in r.attempts] == [0, 300]
+    assert [a.resume_step for a in r.attempts] == [0, 100]
+    assert r.productive_time_s == 200 and r.badput_s["custom:startup_and_restore"] == 38
+
+
+def test_resiliency_second_load_without_start(tmp_path):
+    """A node that loads a checkpoint a second time in one attempt restarted without
+    logging job_started: a new attempt begins at the load, reported as a problem."""
+    events = [(0, "job_started", {"node_rank": 0}), (10, "checkpoint_loaded", {"step": 0}),
+              (110, "checkpoint_saved", {"step": 100}),
+              (300, "checkpoint_loaded", {"step": 100}),
+              (400, "checkpoint_saved", {"step": 200})]
+    summary = import_logs([events_log(tmp_path / "s.log", events)], tmp_path / "out")
+    assert summary.jobs["r"].attempts == 2
+    assert summary.problems == {"restart without job_started": 1}
+    run = tmp_path / "out" / "r"
+    assert spans_of(run, "r", 1)[:2] == [("checkpoint_restore", 300, 300, 100, None, None),
+                                         ("custom_badput", 300, 300, None, None,
+                                          "startup_and_restore")]
+    (r,) = report_run_dir(run, ideal_step_time_s=1, now_ns=NOW)
+    assert r.badput_s["checkpoint_restore"] == 0 and r.productive_time_s == 200
+    assert r.badput_s["infrastructure_recovery"] == 190
 
 
 def test_resiliency_problems(tmp_path):

@@ -394,7 +394,7 @@ def test_replay_reads_the_spool_file_names():
     (pattern,) = doc["receivers"]["otlpjsonfile"]["include"]
     # the recorder's file name (src/goodput/config.py: spool_path) must match the glob
     from goodput.config import spool_path
-    written = Path(spool_path("/run", 3, 1)).name
+    written = Path(spool_path("/run", 3, 1, "0123abcdef")).name
     assert Path(written).match(Path(expand(pattern)).name), (pattern, written)
 
 

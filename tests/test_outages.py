@@ -302,7 +302,7 @@ def test_sigkill_during_outage_next_attempt_sends_the_backlog(tmp_path):
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         a0 = spool_ids(run)
-        sidecar = run / "spans-p00000-a0000.jsonl.OTLPSpanExporter.offset"
+        (sidecar,) = run.glob("spans-p00000-a0000-*.jsonl.OTLPSpanExporter.offset")
         assert a0 and sidecar.read_text().strip() == "0"
         fake.up()
         second = subprocess.run(args + ["5", "exit"], env=env, capture_output=True,

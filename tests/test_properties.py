@@ -303,7 +303,7 @@ def test_resume_step_does_not_depend_on_order_of_simultaneous_steps(tmp_path):
     for order in (spans, spans[::-1]):
         d = _write(tmp_path / f"o{len(got)}{order[0]['spanId']}",
                    _lines([(res, sp) for sp in order], None))
-        data = read_run_dir(d).jobs["tie"].processes[(0, 0)].data
+        data = read_run_dir(d).jobs["tie"].processes[(0, 0, "")].data
         got.add(resume_step(np.asarray(data)))
     assert got == {3}
 

@@ -23,7 +23,7 @@ def simple(job="job", attempt=0, n=10):
 
 
 def steps_of(spans, job="job", key=(0, 0)):
-    d = spans.jobs[job].processes[key].data
+    d = spans.jobs[job].processes[(*key, "")].data
     rows = d[d[:, C_KIND] == K_STEP]
     return sorted(zip(rows[:, C_START].tolist(), rows[:, C_IVAL].tolist(), strict=True))
 
@@ -31,7 +31,7 @@ def steps_of(spans, job="job", key=(0, 0)):
 def test_reads_spans_and_resource(tmp_path):
     simple(n=10).write(tmp_path, spans_per_line=3)
     s = read_run_dir(tmp_path)
-    proc = s.jobs["job"].processes[(0, 0)]
+    proc = s.jobs["job"].processes[(0, 0, "")]
     assert len(proc.data) == 12 and proc.host == "host0" and proc.process_count == 1
     assert [n for _, n in steps_of(s)] == list(range(1, 11))
     assert s.jobs["job"].schema_versions == {"1"} and not s.jobs["job"].skipped
@@ -45,7 +45,7 @@ def test_torn_last_line_is_counted(tmp_path):
     s = read_run_dir(tmp_path)
     job = s.jobs["job"]
     assert job.skipped == {"torn": 1}
-    assert len(job.processes[(0, 0)].data) == 12
+    assert len(job.processes[(0, 0, "")].data) == 12
     assert f"{path}:2:" in job.examples[0]
 
 
@@ -62,7 +62,7 @@ def test_malformed_middle_line_is_counted_with_location(tmp_path):
     assert job.skipped == {"malformed": 2}
     assert job.examples[0].startswith(f"{path}:2: ") and "invalid JSON" in job.examples[0]
     assert job.examples[1].startswith(f"{path}:3: expected") and "resourceSpans" in job.examples[1]
-    assert len(job.processes[(0, 0)].data) == 12
+    assert len(job.processes[(0, 0, "")].data) == 12
 
 
 def test_duplicates_kept_once(tmp_path):
@@ -72,7 +72,7 @@ def test_duplicates_kept_once(tmp_path):
     write_spool(tmp_path / "b.jsonl", tl.resource, spans[:4])  # re-sent after a retry
     s = read_run_dir(tmp_path)
     assert s.jobs["job"].skipped == {"duplicate": 4}
-    assert len(s.jobs["job"].processes[(0, 0)].data) == 12
+    assert len(s.jobs["job"].processes[(0, 0, "")].data) == 12
     r = report_run_dir(tmp_path, ideal_step_time_s=1, now_ns=NOW)[0]
     assert r.total_time_s == 10 and r.goodput == 1 and r.skipped["duplicate"] == 4
     assert sum(r.skipped.values()) == 4
@@ -84,7 +84,7 @@ def test_same_span_id_in_other_trace_is_not_duplicate(tmp_path):
     other = [otlp_span(*tl.spans[1], trace_id="cd" * 16, span_id=1)]
     write_spool(tmp_path / "a.jsonl", tl.resource, spans + other)
     s = read_run_dir(tmp_path)
-    assert not s.jobs["job"].skipped and len(s.jobs["job"].processes[(0, 0)].data) == 5
+    assert not s.jobs["job"].skipped and len(s.jobs["job"].processes[(0, 0, "")].data) == 5
 
 
 def test_out_of_order_spans_give_the_same_result(tmp_path):
@@ -110,7 +110,7 @@ def test_unknown_span_names_and_scopes_are_counted(tmp_path):
         f.write(other_scope + "\n")
     s = read_run_dir(tmp_path)
     assert s.jobs["job"].skipped == {"unknown": 3}
-    assert len(s.jobs["job"].processes[(0, 0)].data) == 5
+    assert len(s.jobs["job"].processes[(0, 0, "")].data) == 5
 
 
 def test_invalid_spans_are_counted(tmp_path):
@@ -122,7 +122,7 @@ def test_invalid_spans_are_counted(tmp_path):
     write_spool(path, tl.resource, [bad], mode="a")
     s = read_run_dir(tmp_path)
     assert s.jobs["job"].skipped == {"invalid_span": 2}
-    assert len(s.jobs["job"].processes[(0, 0)].data) == 5
+    assert len(s.jobs["job"].processes[(0, 0, "")].data) == 5
 
 
 @pytest.mark.parametrize(
@@ -150,8 +150,8 @@ def test_int_values_as_numbers_or_strings(tmp_path):
     tl.write(as_str)
     tl.write(as_num, int_as_number=True)
     assert '"intValue":1}' in (as_num / "spans-p00000-a0000.jsonl").read_text()
-    a = read_run_dir(as_str).jobs["job"].processes[(0, 0)].data
-    b = read_run_dir(as_num).jobs["job"].processes[(0, 0)].data
+    a = read_run_dir(as_str).jobs["job"].processes[(0, 0, "")].data
+    b = read_run_dir(as_num).jobs["job"].processes[(0, 0, "")].data
     assert (a[:, :7] == b[:, :7]).all()  # all but trace and span ids
     assert steps_of(read_run_dir(as_num))[0] == (tl.ns(0), 1)
 
@@ -189,8 +189,8 @@ def test_several_resources_and_jobs_in_one_line(tmp_path):
     (tmp_path / "mixed.jsonl").write_text(json.dumps(req) + "\n")
     s = read_run_dir(tmp_path)
     assert sorted(s.jobs) == ["a", "b"]
-    assert len(s.jobs["a"].processes[(0, 0)].data) == 4
-    assert len(s.jobs["b"].processes[(0, 0)].data) == 5
+    assert len(s.jobs["a"].processes[(0, 0, "")].data) == 4
+    assert len(s.jobs["b"].processes[(0, 0, "")].data) == 5
 
 
 def test_job_name_falls_back_to_service_name(tmp_path):
@@ -250,5 +250,5 @@ def test_parallel_read_equals_serial(tmp_path, monkeypatch):
         assert a.skipped == b.skipped == {"malformed": 1, "torn": 1, "duplicate": 30}
         assert a.examples == b.examples
         assert f"{path}:41: " in a.examples[0]
-        assert (a.processes[(0, 0)].data == b.processes[(0, 0)].data).all()
+        assert (a.processes[(0, 0, "")].data == b.processes[(0, 0, "")].data).all()
         assert serial.strings == other.strings == ["exit", "eval"]

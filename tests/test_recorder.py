@@ -21,8 +21,14 @@ from goodput import schema
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def spool_spans(run_dir) -> list[dict]:
-    """All spans in a run directory's spool files, each with its resource attributes."""
+def finished(exporter) -> list:
+    """The exporter's spans without the recorder's ``goodput.open`` records."""
+    return [s for s in exporter.get_finished_spans() if not s.attributes.get(schema.ATTR_OPEN)]
+
+
+def spool_spans(run_dir, open_records: bool = False) -> list[dict]:
+    """All spans in a run directory's spool files, each with its resource attributes
+    (without ``goodput.open`` records unless ``open_records``)."""
     out = []
     for path in sorted(Path(run_dir).glob("*.jsonl")):
         for line in path.read_text().splitlines():
@@ -32,6 +38,8 @@ def spool_spans(run_dir) -> list[dict]:
                 for ss in rs["scopeSpans"]:
                     for span in ss["spans"]:
                         attrs = {a["key"]: a["value"] for a in span.get("attributes", [])}
+                        if schema.ATTR_OPEN in attrs and not open_records:
+                            continue
                         out.append({**span, "attrs": attrs, "res": res, "file": path.name})
     return out
 
@@ -67,7 +75,7 @@ def test_phases_become_spans_with_schema_attributes(memory):
     with goodput.custom_badput("eval"):
         pass
     goodput.flush()
-    spans = {s.name: s for s in exporter.get_finished_spans()}
+    spans = {s.name: s for s in finished(exporter)}
     assert set(spans) >= {schema.JOB_START, *schema.PHASES}
     assert spans[schema.STEP].attributes[schema.ATTR_STEP] == 8
     assert spans[schema.STEP].end_time - spans[schema.STEP].start_time >= 2_000_000
@@ -76,7 +84,7 @@ def test_phases_become_spans_with_schema_attributes(memory):
     assert spans[schema.CUSTOM_BADPUT].attributes[schema.ATTR_BADPUT_TYPE] == "eval"
     res = spans[schema.STEP].resource.attributes
     assert res[schema.RES_JOB_NAME] == "unit" and res[schema.RES_SERVICE_NAME] == "unit"
-    assert res[schema.RES_ATTEMPT] == 0 and res[schema.RES_SCHEMA_VERSION] == "1"
+    assert res[schema.RES_ATTEMPT] == 0 and res[schema.RES_SCHEMA_VERSION] == "1.1"
     # one trace per attempt
     assert len({s.context.trace_id for s in exporter.get_finished_spans()}) == 1
     # the spool holds the same spans, in OTLP JSON
@@ -104,16 +112,16 @@ def test_decorators_explicit_times_and_step_start(memory):
     goodput.flush()
     steps = sorted(
         (s.attributes[schema.ATTR_STEP], s.start_time, s.end_time)
-        for s in exporter.get_finished_spans()
+        for s in finished(exporter)
         if s.name == schema.STEP
     )
     assert [s[0] for s in steps] == [0, 1, 100, 200]
     back = steps[2]
     assert back[1] == int(t0.timestamp()) * 10**9 and back[2] - back[1] == 2_500_000_000
-    custom = [s for s in exporter.get_finished_spans() if s.name == schema.CUSTOM_BADPUT][0]
+    custom = [s for s in finished(exporter) if s.name == schema.CUSTOM_BADPUT][0]
     assert custom.end_time - custom.start_time == 1_500_000_000
     goodput.job_end()  # closes step 201 at the end marker
-    steps = [s for s in exporter.get_finished_spans() if s.name == schema.STEP]
+    steps = [s for s in finished(exporter) if s.name == schema.STEP]
     assert steps[-1].attributes[schema.ATTR_STEP] == 201
 
 
@@ -166,9 +174,9 @@ def test_compat_recorder_has_the_incumbents_methods(tmp_path):
     assert by_name[schema.CUSTOM_BADPUT][0]["attrs"][schema.ATTR_BADPUT_TYPE] == {
         "stringValue": "eval_step"
     }
-    assert sorted({sp["file"] for sp in spans}) == [
-        "spans-p00000-a0000.jsonl", "spans-p00000-a0001.jsonl"
-    ]
+    files = sorted({sp["file"] for sp in spans})  # a new file per attempt, and per process
+    assert [f.split("-")[:4] for f in files] == [["spans", "p00000", "a0000", str(os.getpid())],
+                                                 ["spans", "p00000", "a0001", str(os.getpid())]]
     disabled = goodput.GoodputRecorder(job_name="x", logger_name="y", logging_enabled=False)
     disabled.record_job_start_time()  # records nothing, configures nothing
     assert goodput.api._RECORDER is None
@@ -209,14 +217,18 @@ CHILD = """
 """
 
 
-def test_sigterm_ends_the_attempt_and_exits_like_sigterm(tmp_path):
+def test_sigterm_is_left_alone_and_the_step_in_flight_is_in_the_spool(tmp_path):
+    """No handler: SIGTERM kills at once (default disposition), no end marker is written,
+    and the step the process was in is in the spool as a ``goodput.open`` record."""
     proc = _run_child(tmp_path, CHILD)
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == -signal.SIGTERM
-    ends = [s for s in spool_spans(tmp_path / "run") if s["name"] == schema.JOB_END]
-    assert ends and ends[0]["attrs"][schema.ATTR_END_REASON] == {"stringValue": "sigterm"}
+    spans = spool_spans(tmp_path / "run", open_records=True)
+    assert schema.JOB_END not in {s["name"] for s in spans}
+    opened = [s for s in spans if schema.ATTR_OPEN in s["attrs"]]
+    assert opened and all(s["name"] == schema.STEP for s in opened)
 
 
 def test_unhandled_exception_is_the_end_reason(tmp_path):
@@ -229,7 +241,7 @@ def test_unhandled_exception_is_the_end_reason(tmp_path):
     spans = spool_spans(tmp_path / "run")
     ends = [s for s in spans if s["name"] == schema.JOB_END]
     assert ends[0]["attrs"][schema.ATTR_END_REASON] == {"stringValue": "exception"}
-    assert sum(s["name"] == schema.STEP for s in spans) == 20
+    assert sum(s["name"] == schema.STEP for s in spans) == 20  # open records left out
 
 
 def test_sigkill_loses_at_most_one_flush_interval(tmp_path):

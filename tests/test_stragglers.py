@@ -18,6 +18,7 @@ from test_metrics import _points
 
 from goodput import schema
 from goodput_processor.accounting import account, report_run_dir
+from goodput_processor.attempts import build_attempts
 from goodput_processor.metrics import GoodputMetrics
 from goodput_processor.reader import read_run_dir
 from goodput_processor.stragglers import straggler_report
@@ -33,7 +34,6 @@ from goodput_processor.timeline import (
     NONE,
     JobSpans,
     ProcessSpans,
-    build_attempts,
 )
 
 HOSTS = 8
@@ -172,7 +172,7 @@ def _synthetic_job(hosts, steps, slow, seed=0):
         d[1:, C_END] = d[1:, C_START] + dur
         d[1:, C_KIND], d[1:, C_IVAL] = K_STEP, n
         d[:, C_SID] = np.arange(steps + 1) + p * (steps + 1)
-        job.processes[(0, p)] = ProcessSpans("big", 0, p, f"h{p}", hosts, "1", d)
+        job.processes[(0, p, "")] = ProcessSpans("big", 0, p, f"h{p}", hosts, "1", d)
     return job
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from goodput import schema
 
+from .attempts import Attempt, build_attempts
 from .reader import read_run_dir
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
 from .stragglers import straggler_report
@@ -41,9 +42,7 @@ from .timeline import (
     KIND_NAMES,
     NONE,
     SKIP_REASONS,
-    Attempt,
     JobSpans,
-    build_attempts,
 )
 
 __all__ = ["AttemptResult", "JobResult", "StepArrays", "StepTimeSummary", "account",
@@ -89,6 +88,13 @@ def resume_step(d: np.ndarray) -> int | None:
                 return int(ival[r])
             return int(ival[r]) - int(_step_counts(d[r : r + 1, C_AUX])[0])
     return None
+
+
+def _wasted_steps(d: np.ndarray, a: Attempt, bound: int) -> int:
+    """Steps above ``bound`` that one process of attempt ``a`` started within it."""
+    sel = (d[:, C_KIND] == K_STEP) & (d[:, C_IVAL] != NONE) & (d[:, C_IVAL] > bound)
+    sel &= (d[:, C_START] >= a.start_ns) & (d[:, C_START] < a.end_ns)
+    return len(np.unique(d[sel, C_IVAL]))
 
 
 def _paint(a0: int, a1: int, starts, ends, levels, nlevels: int):
@@ -279,6 +285,9 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
         has_next = i + 1 < len(attempts)
         bounds.append(min(later) if later else None)
         kept, wasted = acc.attempt(a, bounds[-1], has_next)
+        if has_next and bounds[-1] is not None:  # a peer may have flushed steps it lost
+            wasted = max([wasted] + [_wasted_steps(p.data, a, bounds[-1])
+                                     for p in a.processes[1:]])
         if has_next:
             recovery_ns += attempts[i + 1].start_ns - a.end_ns
         errors = sum(int(((p.data[:, C_FLAGS] & F_ERROR) != 0).sum()) for p in a.processes)
@@ -291,6 +300,7 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
             recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
         ))
     result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
+    result = replace(result, warnings=tuple(w for a in attempts for w in a.warnings))
     # --- stragglers (goodput_processor.stragglers): per-host step times, not in the buckets
     result = replace(result, stragglers=straggler_report(attempts, bounds))
     # --- end stragglers

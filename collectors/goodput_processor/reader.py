@@ -54,16 +54,27 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = ["ReadError", "RunDirError", "SpoolFormatError", "read_run_dir"]
 
 _KIND_CODES = {name: code for code, name in enumerate(tl.KIND_NAMES)}
-# Per kind: attribute key -> slot (0 = ival, 1 = aux, 2 = string, 3 = blocking flag).
-_BLOCKING = {schema.ATTR_BLOCKING: 3}
+# Per kind: attribute key -> slot (0 = ival, 1 = aux, 2 = string, 3 = blocking flag,
+# 4 = open flag).
+_BLOCKING = {schema.ATTR_BLOCKING: 3, schema.ATTR_OPEN: 4}
 _RECORDER = {schema.ATTR_RECORDER_ERRORS: 0, schema.ATTR_RECORDER_DROPPED: 1}
 _KIND_ATTRS: tuple[dict[str, int], ...] = (
     {schema.ATTR_HEARTBEAT_INTERVAL_MS: 0}, {**_RECORDER, schema.ATTR_END_REASON: 2}, _RECORDER,
+    {schema.RES_PROCESS_INDEX: 0, schema.RES_PROCESS_COUNT: 1},
     _BLOCKING, _BLOCKING, _BLOCKING, _BLOCKING,
     {schema.ATTR_STEP: 0, schema.ATTR_STEP_COUNT: 1, **_BLOCKING},
     {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING}, {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING},
     {schema.ATTR_BADPUT_TYPE: 2, **_BLOCKING},
 )
+
+
+def flag_bit(slot: int, value) -> int:
+    """The ``flags`` bit a slot-3/4 attribute value sets: ``goodput.blocking`` false ->
+    ``F_NONBLOCKING``, ``goodput.open`` true -> ``F_OPEN``, else 0."""
+    text = str(value).lower()
+    if slot == 3:
+        return tl.F_NONBLOCKING if text in ("false", "0") else 0
+    return tl.F_OPEN if text in ("true", "1") else 0
 #: Spans that only shape traces (``goodput.window``): read past, never counted.
 STRUCTURE = frozenset(schema.STRUCTURE)
 _MAX_EXAMPLES = 20
@@ -131,9 +142,12 @@ class _Reader:
         job = self.jobs.get(name)
         return job or self.jobs.setdefault(name, JobSpans(name, strings=self.strings))
 
-    def _proc(self, job: JobSpans, attempt: int, index: int) -> ProcessSpans:
-        key = (attempt, index)
-        return job.processes.get(key) or job.processes.setdefault(key, ProcessSpans(job.name, *key))
+    def _proc(self, job: JobSpans, attempt: int, index: int, instance: str = "") -> ProcessSpans:
+        key = (attempt, index, instance)
+        proc = job.processes.get(key)
+        if proc is None:
+            proc = job.processes[key] = ProcessSpans(job.name, attempt, index, instance=instance)
+        return proc
 
     def _skip(self, job: JobSpans | None, reason: str, where, why: str, n: int = 1):
         (job.skipped if job else self.skipped)[reason] += n
@@ -227,11 +241,21 @@ class _Reader:
             index = _as_int(attrs.get(schema.RES_PROCESS_INDEX, 0))
         except (TypeError, ValueError, OverflowError):
             attempt, index = 0, 0
+        instance = attrs.get(schema.RES_SERVICE_INSTANCE_ID)
         job = self._job(name)
-        proc = self._proc(job, attempt, index)
+        proc = self._proc(job, attempt, index, "" if instance is None else str(instance)[:64])
         host, count = attrs.get(schema.RES_HOST_NAME), attrs.get(schema.RES_PROCESS_COUNT)
         proc.host = proc.host if host is None else str(host)
         proc.process_count = count if isinstance(count, int) else proc.process_count
+        pid, pstart = attrs.get(schema.RES_PROCESS_PID), attrs.get(schema.RES_PROCESS_START)
+        if isinstance(pid, int) and not isinstance(pid, bool):
+            proc.pid = pid
+        if isinstance(pstart, int) and not isinstance(pstart, bool):
+            proc.process_start_ns = pstart
+        for key, attr in ((schema.RES_ATTEMPT_SOURCE, "attempt_source"),
+                          (schema.RES_PROCESS_INDEX_SOURCE, "index_source")):
+            if isinstance(attrs.get(key), str):
+                setattr(proc, attr, attrs[key][:16])
         for key in tl.RUN_ATTRIBUTES:
             v = attrs.get(key)
             if v is not None and not (isinstance(v, float) and not math.isfinite(v)):
@@ -309,8 +333,8 @@ class _Reader:
                                 ival = x
                         elif slot == 2:
                             sidx = self._sid(str(_attr_value(v)))
-                        elif str(_attr_value(v)).lower() in ("false", "0"):
-                            flags |= tl.F_NONBLOCKING
+                        else:
+                            flags |= flag_bit(slot, _attr_value(v))
                 status = sp.get("status")
                 if status:
                     code = status.get("code")
@@ -346,9 +370,10 @@ class _Reader:
             job = self._job(name)
             job.skipped.update(ojob.skipped)
             job.schema_versions |= ojob.schema_versions
-            for (attempt, index), op in ojob.processes.items():
-                proc = self._proc(job, attempt, index)
-                for attr in ("host", "process_count", "schema_version"):
+            for (attempt, index, instance), op in ojob.processes.items():
+                proc = self._proc(job, attempt, index, instance)
+                for attr in ("host", "process_count", "schema_version", "pid",
+                             "process_start_ns", "attempt_source", "index_source"):
                     if getattr(op, attr) is not None:
                         setattr(proc, attr, getattr(op, attr))
                 proc.run.update(op.run)

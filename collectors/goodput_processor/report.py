@@ -27,13 +27,14 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
                         "p99_s": float | null, "max_s": float | null,
                         "anomalous_steps": int},  # over kept steps
           "attempts": [                          # ordered by start
-            {"attempt": int,                     # goodput.attempt
+            {"attempt": int,                     # found from evidence (accounting.md)
              "start_unix_ns": int, "end_unix_ns": int,
              "start_s": float,                   # offset from the job start
              "duration_s": float,
-             "end_reason": str,                  # goodput.end.reason, "killed" or "running"
+             "end_reason": str,                  # goodput.end.reason of the process seen
+                                                 # last, "killed" or "running"
              "cut": bool,                        # end moved back to the next start
-             "primary_process": int, "processes": int,
+             "primary_process": int, "processes": int,  # ranks (identity marker or env)
              "declared_processes": int | null,   # goodput.process.count
              "hosts": [str], "resume_step": int | null,
              "steps_kept": int, "steps_wasted": int,
@@ -65,7 +66,9 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
             "max_ratio": float,                  # slowest host's median / that
             "slowest": [{"host": str | null, "process": int, "steps": int,
                          "median_step_time_s": float, "ratio": float,
-                         "median_start_lag_s": float | null}]}  # up to 5, slowest first
+                         "median_start_lag_s": float | null}]},  # up to 5, slowest first
+          "warnings": [{"code": str, "message": str,  # what the input could not settle
+                        "attempt": int | null, "process": int | null}]
         }
       ]
     }
@@ -88,11 +91,27 @@ if TYPE_CHECKING:
 
     from .stragglers import StragglerReport
 
-__all__ = ["REPORT_SCHEMA", "AttemptResult", "JobResult", "StepArrays", "StepTimeSummary",
-           "format_duration", "job_to_dict", "render_table", "to_json", "to_json_dict"]
+__all__ = ["REPORT_SCHEMA", "AttemptResult", "JobResult", "ReportWarning", "StepArrays",
+           "StepTimeSummary", "format_duration", "job_to_dict", "render_table", "to_json",
+           "to_json_dict"]
 
 #: Value of the ``schema`` key of the JSON report.
 REPORT_SCHEMA = "goodput.report/1"
+
+
+@dataclass(frozen=True)
+class ReportWarning:
+    """Something the report's input could not settle or that looks wrong: the report
+    carries it instead of guessing silently.
+
+    ``code``: a stable name (listed in ``docs/report-json.md``); ``message``: one line for
+    people; ``attempt``/``process``: the attempt number and rank concerned, if any.
+    """
+
+    code: str
+    message: str
+    attempt: int | None = None
+    process: int | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +216,8 @@ class JobResult:
     useful_compute: float | None = None
     #: Per-host step times against the median host (:mod:`.stragglers`); None with < 2 hosts.
     stragglers: StragglerReport | None = None
+    #: What the input could not settle (:class:`ReportWarning`), in attempt order.
+    warnings: tuple[ReportWarning, ...] = ()
 
 
 def format_duration(seconds: float | None) -> str:
@@ -282,6 +303,8 @@ def job_to_dict(r: JobResult) -> dict:
         "mfu": r.mfu,
         "useful_compute": r.useful_compute,
         "stragglers": _stragglers_dict(r.stragglers),  # --- stragglers
+        "warnings": [{"code": w.code, "message": w.message, "attempt": w.attempt,
+                      "process": w.process} for w in r.warnings],
     }
 
 
@@ -418,6 +441,9 @@ def render_job(r: JobResult, console: Console) -> None:
     )
     for ex in r.skipped_examples:
         console.print(f"  {ex}", style="dim", markup=False, highlight=False)
+    for w in r.warnings:
+        console.print(f"warning [{w.code}]: {w.message}", style="yellow", markup=False,
+                      highlight=False)
     errors = sum(a.error_spans for a in r.attempts)
     console.print(
         f"recorder: errors {r.recorder_errors}, dropped {r.recorder_dropped}; "

@@ -23,7 +23,7 @@ def configure(
     flush_interval_s: float | None = None,
     exporters=None,
     spool: bool | None = None,
-    handle_signals: bool = True,
+    handle_signals: bool | None = None,
     start: bool = True,
     start_time=None,
     traces_exporter=None,
@@ -40,8 +40,10 @@ def configure(
         job_name: the job's name; ``OTEL_SERVICE_NAME`` or ``GOODPUT_JOB_NAME`` win.
         run_dir: spool directory (default ``GOODPUT_RUN_DIR`` or ``./goodput-runs/<job>``).
         process_index, process_count: this host process's rank and the job's size
-            (default from ``GOODPUT_PROCESS_INDEX``/``RANK``/``JAX_PROCESS_ID`` and
-            ``GOODPUT_PROCESS_COUNT``/``WORLD_SIZE``/``JAX_NUM_PROCESSES``).
+            (default from ``GOODPUT_PROCESS_INDEX``/``RANK``/``JAX_PROCESS_ID``/
+            ``LOCAL_RANK`` and ``GOODPUT_PROCESS_COUNT``/``WORLD_SIZE``/
+            ``JAX_NUM_PROCESSES``); replaced by ``torch.distributed``'s or JAX's rank and
+            size once the framework is initialised.
         flush_interval_s: seconds between spool writes (default 1).
         exporters: extra OpenTelemetry ``SpanExporter`` objects.
         traces_exporter: exporter names, e.g. ``"gcp_trace"`` or ``["otlp", "console"]``
@@ -50,7 +52,9 @@ def configure(
         trace_window_s, trace_window_spans: a new trace (window) every this many
             seconds (default 60) or child spans (default 500).
         spool: write the local spool (default yes).
-        handle_signals: record the attempt's end on SIGTERM.
+        handle_signals: ignored, kept for compatibility: goodput installs no signal handler,
+            so SIGTERM and SIGINT end the process exactly as they would without it (see
+            ``docs/recording.md``).
         start: begin an attempt now. Pass False if you call :func:`job_start` yourself.
         start_time: the attempt's start (datetime or epoch seconds); default: when
             this OS process started (Linux), else when ``goodput`` was imported.
@@ -137,7 +141,8 @@ def job_start(at=None) -> None:
 def job_end(at=None) -> None:
     """End the open attempt at ``at`` (default now) and write everything recorded.
 
-    Not needed in most scripts: interpreter exit and SIGTERM end it too.
+    Not needed in most scripts: interpreter exit ends it too, and after a kill or SIGTERM
+    the processor ends it at the process's last flushed sign of life.
     """
     t = _at(at, "job_end(at)")
     if t is not False:

@@ -4,9 +4,11 @@ Environment variables (arguments of :func:`goodput.configure` win over them):
 
 - ``OTEL_SERVICE_NAME`` / ``GOODPUT_JOB_NAME``: the job name.
 - ``GOODPUT_RUN_DIR``: the spool directory (default ``./goodput-runs/<job>``).
-- ``GOODPUT_PROCESS_INDEX`` (``RANK``, ``JAX_PROCESS_ID``) and
-  ``GOODPUT_PROCESS_COUNT`` (``WORLD_SIZE``, ``JAX_NUM_PROCESSES``).
-- ``GOODPUT_ATTEMPT`` (``TORCHELASTIC_RESTART_COUNT``): the attempt number.
+- ``GOODPUT_PROCESS_INDEX`` (``RANK``, ``JAX_PROCESS_ID``, ``LOCAL_RANK``) and
+  ``GOODPUT_PROCESS_COUNT`` (``WORLD_SIZE``, ``JAX_NUM_PROCESSES``); replaced by the
+  framework's rank and size once ``torch.distributed`` or JAX is initialised.
+- ``GOODPUT_ATTEMPT`` (``TORCHELASTIC_RESTART_COUNT``): the launcher's attempt number
+  (without one the processor derives attempts from the processes' start times).
 - ``GOODPUT_FLUSH_INTERVAL_S``: spool flush interval in seconds (default 1).
 - ``GOODPUT_SPOOL``: ``0`` turns the local spool off.
 - ``GOODPUT_TRACES_EXPORTER``, else ``OTEL_TRACES_EXPORTER``: extra exporters by
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import time
 import uuid
@@ -59,12 +60,28 @@ def job_name(explicit: str | None) -> str:
     )
 
 
-def process_index(explicit: int | None) -> int:
-    """Rank of this host process (``>= 0``)."""
+def process_index(explicit: int | None) -> tuple[int, str]:
+    """Rank of this host process (``>= 0``) as the environment says it, and its source.
+
+    ``explicit``, else ``GOODPUT_PROCESS_INDEX``, ``RANK``, ``JAX_PROCESS_ID`` (``"env"``),
+    else the launcher's local rank ``LOCAL_RANK`` (``"local"``: Lightning's own DDP
+    launcher sets no ``RANK``; combined with ``GROUP_RANK``/``NODE_RANK`` and
+    ``LOCAL_WORLD_SIZE`` when all are set, which makes it global: ``"env"``), else 0
+    (``"default"``: ``torch.multiprocessing.spawn`` sets nothing). The recorder replaces
+    it by the framework's rank once ``torch.distributed`` or JAX is initialised.
+    """
     if explicit is not None:
-        return int(explicit)
+        return int(explicit), "argument"
     value = _env_int("GOODPUT_PROCESS_INDEX", "RANK", "JAX_PROCESS_ID")
-    return value if value is not None and value >= 0 else 0
+    if value is not None and value >= 0:
+        return value, "env"
+    local = _env_int("LOCAL_RANK")
+    if local is not None and local >= 0:
+        node, size = _env_int("GROUP_RANK", "NODE_RANK"), _env_int("LOCAL_WORLD_SIZE")
+        if node is not None and node >= 0 and size is not None and size > local:
+            return node * size + local, "env"
+        return local, "local"
+    return 0, "default"
 
 
 def process_count(explicit: int | None) -> int:
@@ -137,37 +154,33 @@ def spool_enabled(explicit: bool | None) -> bool:
     return os.environ.get("GOODPUT_SPOOL", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-_SPOOL_RE = re.compile(r"^spans-p(\d+)-a(\d+)\.jsonl$")
+def spool_path(directory: str, index: int, attempt: int, instance: str) -> str:
+    """File of one OS process's attempt:
+    ``DIR/spans-p<index:05d>-a<attempt:04d>-<pid>-<instance[:8]>.jsonl``.
+
+    ``instance`` is the attempt's ``service.instance.id``: no two processes share a file,
+    whatever launched them (the index and attempt are only what the environment said).
+    """
+    return os.path.join(directory,
+                        f"spans-p{index:05d}-a{attempt:04d}-{os.getpid()}-{instance[:8]}.jsonl")
 
 
-def spool_path(directory: str, index: int, attempt: int) -> str:
-    """File of one process and attempt: ``DIR/spans-p<index:05d>-a<attempt:04d>.jsonl``."""
-    return os.path.join(directory, f"spans-p{index:05d}-a{attempt:04d}.jsonl")
+def attempt_hint() -> tuple[int, str]:
+    """The attempt number the launcher gives, and its source (``schema.ATTEMPT_SOURCES``).
 
-
-def first_attempt(directory: str | None, index: int) -> int:
-    """Attempt number of this process's first attempt.
-
-    ``GOODPUT_ATTEMPT``, else ``TORCHELASTIC_RESTART_COUNT``, else one more than
-    the highest attempt of process ``index`` already in ``directory`` (0 if none).
+    ``GOODPUT_ATTEMPT``, else torchrun's ``TORCHELASTIC_RESTART_COUNT`` (``"env"``: the
+    same on every rank of one launch); else 0 (``"process"``: the processor derives the
+    attempt from the processes' start times). Never read from the run directory: processes
+    starting together would race on it.
     """
     value = _env_int("GOODPUT_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
     if value is not None and value >= 0:
-        return value
-    highest = -1
-    if directory:
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            names = []
-        for name in names:
-            m = _SPOOL_RE.match(name)
-            if m and int(m.group(1)) == index:
-                highest = max(highest, int(m.group(2)))
-    return highest + 1
+        return value, "env"
+    return 0, "process"
 
 
-def make_resource(job: str, attempt: int, index: int, count: int, extra=None) -> Resource:
+def make_resource(job: str, attempt: int, index: int, count: int, extra=None, *,
+                  attempt_source: str = "process", index_source: str = "default") -> Resource:
     """The resource of one process's attempt (see ``docs/span-schema.md``).
 
     ``extra`` (e.g. ``gcp.project_id`` from :mod:`goodput.export`) and
@@ -178,21 +191,35 @@ def make_resource(job: str, attempt: int, index: int, count: int, extra=None) ->
         schema.RES_SERVICE_INSTANCE_ID: uuid.uuid4().hex,
         schema.RES_HOST_NAME: socket.gethostname(),
         schema.RES_PROCESS_PID: os.getpid(),
+        schema.RES_PROCESS_START: process_start_ns(),
         schema.RES_JOB_NAME: job,
         schema.RES_ATTEMPT: attempt,
+        schema.RES_ATTEMPT_SOURCE: attempt_source,
         schema.RES_PROCESS_INDEX: index,
+        schema.RES_PROCESS_INDEX_SOURCE: index_source,
         schema.RES_PROCESS_COUNT: count,
         schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
     }
     return Resource.create({**(extra or {}), **attrs})
 
 
+_START_CACHE: dict[int, int] = {}
+
+
 def process_start_ns() -> int:
     """Wall-clock start of this OS process in ns since the epoch (10 ms resolution).
 
-    Read from ``/proc/self/stat`` (Linux); elsewhere, or if that fails, the time
-    the ``goodput`` package was imported.
+    Read from ``/proc/self/stat`` (Linux) once per process (the same value every call);
+    elsewhere, or if that fails, the time the ``goodput`` package was imported.
     """
+    pid = os.getpid()
+    cached = _START_CACHE.get(pid)
+    if cached is None:
+        cached = _START_CACHE[pid] = _read_process_start_ns()
+    return cached
+
+
+def _read_process_start_ns() -> int:
     try:
         with open("/proc/self/stat", encoding="ascii") as f:
             stat = f.read()

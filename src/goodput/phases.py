@@ -66,7 +66,7 @@ class Phase:
         sync: ask for a spool write and fsync when the phase ends (checkpoint saves).
     """
 
-    __slots__ = ("name", "attrs", "_t0", "_start", "_sync", "_done")
+    __slots__ = ("name", "attrs", "_t0", "_start", "_sync", "_done", "_entry")
 
     def __init__(self, name: str, attrs=None, start=None, end=None, sync: bool = False):
         self.name = name
@@ -75,6 +75,7 @@ class Phase:
         self._t0 = None
         self._done = False
         self._start = None
+        self._entry = None  # (name, start ns, attrs) while in flight
         try:
             if start is not None:
                 self._start = to_ns(start, "start")
@@ -89,6 +90,9 @@ class Phase:
     def _record(self, t0: int, t1: int, err) -> None:
         self._done = True
         rec = _recorder()
+        if self._entry is not None:
+            rec.phase_end(self._entry)
+            self._entry = None
         if t1 < t0:
             rec.error("%s not recorded: end is before start", self.name)
             return
@@ -105,7 +109,15 @@ class Phase:
                 self._t0 = to_ns(at, "at")
             except (TypeError, ValueError) as exc:
                 _recorder().error("%s start not recorded: %s", self.name, exc)
+                return self
+        self._in_flight()
         return self
+
+    def _in_flight(self) -> None:
+        """Tell the recorder the phase is running (see :meth:`Recorder.phase_begin`)."""
+        if self._entry is None:
+            self._entry = (self.name, self._t0, self.attrs)
+            _recorder().phase_begin(self._entry)
 
     def finish(self, at=None, error: str | None = None) -> None:
         """Mark the end (``at``: explicit time, default now) and record the phase."""
@@ -127,6 +139,7 @@ class Phase:
     def __enter__(self) -> Phase:
         if not self._done and self._start is None:
             self._t0 = _time_ns()
+            self._in_flight()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -141,7 +154,9 @@ class Phase:
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            t0 = _time_ns()
+            rec = _recorder()
+            entry = (name, _time_ns(), attrs)
+            rec.phase_begin(entry)
             err = None
             try:
                 return func(*args, **kwargs)
@@ -149,8 +164,8 @@ class Phase:
                 err = type(exc).__name__
                 raise
             finally:
-                rec = _recorder()
-                rec.record(name, t0, _time_ns(), attrs, err)
+                rec.phase_end(entry)
+                rec.record(name, entry[1], _time_ns(), attrs, err)
                 if sync:
                     rec.request_sync()
 

@@ -12,14 +12,19 @@ number) and its own spool file; its spans are grouped into traces by
 :mod:`goodput.traces` (a window root per trace). Every failure is counted in
 :meth:`Recorder.stats` and written on the next heartbeat or end marker; nothing
 raises into training.
+
+The recorder installs no signal handler: a Python handler runs only when the main thread
+is back in the interpreter, so one would keep a rank blocked in native code (a
+``TCPStore`` wait, a collective) alive after SIGTERM until the launcher's SIGKILL. A
+process ended by a signal leaves no end marker; the processor ends its attempt at its last
+flushed sign of life (at most one flush interval early), and the phases it was in are in
+the spool as ``goodput.open`` records written at every flush.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import os
-import signal
 import sys
 import threading
 import time
@@ -70,6 +75,28 @@ class _SpoolProcessor(SpanProcessor):
         self.exporter.shutdown()
 
 
+def framework_identity() -> tuple[int, int] | None:
+    """``(rank, world size)`` from ``torch.distributed`` or JAX once initialised, else None.
+
+    Looks only at modules the program already imported (never imports a framework, never
+    calls ``jax.process_index()``, which would break ``jax.distributed.initialize``).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank()), int(dist.get_world_size())
+        except Exception:  # a group being torn down: try again at the next flush
+            pass
+    jd = sys.modules.get("jax._src.distributed")
+    state = getattr(jd, "global_state", None) if jd is not None else None
+    if state is not None and getattr(state, "client", None) is not None:
+        rank, size = getattr(state, "process_id", None), getattr(state, "num_processes", None)
+        if isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size:
+            return rank, size
+    return None
+
+
 class Recorder:
     """Records the phases of one training process as OpenTelemetry spans.
 
@@ -90,7 +117,7 @@ class Recorder:
         trace_window_s, trace_window_spans: a window (one trace) closes after this
             many seconds (> 0, default 60) or child spans (>= 1, default 500).
         spool: write the local spool (default: yes unless ``GOODPUT_SPOOL=0``).
-        handle_signals: record the attempt's end on SIGTERM (main thread only).
+        handle_signals: ignored (kept for compatibility): no signal handler is installed.
         resource_attributes: extra resource attributes (str -> str/bool/int/float or a
             sequence of one of those) on every span; the schema's own attributes win.
 
@@ -108,14 +135,15 @@ class Recorder:
         flush_interval_s: float | None = None,
         exporters=None,
         spool: bool | None = None,
-        handle_signals: bool = True,
+        handle_signals: bool | None = None,
         traces_exporter=None,
         trace_window_s: float | None = None,
         trace_window_spans: int | None = None,
         resource_attributes=None,
     ):
         self.job_name = config.job_name(job_name)
-        self.process_index = config.process_index(process_index)
+        #: Rank and size: what the environment said, then the framework's once known.
+        self.process_index, self._index_source = config.process_index(process_index)
         self.process_count = config.process_count(process_count)
         self.flush_interval_s = config.flush_interval_s(flush_interval_s)
         self.spool = config.spool_enabled(spool)
@@ -127,7 +155,6 @@ class Recorder:
                                 **export.resource_attributes(extra)}
         self._forward = forward.Forwarding(extra, self.run_dir, self.process_index,
                                            poll_s=self.flush_interval_s)
-        self._handle_signals = handle_signals
 
         self._q: deque = deque()
         self._lock = threading.RLock()
@@ -138,6 +165,7 @@ class Recorder:
 
         self.attempt: int | None = None  # current attempt, None when none is open
         self._next_attempt: int | None = None
+        self._attempt_source = "process"
         self._provider: TracerProvider | None = None
         self._tracer = None
         self._windows: TraceWindows | None = None  # of the open attempt
@@ -147,8 +175,11 @@ class Recorder:
         self._last_tick = time.time_ns()
         self._sync_requested = False
         self._exception_seen = False
-        self._prev_sigterm = None
         self._prev_excepthook = None
+        #: Phases in flight on the training thread: id(entry) -> (name, start ns, attrs).
+        self._open: dict[int, tuple] = {}
+        self._open_written: dict[tuple, bool] = {}  # (name, start) of those written
+        self._identity_written: tuple[int, int] | None = None
         self.next_step = 0
         self._shut = False
 
@@ -159,6 +190,18 @@ class Recorder:
     def record(self, name: str, start_ns: int, end_ns: int, attrs=None, error=None) -> None:
         """Append one finished phase (span name from :mod:`goodput.schema`). Never raises."""
         self._q.append((name, start_ns, end_ns, attrs, error))
+
+    def phase_begin(self, entry: tuple) -> None:
+        """A phase ``(name, start ns, attrs)`` is in flight (until :meth:`phase_end`).
+
+        While it is, every flush writes it as a ``goodput.open`` record, so a process
+        killed inside it leaves its start in the spool. Never raises.
+        """
+        self._open[id(entry)] = entry
+
+    def phase_end(self, entry: tuple) -> None:
+        """The phase ``entry`` given to :meth:`phase_begin` is over. Never raises."""
+        self._open.pop(id(entry), None)
 
     def step_start(self, step: int, at_ns: int) -> None:
         """Mark the start of ``step`` (and the end of the step before). Never raises."""
@@ -210,14 +253,19 @@ class Recorder:
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """End the open attempt (reason ``exit``), write everything, stop the thread.
 
-        Restores the SIGTERM handler and ``sys.excepthook`` it replaced. Safe to call twice.
+        Phases still in flight are recorded as ending now, with error status. Restores the
+        ``sys.excepthook`` it replaced. Safe to call twice.
         """
         if self._shut:
             return
         self._shut = True
+        now = time.time_ns()
+        for name, t0, attrs in list(self._open.values()):
+            self.record(name, t0, max(now, t0), attrs, "unfinished")
+        self._open.clear()
         if self.attempt is not None or self._q:
             reason = "exception" if self._exception_seen else "exit"
-            self._q.append((_END, time.time_ns(), 0, reason, None))
+            self._q.append((_END, now, 0, reason, None))
         self._stop.set()
         self._wake.set()
         self.flush(timeout_s, exporters=False)
@@ -232,11 +280,6 @@ class Recorder:
     def _restore_hooks(self) -> None:
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._prev_excepthook or sys.__excepthook__
-        try:
-            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-                signal.signal(signal.SIGTERM, self._prev_sigterm or signal.SIG_DFL)
-        except (ValueError, OSError):
-            pass  # not the main thread: leave it
         atexit.unregister(self.shutdown)
 
     def stats(self) -> dict:
@@ -251,7 +294,7 @@ class Recorder:
         return out
 
     def start(self) -> None:
-        """Start the background thread, the exit hook and the SIGTERM handler (once)."""
+        """Start the background thread and the exit hook (once); no signal handler."""
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="goodput-export", daemon=True)
@@ -259,27 +302,10 @@ class Recorder:
         atexit.register(self.shutdown)
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
-        if self._handle_signals and threading.current_thread() is threading.main_thread():
-            try:
-                prev = signal.getsignal(signal.SIGTERM)
-                if prev is not signal.SIG_IGN:
-                    self._prev_sigterm = prev
-                    signal.signal(signal.SIGTERM, self._on_sigterm)
-            except (ValueError, OSError) as exc:
-                self.error("cannot install SIGTERM handler: %s", exc)
 
     def _excepthook(self, exc_type, exc, tb):
         self._exception_seen = True
         (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
-
-    def _on_sigterm(self, signum, frame):
-        self.job_end(reason="sigterm")
-        prev = self._prev_sigterm
-        if callable(prev):
-            prev(signum, frame)
-            return
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
 
     # --- background side ------------------------------------------------
 
@@ -302,8 +328,11 @@ class Recorder:
         try:
             drained = self._drain()
             now = time.time_ns()
-            if heartbeat and drained == 0 and self._tracer is not None:
-                self._emit(schema.HEARTBEAT, self._last_tick, now, self._health())
+            if self._tracer is not None:
+                self._write_identity(now)
+                in_flight = self._write_open(now)
+                if heartbeat and drained == 0 and not in_flight:
+                    self._emit(schema.HEARTBEAT, self._last_tick, now, self._health())
             if self._windows is not None:
                 self._windows.close_if_older(now)
             self._last_tick = now
@@ -342,6 +371,34 @@ class Recorder:
         self._windows.emit(name, t0, t1, attrs, err)
         self._counts["spans"] += 1
 
+    def _write_open(self, now: int) -> int:
+        """Write a ``goodput.open`` record (ending ``now``) for each phase in flight that has
+        none yet; returns how many phases are in flight. One record per phase: the
+        processor extends it to the process's last sign of life."""
+        entries = list(self._open.values())
+        if self._pending_step is not None:
+            step, t0 = self._pending_step
+            entries.append((schema.STEP, t0, {schema.ATTR_STEP: step}))
+        written, self._open_written = self._open_written, {}
+        for entry in entries:
+            name, t0, attrs = entry
+            key = (name, t0)
+            self._open_written[key] = True
+            if key not in written and t0 <= now:
+                self._emit(name, t0, now, {**(attrs or {}), schema.ATTR_OPEN: True})
+        return len(entries)
+
+    def _write_identity(self, now: int) -> None:
+        """Write a ``goodput.identity`` marker when the framework's rank becomes known."""
+        found = framework_identity()
+        if found is None or found == self._identity_written:
+            return
+        self._identity_written = found
+        self.process_index, self.process_count = found
+        self._emit(schema.IDENTITY, now, now, {schema.RES_PROCESS_INDEX: found[0],
+                                               schema.RES_PROCESS_COUNT: found[1]})
+        self._sync_requested = True
+
     def _on_step_start(self, step: int, at: int) -> None:
         if self._tracer is None:
             self._counts["dropped"] += 1
@@ -373,12 +430,13 @@ class Recorder:
         if self._tracer is not None:
             self._close_attempt(at, "restart")
         if self._next_attempt is None:
-            self._next_attempt = config.first_attempt(self.run_dir, self.process_index)
+            self._next_attempt, self._attempt_source = config.attempt_hint()
         self.attempt = self._next_attempt
         self._next_attempt += 1
         resource = config.make_resource(
             self.job_name, self.attempt, self.process_index, self.process_count,
-            self._resource_extra,
+            self._resource_extra, attempt_source=self._attempt_source,
+            index_source=self._index_source,
         )
         ids = AttemptIds()
         provider = TracerProvider(
@@ -388,7 +446,8 @@ class Recorder:
             shutdown_on_exit=False,  # we end the attempt at exit ourselves, in order
         )
         if self.spool:
-            path = config.spool_path(self.run_dir, self.process_index, self.attempt)
+            path = config.spool_path(self.run_dir, self.process_index, self.attempt,
+                                     resource.attributes[schema.RES_SERVICE_INSTANCE_ID])
             self._spool = SpoolSpanExporter(path)
             self._spool_failures_counted = 0
             provider.add_span_processor(_SpoolProcessor(self._spool, self._forward.spool_failed))
@@ -400,6 +459,9 @@ class Recorder:
         self._windows = TraceWindows(self._tracer, ids, self._window_ns, self._window_spans)
         interval_ms = int(self.flush_interval_s * 1000)
         self._emit(schema.JOB_START, at, at, {schema.ATTR_HEARTBEAT_INTERVAL_MS: interval_ms})
+        self._identity_written = None  # the new attempt's spool gets it too
+        self._open_written = {}
+        self._write_identity(at)
         self._sync_requested = True
 
     def _close_attempt(self, at: int, reason: str) -> None:

@@ -17,7 +17,7 @@ import re
 #: Version of this schema, written as the ``goodput.schema.version`` resource
 #: attribute. Bump the major number on any change that an older processor
 #: would misread.
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "1.1"
 
 #: Instrumentation scope name of the tracer that emits goodput spans.
 SCOPE_NAME = "goodput"
@@ -32,6 +32,12 @@ JOB_END = "goodput.job_end"
 #: Liveness marker written when a process has had nothing else to export for
 #: one flush interval; its end time says the process was alive then.
 HEARTBEAT = "goodput.heartbeat"
+#: Zero-length marker written when the process learns its rank and the job's size from
+#: the framework once it is initialised (``torch.distributed``, JAX distributed), and
+#: again if they change: attributes :data:`RES_PROCESS_INDEX` and :data:`RES_PROCESS_COUNT`
+#: (ints). It overrides the resource's ``goodput.process.index``/``count``, which were only
+#: what the launcher's environment said when ``configure`` ran.
+IDENTITY = "goodput.identity"
 #: Root span of one trace: a window of one attempt of one process. Every other
 #: span is a child of a window; a window covers its children (start of the
 #: first to end of the last) and is written when it closes (after
@@ -67,7 +73,7 @@ PHASES = (
 #: reads past them (no time accounting, not counted as unknown).
 STRUCTURE = (WINDOW, RUN_CONFIG)
 #: Markers (lifecycle of an attempt of one process, and trace structure).
-MARKERS = (JOB_START, JOB_END, HEARTBEAT) + STRUCTURE
+MARKERS = (JOB_START, JOB_END, HEARTBEAT, IDENTITY) + STRUCTURE
 #: Every span name of this schema.
 SPAN_NAMES = PHASES + MARKERS
 
@@ -85,6 +91,13 @@ ATTR_END_REASON = "goodput.end.reason"  # str on JOB_END: one of END_REASONS
 ATTR_HEARTBEAT_INTERVAL_MS = "goodput.heartbeat.interval_ms"  # int on JOB_START
 ATTR_RECORDER_ERRORS = "goodput.recorder.errors"  # int on JOB_END/HEARTBEAT: failures so far
 ATTR_RECORDER_DROPPED = "goodput.recorder.dropped"  # int on JOB_END/HEARTBEAT: records lost so far
+#: bool on a phase span, true: the phase was still running when this record was written
+#: (at a flush); the span's end is the time of that flush, the last moment the process was
+#: seen inside the phase. The recorder writes one per flush interval for each phase in
+#: flight, so a process killed inside a phase leaves the phase's start in the spool. The
+#: processor drops such records when the phase's own (complete) span with the same start
+#: arrives, and otherwise keeps the latest one: the phase ran until then.
+ATTR_OPEN = "goodput.open"
 
 #: on CUSTOM_BADPUT spans of type PROFILE_BADPUT_TYPE (profile capture sessions):
 ATTR_PROFILE_SESSION = "goodput.profile.session_id"  # str, the same on every host
@@ -96,6 +109,8 @@ PROFILE_BADPUT_TYPE = "profile"
 ATTR_WINDOW_INDEX = "goodput.window.index"  # int on WINDOW: 0, 1, ... within the attempt
 ATTR_WINDOW_SPANS = "goodput.window.spans"  # int on WINDOW: number of its child spans
 
+#: ``sigterm`` is only written by recorders older than schema 1.1 (which delayed SIGTERM
+#: with a Python handler); a process ended by a signal now leaves no end marker.
 END_REASONS = ("explicit", "exit", "sigterm", "exception", "restart")
 
 # --- resource attributes ----------------------------------------------------
@@ -110,6 +125,22 @@ RES_JOB_NAME = "goodput.job.name"  # str: the job; the processor groups by it
 RES_ATTEMPT = "goodput.attempt"  # int >= 0: restart count of the job
 RES_PROCESS_INDEX = "goodput.process.index"  # int: rank of the host process in the job
 RES_PROCESS_COUNT = "goodput.process.count"  # int: number of host processes
+#: str: where ``goodput.process.index`` came from: ``argument`` (configure), ``env`` (a
+#: global rank variable: GOODPUT_PROCESS_INDEX, RANK, JAX_PROCESS_ID), ``local`` (a
+#: launcher's local rank, LOCAL_RANK, unique on one host only) or ``default`` (nothing
+#: said: 0). Only ``argument``/``env`` (or a ``goodput.identity`` marker) make the
+#: index a process slot the processor can rely on (see docs/accounting.md).
+RES_PROCESS_INDEX_SOURCE = "goodput.process.index.source"
+INDEX_SOURCES = ("argument", "env", "local", "default")
+#: int: when this OS process started, ns since the Unix epoch (``/proc/self/stat``; 10 ms
+#: resolution). With ``process.pid`` and ``host.name`` it identifies the OS process.
+RES_PROCESS_START = "goodput.process.start_time_unix_nano"
+#: str: where ``goodput.attempt`` came from: ``env`` (GOODPUT_ATTEMPT or torchrun's
+#: TORCHELASTIC_RESTART_COUNT: the same on every rank of one launch) or ``process`` (no
+#: variable: 0 for this OS process's first attempt, +1 for each later ``job_start`` in it).
+#: The processor derives the job's attempts from evidence either way (docs/accounting.md).
+RES_ATTEMPT_SOURCE = "goodput.attempt.source"
+ATTEMPT_SOURCES = ("env", "process")
 RES_SCHEMA_VERSION = "goodput.schema.version"  # str: SCHEMA_VERSION
 #: str on spans written by ``goodput import``: the format they were converted from
 #: (one of IMPORT_SOURCES). Absent on spans the recorder wrote.

@@ -14,8 +14,11 @@ mgm function it reproduces.
 span / attempt                                  mgm log entry
 ==============================================  ============================================
 attempt start                                   ``job_start_time``
-attempt end, unless ``killed``/``running``      ``job_end_time`` (a job_end marker of any
-                                                reason: explicit, exit, sigterm, ...)
+attempt end, unless ``killed``/``running``/      ``job_end_time`` (a job_end marker of any
+``restart``                                     other reason: explicit, exit, ...; a
+                                                ``restart`` end is the recorder's own
+                                                close at a second ``job_start``, which mgm
+                                                never logs)
 ``goodput.step`` start (with ``goodput.step``)  ``step_start_time`` + ``step_count``
 ``goodput.accelerator_init``                    ``tpu_init_start_time`` / ``..._end_time``
 ``goodput.training_prep``                       ``training_prep_start_time`` / ``..._end_time``
@@ -56,6 +59,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..attempts import build_attempts
 from ..report import format_duration, make_console
 from ..timeline import (
     C_END,
@@ -74,7 +78,6 @@ from ..timeline import (
     K_TRAINING_PREP,
     NONE,
     JobSpans,
-    build_attempts,
 )
 
 if TYPE_CHECKING:
@@ -253,7 +256,7 @@ def _events(job: JobSpans, now_ns: int | None) -> tuple[_Events, int | None]:
         for k, ek in ((K_CHECKPOINT_SAVE, E_SAVE), (K_CHECKPOINT_RESTORE, E_RESTORE)):
             sel = (kinds == k) & blocking
             add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
-        if a.end_reason not in ("killed", "running"):
+        if a.end_reason not in ("killed", "running", "restart"):
             add(a.end_ns, _R_JOB_END, E_JOB_END)
     if not cols:
         z = np.zeros(0, np.int64)

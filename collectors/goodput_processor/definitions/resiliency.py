@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..accounting import resume_step
+from ..attempts import build_attempts
 from ..report import format_duration
 from ..timeline import (
     C_IVAL,
@@ -40,7 +41,6 @@ from ..timeline import (
     K_CHECKPOINT_SAVE,
     NONE,
     JobSpans,
-    build_attempts,
 )
 
 if TYPE_CHECKING:

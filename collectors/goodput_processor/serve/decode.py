@@ -105,8 +105,8 @@ def _spans(reader: rd._Reader, spans, job, proc, where) -> None:
                             ival = x
                     elif slot == 2:
                         sidx = reader._sid(str(v))
-                    elif str(v).lower() in ("false", "0"):
-                        flags |= tl.F_NONBLOCKING
+                    else:
+                        flags |= rd.flag_bit(slot, v)
             if sp.status.code == 2:
                 flags |= tl.F_ERROR
         except (TypeError, ValueError, OverflowError) as e:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from array import array
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,7 +27,7 @@ from .. import reader as rd
 from .. import timeline as tl
 from ..accounting import account
 from ..report import JobResult
-from ..timeline import JobSpans, ProcessSpans
+from ..timeline import JobSpans
 from .decode import ingest_pb
 
 __all__ = ["LiveStore"]
@@ -131,8 +133,7 @@ class LiveStore:
             procs = {}
             for key, p in job.processes.items():
                 data = np.frombuffer(p._buf, np.int64).reshape(-1, tl.NCOLS).copy()
-                procs[key] = ProcessSpans(p.job, p.attempt, p.index, p.host, p.process_count,
-                                          p.schema_version, data, dict(p.run))
+                procs[key] = replace(p, data=data, run=dict(p.run), _buf=array("q"))
             skipped = Counter(job.skipped) + Counter(self._reader.skipped)
             raw = self._reader._examples
             examples = [":".join(map(str, ex[:-1])) + ": " + ex[-1]

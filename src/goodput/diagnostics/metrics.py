@@ -448,11 +448,12 @@ def encode_metrics_request(metrics_data) -> dict:
 
 
 def spool_path(run_dir: str, process_index: int, attempt: int) -> str:
-    """``<run_dir>/metrics-p<index:05d>-a<attempt:04d>.jsonl`` (prefix
-    :data:`goodput.schema.METRICS_SPOOL_PREFIX`: span readers skip these files)."""
+    """``<run_dir>/metrics-p<index:05d>-a<attempt:04d>-<pid>.jsonl`` (prefix
+    :data:`goodput.schema.METRICS_SPOOL_PREFIX`: span readers skip these files); the pid
+    keeps processes that share an index (no rank variable set) in files of their own."""
     from goodput import schema
 
-    name = f"{schema.METRICS_SPOOL_PREFIX}p{process_index:05d}-a{attempt:04d}.jsonl"
+    name = f"{schema.METRICS_SPOOL_PREFIX}p{process_index:05d}-a{attempt:04d}-{os.getpid()}.jsonl"
     return os.path.join(run_dir, name)
 
 

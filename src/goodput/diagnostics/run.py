@@ -475,7 +475,7 @@ def run(
                   rec.job_name, schema.RUN_CONFIG)
     attempt = rec.attempt
     if attempt is None:
-        attempt = config.first_attempt(rec.run_dir, rec.process_index)
+        attempt = config.attempt_hint()[0]
 
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader

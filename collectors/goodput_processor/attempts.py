@@ -1,0 +1,357 @@
+"""A job's attempts and processes, found from evidence (``docs/accounting.md``).
+
+Real jobs break tidy assumptions: pods die without logging their end, launchers set no
+``RANK``, people relaunch by hand with the same environment, and the killed launcher's
+workers may live on. So the attempt number and rank a resource declares are hints; the
+skeleton of the timeline is built from evidence:
+
+- **runs**: the spans of one resource are one *run* (one OS process's attempt), identified
+  by ``service.instance.id`` with the OS process (``host.name``, ``process.pid``,
+  ``goodput.process.start_time_unix_nano``). Spans written before schema 1.1, and imported
+  logs, carry no OS process: their runs are the declared ``(goodput.attempt,
+  goodput.process.index)`` pairs, split where a start marker follows the process's steps
+  or end (two runs that reused one name).
+- **slot** (rank) of a run: its latest ``goodput.identity`` marker (the framework's rank),
+  else the declared index when it came from a global rank variable or an argument. A local
+  rank or a default 0 is no evidence: such runs have no known slot.
+- **attempts**: runs with OS process identity are taken in order of their start; a run
+  begins a new attempt when its OS process already has a run in the current attempt (a
+  second ``job_start`` in one process), when its slot is already taken there by another
+  OS process (a restart or a relaunch by hand), when both declare a launcher attempt
+  number (torchrun's restart count) and the numbers differ, or when every process of the
+  current attempt was last seen alive before it started (a relaunch after the last one
+  died; processes of one launch live at the same time, and a live process writes something
+  every flush interval). Otherwise it joins the current attempt.
+- an attempt starts at its earliest start marker and ends at the last sign of life of any
+  of its processes: its latest end marker or span end. Phases still in flight when a
+  process died are in the spool as ``goodput.open`` records (:func:`resolve_open`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .report import ReportWarning
+from .timeline import (
+    C_AUX,
+    C_END,
+    C_FLAGS,
+    C_IVAL,
+    C_KIND,
+    C_SIDX,
+    C_START,
+    F_OPEN,
+    K_HEARTBEAT,
+    K_IDENTITY,
+    K_JOB_END,
+    K_JOB_START,
+    K_STEP,
+    NONE,
+    JobSpans,
+    ProcessSpans,
+)
+
+__all__ = ["DEFAULT_HEARTBEAT_INTERVAL_MS", "RUNNING_INTERVALS", "Attempt", "build_attempts",
+           "resolve_open"]
+
+#: Heartbeat interval assumed when no ``goodput.job_start`` carries one (ms).
+DEFAULT_HEARTBEAT_INTERVAL_MS = 1000
+#: An attempt without an end marker seen alive within this many heartbeat intervals of
+#: *now* is running.
+RUNNING_INTERVALS = 3
+_MS = 1_000_000
+#: Declared sources that make ``goodput.process.index`` a slot to rely on.
+_SLOT_SOURCES = (None, "argument", "env")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job, with boundaries in ns since the Unix epoch.
+
+    ``end_reason`` is the ``goodput.end.reason`` of the end marker of the process seen
+    alive last (``"unspecified"`` if the marker has none), else ``"killed"`` (that
+    process left no end marker) or ``"running"``. ``cut`` is True when the end was moved
+    back to the next attempt's start. ``primary`` is the :class:`ProcessSpans` the attempt
+    is accounted on (lowest rank); ``processes`` are all its processes with spans, by rank
+    (their ``attempt``/``index`` are this attempt's number and their rank).
+    ``recorder_errors``/``recorder_dropped``: per process the maximum of
+    ``goodput.recorder.errors``/``dropped`` seen on job_end/heartbeat markers, summed
+    over processes. ``warnings``: what the evidence could not settle, as
+    :class:`~goodput_processor.report.ReportWarning` objects.
+    """
+
+    attempt: int
+    start_ns: int
+    end_ns: int
+    end_reason: str
+    cut: bool
+    primary: ProcessSpans
+    processes: tuple[ProcessSpans, ...]
+    declared_process_count: int | None
+    hosts: tuple[str, ...]
+    heartbeat_interval_ms: int
+    recorder_errors: int
+    recorder_dropped: int
+    warnings: tuple[ReportWarning, ...] = ()
+
+    @property
+    def duration_ns(self) -> int:
+        """``end_ns - start_ns`` (ns, >= 0)."""
+        return self.end_ns - self.start_ns
+
+
+def resolve_open(d: np.ndarray) -> np.ndarray:
+    """One process's rows with its ``goodput.open`` records resolved.
+
+    An open record (a phase in flight at a flush) is dropped when the phase's complete
+    span (same kind and start) is there; otherwise the phase ran until the process's last
+    sign of life (the latest end of any of its rows): the record is kept with that end and
+    the open flag cleared. Of several open records of one phase, one is kept.
+    """
+    flags = d[:, C_FLAGS]
+    is_open = (flags & F_OPEN) != 0
+    if not is_open.any():
+        return d
+    last_alive = int(d[:, C_END].max())
+    closed, op = d[~is_open], d[is_open]
+    keep = np.ones(len(op), bool)
+    for kind in np.unique(op[:, C_KIND]):
+        rows = np.flatnonzero(op[:, C_KIND] == kind)
+        done = np.sort(closed[closed[:, C_KIND] == kind][:, C_START])
+        starts = op[rows, C_START]
+        if len(done):
+            pos = np.minimum(np.searchsorted(done, starts), len(done) - 1)
+            keep[rows[done[pos] == starts]] = False
+        _, first = np.unique(starts, return_index=True)  # one per phase start
+        dup = np.ones(len(rows), bool)
+        dup[first] = False
+        keep[rows[dup]] = False
+    op = op[keep].copy()
+    op[:, C_END] = np.maximum(op[:, C_END], last_alive)
+    op[:, C_FLAGS] &= ~F_OPEN
+    return np.concatenate((closed, op)) if len(op) else closed
+
+
+def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:
+    """``proc`` (no OS process identity) split at each start marker after it had stepped or
+    ended: a process starts an attempt once, so a later ``goodput.job_start`` belongs to
+    another run that reused the job name, attempt number and process index (two run
+    directories read together). Earlier extra start markers (the scheduling time an
+    imported log adds) do not split."""
+    d = proc.data
+    kinds = d[:, C_KIND]
+    starts = np.unique(d[kinds == K_JOB_START][:, C_START])
+    if len(starts) < 2:
+        return [proc]
+    done = d[(kinds == K_STEP) | (kinds == K_JOB_END)][:, C_END]
+    cuts = starts[starts >= done.min()] if len(done) else starts[:0]
+    if not len(cuts):
+        return [proc]
+    run = np.searchsorted(cuts, d[:, C_START], side="right")
+    return [replace(proc, data=d[run == i]) for i in range(len(cuts) + 1)]
+
+
+def _max_attr(rows: np.ndarray, col: int) -> int:
+    vals = rows[:, col]
+    vals = vals[vals != NONE]
+    return int(vals.max()) if len(vals) else 0
+
+
+@dataclass
+class _Run:
+    """What one run shows: its spans and the evidence about its process."""
+
+    proc: ProcessSpans
+    start: int
+    last_alive: int
+    end_marker: int | None
+    reason: str | None
+    slot: int
+    slot_known: bool
+    count: int | None
+    os_process: tuple | None  # (host, pid, process start) when the resource has them
+    hint: int | None  # a launcher's attempt number (env) or the declared one (no identity)
+    legacy: tuple | None  # (declared attempt, part) for runs without OS process identity
+    interval: int  # heartbeat interval, ms
+    errors: int
+    dropped: int
+
+
+def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None) -> _Run:
+    d = proc.data
+    kinds = d[:, C_KIND]
+    js, je, ident = d[kinds == K_JOB_START], d[kinds == K_JOB_END], d[kinds == K_IDENTITY]
+    end_marker = reason = None
+    if len(je):
+        i = int(np.argmax(je[:, C_END]))
+        end_marker = int(je[i, C_END])
+        reason = job.strings[je[i, C_SIDX]] if je[i, C_SIDX] >= 0 else "unspecified"
+    slot, count = proc.index, proc.process_count
+    known = proc.index_source in _SLOT_SOURCES
+    if len(ident):
+        last = ident[int(np.argmax(ident[:, C_END]))]
+        if last[C_IVAL] != NONE and last[C_IVAL] >= 0:
+            slot, known = int(last[C_IVAL]), True
+        if last[C_AUX] != NONE and last[C_AUX] > 0:
+            count = int(last[C_AUX])
+    intervals = [int(v) for v in js[:, C_IVAL] if v != NONE and v > 0]
+    rec = d[(kinds == K_JOB_END) | (kinds == K_HEARTBEAT)]
+    has_os = proc.instance and proc.pid is not None and proc.process_start_ns is not None
+    hint = proc.attempt if legacy is not None or proc.attempt_source == "env" else None
+    return _Run(
+        proc=proc,
+        start=int(js[:, C_START].min()) if len(js) else int(d[:, C_START].min()),
+        last_alive=int(d[:, C_END].max()),
+        end_marker=end_marker,
+        reason=reason,
+        slot=slot,
+        slot_known=known,
+        count=count,
+        os_process=(proc.host, proc.pid, proc.process_start_ns) if has_os else None,
+        hint=hint,
+        legacy=legacy,
+        interval=max(intervals) if intervals else DEFAULT_HEARTBEAT_INTERVAL_MS,
+        errors=_max_attr(rec, C_IVAL),
+        dropped=_max_attr(rec, C_AUX),
+    )
+
+
+def _runs(job: JobSpans) -> list[_Run]:
+    runs = []
+    for (attempt, _index, _inst), proc in sorted(job.processes.items()):
+        if not len(proc.data):
+            continue
+        proc = replace(proc, data=resolve_open(proc.data))
+        if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
+            runs.append(_run(job, proc, None))
+        else:
+            for part, p in enumerate(_split_runs(proc)):
+                runs.append(_run(job, p, (attempt, part)))
+    return runs
+
+
+def _group(runs: list[_Run]) -> list[list[_Run]]:
+    """Runs grouped into attempts (see the module docstring), each group by start."""
+    groups: list[list[_Run]] = []
+    legacy: dict[tuple, list[_Run]] = {}
+    current: list[_Run] = []
+    alive = slots = hints = procs = None
+    for r in sorted(runs, key=lambda r: (r.start, r.slot)):
+        if r.legacy is not None:
+            legacy.setdefault(r.legacy, []).append(r)
+            continue
+        new = not current or (
+            r.os_process in procs
+            or (r.slot_known and r.slot in slots)
+            or (r.hint is not None and hints and r.hint not in hints)
+            or r.start > alive
+        )
+        if new:
+            current = []
+            groups.append(current)
+            alive, slots, hints, procs = r.last_alive, set(), set(), set()
+        current.append(r)
+        alive = max(alive, r.last_alive)
+        procs.add(r.os_process)
+        if r.slot_known:
+            slots.add(r.slot)
+        if r.hint is not None:
+            hints.add(r.hint)
+    groups.extend(legacy.values())
+    groups.sort(key=lambda g: (min(r.start for r in g), g[0].legacy or ()))
+    return groups
+
+
+def _number(groups: list[list[_Run]]) -> list[int]:
+    """Attempt numbers: the declared one where all runs agree on one above the previous
+    attempt's (a launcher's restart count, an imported log's), else the previous + 1."""
+    out, prev = [], -1
+    for g in groups:
+        hints = {r.hint for r in g}
+        n = hints.pop() if len(hints) == 1 else None
+        prev = n if n is not None and n > prev else prev + 1
+        out.append(prev)
+    return out
+
+
+def build_attempts(job: JobSpans, now_ns: int | None = None) -> list[Attempt]:
+    """Attempts of ``job`` ordered by start, with ends cut at the next attempt's start.
+
+    Args:
+        job: the job's spans as read by :func:`goodput_processor.reader.read_run_dir`.
+        now_ns: "now" in ns since the Unix epoch, to tell a running last attempt from a
+            killed one; default ``time.time_ns()``.
+
+    Returns:
+        One :class:`Attempt` per attempt found (empty list if the job has no spans); its
+        processes carry the attempt's number and their rank as found.
+    """
+    if now_ns is None:
+        now_ns = time.time_ns()
+    groups = _group(_runs(job))
+    numbers = _number(groups)
+    attempts = []
+    for i, (g, number) in enumerate(zip(groups, numbers, strict=True)):
+        start = min(r.start for r in g)
+        interval = max(r.interval for r in g)
+        last = max(g, key=lambda r: (r.last_alive, r.end_marker is not None))
+        end = last.last_alive
+        reason = last.reason if last.end_marker is not None else "killed"
+        running = [r for r in g if r.end_marker is None
+                   and now_ns - r.last_alive <= RUNNING_INTERVALS * r.interval * _MS]
+        if i == len(groups) - 1 and running:
+            end, reason = max(now_ns, end), "running"  # (clock skew: not before)
+        end = max(end, start)
+        warnings = []
+        cut = False
+        if i + 1 < len(groups):
+            nxt = min(r.start for r in groups[i + 1])
+            if end > nxt:
+                late = [r for r in g if r.last_alive > nxt + RUNNING_INTERVALS * interval * _MS]
+                if late and all(r.os_process is not None for r in late):
+                    warnings.append(ReportWarning(
+                        "orphaned_processes",
+                        f"{len(late)} process(es) of attempt {number} were still alive up to "
+                        f"{(max(r.last_alive for r in late) - nxt) / 1e9:.2f} s after attempt "
+                        f"{numbers[i + 1]} started (workers of a killed launcher?); their "
+                        "work after that start is not counted", number))
+                end, cut = nxt, True
+        attempts.append(_attempt(g, number, start, end, reason, cut, interval, warnings))
+    return attempts
+
+
+def _attempt(g: list[_Run], number: int, start: int, end: int, reason: str, cut: bool,
+             interval: int, warnings: list) -> Attempt:
+    by_slot: dict[int, list[_Run]] = {}
+    for r in g:
+        by_slot.setdefault(r.slot, []).append(r)
+    shared = [s for s, rs in by_slot.items() if len({r.os_process for r in rs}) > 1]
+    for s in shared:
+        warnings.append(ReportWarning(
+            "process_rank_unknown",
+            f"{len(by_slot[s])} processes of attempt {number} claim rank {s} without "
+            "evidence (no rank variable, no torch.distributed/JAX rank recorded): the "
+            "attempt is accounted on one of them", number, s))
+    order = sorted(g, key=lambda r: (r.slot, -len(r.proc.data)))
+    procs = tuple(replace(r.proc, attempt=number, index=r.slot, process_count=r.count)
+                  for r in order)
+    counts = [r.count for r in g if r.count is not None]
+    return Attempt(
+        attempt=number,
+        start_ns=start,
+        end_ns=end,
+        end_reason=reason,
+        cut=cut,
+        primary=procs[0],
+        processes=procs,
+        declared_process_count=max(counts) if counts else None,
+        hosts=tuple(sorted({r.proc.host for r in g if r.proc.host})),
+        heartbeat_interval_ms=interval,
+        recorder_errors=sum(r.errors for r in g),
+        recorder_dropped=sum(r.dropped for r in g),
+        warnings=tuple(warnings),
+    )
+
