@@ -19,9 +19,10 @@ skeleton of the timeline is built from evidence:
   second ``job_start`` in one process), when its slot is already taken there by another
   OS process (a restart or a relaunch by hand), when both declare a launcher attempt
   number (torchrun's restart count) and the numbers differ, or when every process of the
-  current attempt was last seen alive before it started (a relaunch after the last one
-  died; processes of one launch live at the same time, and a live process writes something
-  every flush interval). Otherwise it joins the current attempt.
+  current attempt was last seen alive before its OS process started (a relaunch after the
+  last one died; processes of one launch live at the same time, and a live process writes
+  something every flush interval; both times are read on the real clock, so start times
+  given to ``job_start(at=...)`` do not matter). Otherwise it joins the current attempt.
 - an attempt starts at its earliest start marker and ends at the last sign of life of any
   of its processes: its latest end marker or span end. Phases still in flight when a
   process died are in the spool as ``goodput.open`` records (:func:`resolve_open`).
@@ -165,8 +166,9 @@ class _Run:
     """What one run shows: its spans and the evidence about its process."""
 
     proc: ProcessSpans
-    start: int
-    last_alive: int
+    start: int  # start marker: the attempt's start as recorded (may be a given time)
+    launched: int  # when the OS process started (real clock), else ``start``
+    last_alive: int  # the latest end of any row (heartbeats, open records: real clock)
     end_marker: int | None
     reason: str | None
     slot: int
@@ -203,7 +205,8 @@ def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None) -> _Run:
     hint = proc.attempt if legacy is not None or proc.attempt_source == "env" else None
     return _Run(
         proc=proc,
-        start=int(js[:, C_START].min()) if len(js) else int(d[:, C_START].min()),
+        start=(start := int(js[:, C_START].min()) if len(js) else int(d[:, C_START].min())),
+        launched=proc.process_start_ns if has_os else start,
         last_alive=int(d[:, C_END].max()),
         end_marker=end_marker,
         reason=reason,
@@ -247,7 +250,7 @@ def _group(runs: list[_Run]) -> list[list[_Run]]:
             r.os_process in procs
             or (r.slot_known and r.slot in slots)
             or (r.hint is not None and hints and r.hint not in hints)
-            or r.start > alive
+            or r.launched > alive
         )
         if new:
             current = []
@@ -297,8 +300,9 @@ def build_attempts(job: JobSpans, now_ns: int | None = None) -> list[Attempt]:
     for i, (g, number) in enumerate(zip(groups, numbers, strict=True)):
         start = min(r.start for r in g)
         interval = max(r.interval for r in g)
-        last = max(g, key=lambda r: (r.last_alive, r.end_marker is not None))
-        end = last.last_alive
+        # a process's end: its end marker (the time it gave), else its last sign of life
+        ends = [(r.last_alive if r.end_marker is None else r.end_marker, r) for r in g]
+        end, last = max(ends, key=lambda x: (x[0], x[1].end_marker is not None))
         reason = last.reason if last.end_marker is not None else "killed"
         running = [r for r in g if r.end_marker is None
                    and now_ns - r.last_alive <= RUNNING_INTERVALS * r.interval * _MS]
@@ -310,12 +314,15 @@ def build_attempts(job: JobSpans, now_ns: int | None = None) -> list[Attempt]:
         if i + 1 < len(groups):
             nxt = min(r.start for r in groups[i + 1])
             if end > nxt:
-                late = [r for r in g if r.last_alive > nxt + RUNNING_INTERVALS * interval * _MS]
+                # alive, on the real clock, well after the next attempt's processes started
+                launched = min(r.launched for r in groups[i + 1])
+                late = [r for r in g
+                        if r.last_alive > launched + RUNNING_INTERVALS * interval * _MS]
                 if late and all(r.os_process is not None for r in late):
                     warnings.append(ReportWarning(
                         "orphaned_processes",
                         f"{len(late)} process(es) of attempt {number} were still alive up to "
-                        f"{(max(r.last_alive for r in late) - nxt) / 1e9:.2f} s after attempt "
+                        f"{(max(r.last_alive for r in late) - launched) / 1e9:.2f} s after attempt "
                         f"{numbers[i + 1]} started (workers of a killed launcher?); their "
                         "work after that start is not counted", number))
                 end, cut = nxt, True

@@ -1,0 +1,69 @@
+"""Child process of ``tests/test_compat_recorder_kills.py``: one OS process of a training job
+that makes ``goodput.compat.GoodputRecorder`` calls, then exits or waits to be killed.
+
+Usage: ``python compat_recorder_child.py RUN_DIR JOB FLUSH_INTERVAL_S``; the first line on
+stdin is a JSON object ``{"calls": [...], "end": "exit" | "hang"}``. Each call is
+``[method, *args]`` with times as integer microseconds since the Unix epoch (``null``:
+the method's default, now); ``["pause"]`` prints ``PAUSED`` and waits for a line on stdin
+(the parent queries the spool meanwhile); ``["sleep", seconds]`` sleeps. After the calls,
+``exit`` returns normally (interpreter exit) and ``hang`` prints ``READY`` and sleeps until
+the parent kills the process. Imports only ``goodput`` (fast to start).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import time
+
+from goodput.compat import GoodputRecorder
+
+_TIMED = {  # method -> index of its time argument in the args
+    "record_job_start_time": 0,
+    "record_job_end_time": 0,
+    "record_step_start_time": 1,
+    "record_tpu_init_start_time": 0,
+    "record_tpu_init_end_time": 0,
+    "record_training_preparation_start_time": 0,
+    "record_training_preparation_end_time": 0,
+    "record_data_loading_start_time": 0,
+    "record_data_loading_end_time": 0,
+    "record_custom_badput_event_start_time": 0,
+    "record_custom_badput_event_end_time": 0,
+}
+
+
+def as_datetime(us: int | None) -> datetime.datetime | None:
+    """``us`` microseconds since the epoch as an exact UTC datetime (None stays None)."""
+    if us is None:
+        return None
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    return epoch + datetime.timedelta(microseconds=us)
+
+
+def main() -> int:
+    run_dir, job, flush = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    plan = json.loads(sys.stdin.readline())
+    recorder = GoodputRecorder(job, f"goodput_{job}", logging_enabled=True, run_dir=run_dir,
+                               flush_interval_s=flush)
+    for method, *args in plan["calls"]:
+        if method == "pause":
+            print("PAUSED", flush=True)
+            sys.stdin.readline()
+            continue
+        if method == "sleep":
+            time.sleep(args[0])
+            continue
+        i = _TIMED[method]
+        args[i] = as_datetime(args[i])
+        getattr(recorder, method)(*args)
+    if plan["end"] == "hang":
+        print("READY", flush=True)
+        while True:
+            time.sleep(60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
