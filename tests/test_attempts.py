@@ -220,3 +220,14 @@ def _as_protobuf(req: dict):
                 for key in ("traceId", "spanId"):
                     span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
     return json_format.ParseDict(req, ExportTraceServiceRequest())
+
+
+def test_an_open_step_whose_end_was_lost_ends_where_the_next_step_began(tmp_path):
+    """A full disk dropped step 3's span but not its open record: step 3 ran until step 4
+    began, not until the process's last sign of life (which would swallow steps 4-6)."""
+    proc(0, pid=10, start=0).job_start(0).steps(1, 2, 1, 1).open("step", 3, 3.5,
+                                                                   {schema.ATTR_STEP: 3}) \
+        .steps(4, 6, 4.2, 1).job_end(8).write(tmp_path)
+    r = result(tmp_path)
+    assert r.attempts[0].steps_kept == 6 and r.step_time.count == 6
+    assert r.steps.time_ns[2] == pytest.approx(1.2e9)

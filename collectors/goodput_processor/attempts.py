@@ -109,8 +109,10 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
 
     An open record (a phase in flight at a flush) is dropped when the phase's complete
     span (same kind and start) is there; otherwise the phase ran until the process's last
-    sign of life (the latest end of any of its rows): the record is kept with that end and
-    the open flag cleared. Of several open records of one phase, one is kept.
+    sign of life (the latest end of any of its rows), or until the next phase of the same
+    kind began if one did (its end was recorded but lost, e.g. to a full disk): the record
+    is kept with that end and the open flag cleared. Of several open records of one phase,
+    one is kept.
     """
     flags = d[:, C_FLAGS]
     is_open = (flags & F_OPEN) != 0
@@ -131,7 +133,14 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
         dup[first] = False
         keep[rows[dup]] = False
     op = op[keep].copy()
-    op[:, C_END] = np.maximum(op[:, C_END], last_alive)
+    end = np.full(len(op), last_alive, np.int64)
+    for kind in np.unique(op[:, C_KIND]):  # ... or until the next phase of its kind began
+        rows = np.flatnonzero(op[:, C_KIND] == kind)
+        later = np.sort(d[d[:, C_KIND] == kind][:, C_START])
+        pos = np.searchsorted(later, op[rows, C_START], side="right")
+        has = pos < len(later)
+        end[rows[has]] = np.minimum(end[rows[has]], later[pos[has]])
+    op[:, C_END] = np.maximum(op[:, C_END], end)
     op[:, C_FLAGS] &= ~F_OPEN
     return np.concatenate((closed, op)) if len(op) else closed
 

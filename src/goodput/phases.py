@@ -75,7 +75,7 @@ class Phase:
         self._t0 = None
         self._done = False
         self._start = None
-        self._entry = None  # (name, start ns, attrs) while in flight
+        self._entry = False  # in the recorder's set of phases in flight
         try:
             if start is not None:
                 self._start = to_ns(start, "start")
@@ -89,10 +89,10 @@ class Phase:
 
     def _record(self, t0: int, t1: int, err) -> None:
         self._done = True
-        rec = _recorder()
-        if self._entry is not None:
-            rec.phase_end(self._entry)
-            self._entry = None
+        rec = api._RECORDER or _recorder()
+        if self._entry:
+            rec._open.discard(self)
+            self._entry = False
         if t1 < t0:
             rec.error("%s not recorded: end is before start", self.name)
             return
@@ -114,10 +114,11 @@ class Phase:
         return self
 
     def _in_flight(self) -> None:
-        """Tell the recorder the phase is running (see :meth:`Recorder.phase_begin`)."""
-        if self._entry is None:
-            self._entry = (self.name, self._t0, self.attrs)
-            _recorder().phase_begin(self._entry)
+        """Tell the recorder the phase is running (:meth:`Recorder.phase_begin`, inlined:
+        this is the training thread's hot path)."""
+        if not self._entry:
+            self._entry = True
+            (api._RECORDER or _recorder())._open.add(self)
 
     def finish(self, at=None, error: str | None = None) -> None:
         """Mark the end (``at``: explicit time, default now) and record the phase."""
@@ -154,9 +155,9 @@ class Phase:
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            rec = _recorder()
+            rec = api._RECORDER or _recorder()
             entry = (name, _time_ns(), attrs)
-            rec.phase_begin(entry)
+            rec._open.add(entry)
             err = None
             try:
                 return func(*args, **kwargs)
@@ -164,7 +165,7 @@ class Phase:
                 err = type(exc).__name__
                 raise
             finally:
-                rec.phase_end(entry)
+                rec._open.discard(entry)
                 rec.record(name, entry[1], _time_ns(), attrs, err)
                 if sync:
                     rec.request_sync()

@@ -176,8 +176,8 @@ class Recorder:
         self._sync_requested = False
         self._exception_seen = False
         self._prev_excepthook = None
-        #: Phases in flight on the training thread: id(entry) -> (name, start ns, attrs).
-        self._open: dict[int, tuple] = {}
+        #: Phases in flight on the training thread (see :meth:`phase_begin`).
+        self._open: set = set()
         self._open_written: dict[tuple, bool] = {}  # (name, start) of those written
         self._identity_written: tuple[int, int] | None = None
         self.next_step = 0
@@ -191,17 +191,18 @@ class Recorder:
         """Append one finished phase (span name from :mod:`goodput.schema`). Never raises."""
         self._q.append((name, start_ns, end_ns, attrs, error))
 
-    def phase_begin(self, entry: tuple) -> None:
-        """A phase ``(name, start ns, attrs)`` is in flight (until :meth:`phase_end`).
-
-        While it is, every flush writes it as a ``goodput.open`` record, so a process
-        killed inside it leaves its start in the spool. Never raises.
+    def phase_begin(self, entry) -> None:
+        """A phase is in flight until :meth:`phase_end`: ``entry`` is a tuple
+        ``(span name, start ns, attrs)`` or an object with those as ``name``, ``_t0`` and
+        ``attrs`` (a :class:`goodput.phases.Phase`). The first flush while it is in flight
+        writes it as a ``goodput.open`` record, so a process killed inside it leaves its
+        start in the spool. Never raises.
         """
-        self._open[id(entry)] = entry
+        self._open.add(entry)
 
-    def phase_end(self, entry: tuple) -> None:
+    def phase_end(self, entry) -> None:
         """The phase ``entry`` given to :meth:`phase_begin` is over. Never raises."""
-        self._open.pop(id(entry), None)
+        self._open.discard(entry)
 
     def step_start(self, step: int, at_ns: int) -> None:
         """Mark the start of ``step`` (and the end of the step before). Never raises."""
@@ -260,7 +261,7 @@ class Recorder:
             return
         self._shut = True
         now = time.time_ns()
-        for name, t0, attrs in list(self._open.values()):
+        for name, t0, attrs in self._in_flight():
             self.record(name, t0, max(now, t0), attrs, "unfinished")
         self._open.clear()
         if self.attempt is not None or self._q:
@@ -375,7 +376,7 @@ class Recorder:
         """Write a ``goodput.open`` record (ending ``now``) for each phase in flight that has
         none yet; returns how many phases are in flight. One record per phase: the
         processor extends it to the process's last sign of life."""
-        entries = list(self._open.values())
+        entries = self._in_flight()
         if self._pending_step is not None:
             step, t0 = self._pending_step
             entries.append((schema.STEP, t0, {schema.ATTR_STEP: step}))
@@ -387,6 +388,13 @@ class Recorder:
             if key not in written and t0 <= now:
                 self._emit(name, t0, now, {**(attrs or {}), schema.ATTR_OPEN: True})
         return len(entries)
+
+    def _in_flight(self) -> list[tuple]:
+        """``(name, start ns, attrs)`` of each phase in flight (any thread)."""
+        out = []
+        for e in list(self._open):  # one C call: safe while the training thread adds
+            out.append(e if type(e) is tuple else (e.name, e._t0, e.attrs))
+        return [e for e in out if e[1] is not None]
 
     def _write_identity(self, now: int) -> None:
         """Write a ``goodput.identity`` marker when the framework's rank becomes known."""
@@ -459,6 +467,9 @@ class Recorder:
         self._windows = TraceWindows(self._tracer, ids, self._window_ns, self._window_spans)
         interval_ms = int(self.flush_interval_s * 1000)
         self._emit(schema.JOB_START, at, at, {schema.ATTR_HEARTBEAT_INTERVAL_MS: interval_ms})
+        now = time.time_ns()
+        if now > at:  # alive now: the start marker is back-dated to the process start
+            self._emit(schema.HEARTBEAT, at, now, self._health())
         self._identity_written = None  # the new attempt's spool gets it too
         self._open_written = {}
         self._write_identity(at)
