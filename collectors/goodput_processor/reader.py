@@ -1,6 +1,6 @@
 """Read a run directory of OTLP JSON lines spool files into compact per-process columns.
 
-The training side writes ``RUN_DIR/spans-p<index>-a<attempt>.jsonl`` files, one OTLP JSON
+The training side writes ``RUN_DIR/spans-p<index>-a<attempt>-<pid>-<id>.jsonl`` files, one OTLP JSON
 ``ExportTraceServiceRequest`` per line (see ``docs/span-schema.md``). :func:`read_run_dir`
 streams every ``*.jsonl`` file under the directory (recursively, in sorted order; not the
 ``metrics-*.jsonl`` files of :mod:`goodput.diagnostics`) line by line and keeps, per

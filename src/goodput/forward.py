@@ -2,7 +2,7 @@
 
 Each exporter named by ``traces_exporter`` (or passed in ``exporters=``) gets a
 :class:`Forwarder`: a background thread that reads this process's spool files
-(``spans-p<index>-a<attempt>.jsonl``, written by the recorder) from a committed byte
+(``spans-p<index>-a<attempt>-<pid>-<id>.jsonl``, written by the recorder) from a committed byte
 offset, turns each OTLP JSON line back into SDK spans and exports them, up to 512 spans
 a call. After a successful export the offset is written to a small sidecar file
 ``<spool file>.<exporter key>.offset`` (atomically, by rename). While the endpoint is

@@ -1,10 +1,10 @@
 """Tail spool directories: take in new complete lines of ``*.jsonl`` files as they are written.
 
 A single machine needs no receiver: ``goodput serve --spool-dir RUN_DIR`` follows the files
-the recorder writes (``spans-p<index>-a<attempt>.jsonl``). Every poll lists the ``*.jsonl``
-files under each directory (recursively: new attempts and processes are new files), reads
-each from where the last poll stopped and takes in only complete lines (ending in a
-newline); a torn last line is left for the next poll and taken in once it is complete. A
+the recorder writes (``spans-p<index>-a<attempt>-<pid>-<id>.jsonl``). Every poll lists the
+``*.jsonl`` files under each directory (recursively: new attempts and processes are new
+files), reads each from where the last poll stopped and takes in only complete lines (ending
+in a newline); a torn last line is left for the next poll and taken in once it is complete. A
 file that shrank (truncated or replaced) is read again from its start.
 """
 
