@@ -12,6 +12,8 @@ import time
 import pytest
 from instr_util import child_env, spans
 
+from goodput_processor.accounting import report_run_dir
+
 pytest.importorskip("torch.distributed")
 
 CHILD = """
@@ -43,10 +45,11 @@ def _time_to_exit(tmp_path, mode: str, sig: int, where: str) -> tuple[float, int
                             stdout=subprocess.PIPE, text=True, env=child_env())
     try:
         assert proc.stdout.readline().strip() == "blocked"
-        time.sleep(0.5)  # well inside the wait, and past a few flushes
-        t0 = time.monotonic()
+        time.sleep(1.0)  # well inside the wait, and past several flushes
+        t0, sent = time.monotonic(), time.time()
         proc.send_signal(sig)
         rc = proc.wait(60)
+        (tmp_path / "sent").write_text(repr(sent))
         return time.monotonic() - t0, rc
     finally:
         if proc.poll() is None:
@@ -70,3 +73,10 @@ def test_a_process_exits_on_a_signal_as_fast_as_without_goodput(tmp_path, sig, w
         raw = (tmp_path / "goodput" / "run").glob("*.jsonl")
         assert any('"goodput.open"' in p.read_text() and "rendezvous" in p.read_text()
                    for p in raw)
+        # Heartbeats went on while it was blocked: the attempt ends within a flush
+        # interval (0.1 s, plus slack for a busy machine) of the signal, inside the phase.
+        sent = float((tmp_path / "goodput" / "sent").read_text())
+        (job,) = report_run_dir(tmp_path / "goodput" / "run", now_ns=int((sent + 60) * 1e9))
+        assert job.attempts[0].end_reason == "killed"
+        assert sent - 0.5 < job.end_ns / 1e9 <= sent + 0.1
+        assert job.badput_s["custom:rendezvous"] > 0.8

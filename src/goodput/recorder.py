@@ -331,8 +331,8 @@ class Recorder:
             now = time.time_ns()
             if self._tracer is not None:
                 self._write_identity(now)
-                in_flight = self._write_open(now)
-                if heartbeat and drained == 0 and not in_flight:
+                written = self._write_open(now)
+                if heartbeat and drained == 0 and not written:  # a sign of life each flush
                     self._emit(schema.HEARTBEAT, self._last_tick, now, self._health())
             if self._windows is not None:
                 self._windows.close_if_older(now)
@@ -374,20 +374,21 @@ class Recorder:
 
     def _write_open(self, now: int) -> int:
         """Write a ``goodput.open`` record (ending ``now``) for each phase in flight that has
-        none yet; returns how many phases are in flight. One record per phase: the
-        processor extends it to the process's last sign of life."""
+        none yet; returns how many it wrote. One record per phase: the processor extends it
+        to the process's last sign of life (the heartbeats that follow)."""
         entries = self._in_flight()
         if self._pending_step is not None:
             step, t0 = self._pending_step
             entries.append((schema.STEP, t0, {schema.ATTR_STEP: step}))
-        written, self._open_written = self._open_written, {}
-        for entry in entries:
-            name, t0, attrs = entry
+        before, self._open_written = self._open_written, {}
+        n = 0
+        for name, t0, attrs in entries:
             key = (name, t0)
             self._open_written[key] = True
-            if key not in written and t0 <= now:
+            if key not in before and t0 <= now:
                 self._emit(name, t0, now, {**(attrs or {}), schema.ATTR_OPEN: True})
-        return len(entries)
+                n += 1
+        return n
 
     def _in_flight(self) -> list[tuple]:
         """``(name, start ns, attrs)`` of each phase in flight (any thread)."""
