@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from otlp_fixtures import Timeline
+from otlp_fixtures import Timeline, write_spool
 
 from goodput import schema
 from goodput_processor.accounting import report_run_dir
@@ -231,3 +231,14 @@ def test_an_open_step_whose_end_was_lost_ends_where_the_next_step_began(tmp_path
     r = result(tmp_path)
     assert r.attempts[0].steps_kept == 6 and r.step_time.count == 6
     assert r.steps.time_ns[2] == pytest.approx(1.2e9)
+
+
+def test_spools_of_recorders_before_1_1_keep_their_declared_attempts(tmp_path):
+    """Schema 1.0: an instance id but no process start. A relaunch by hand that appended
+    attempt 0 again to the same file is split as before (a start after steps)."""
+    for inst, t, first in (("old-a", 0, 1), ("old-b", 20, 6)):
+        tl = Timeline(**{schema.RES_SERVICE_INSTANCE_ID: inst, schema.RES_PROCESS_PID: 7})
+        tl.job_start(t).steps(first, first + 4, t + 1, 1).job_end(t + 7)
+        write_spool(tmp_path / "spans-p00000-a0000.jsonl", tl.resource, tl.spans, mode="a")
+    r = result(tmp_path)
+    assert [(a.attempt, a.steps_kept) for a in r.attempts] == [(0, 5), (1, 5)]

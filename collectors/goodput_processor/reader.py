@@ -241,16 +241,21 @@ class _Reader:
             index = _as_int(attrs.get(schema.RES_PROCESS_INDEX, 0))
         except (TypeError, ValueError, OverflowError):
             attempt, index = 0, 0
+        # One OS process's attempt is one key; without the process start (recorders before
+        # schema 1.1, imported logs) the declared (attempt, index) is, as it always was.
         instance = attrs.get(schema.RES_SERVICE_INSTANCE_ID)
+        pstart = attrs.get(schema.RES_PROCESS_START)
+        if instance is None or not isinstance(pstart, int) or isinstance(pstart, bool):
+            instance = ""
         job = self._job(name)
-        proc = self._proc(job, attempt, index, "" if instance is None else str(instance)[:64])
+        proc = self._proc(job, attempt, index, str(instance)[:64])
         host, count = attrs.get(schema.RES_HOST_NAME), attrs.get(schema.RES_PROCESS_COUNT)
         proc.host = proc.host if host is None else str(host)
         proc.process_count = count if isinstance(count, int) else proc.process_count
-        pid, pstart = attrs.get(schema.RES_PROCESS_PID), attrs.get(schema.RES_PROCESS_START)
+        pid = attrs.get(schema.RES_PROCESS_PID)
         if isinstance(pid, int) and not isinstance(pid, bool):
             proc.pid = pid
-        if isinstance(pstart, int) and not isinstance(pstart, bool):
+        if instance:
             proc.process_start_ns = pstart
         for key, attr in ((schema.RES_ATTEMPT_SOURCE, "attempt_source"),
                           (schema.RES_PROCESS_INDEX_SOURCE, "index_source")):
