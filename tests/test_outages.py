@@ -469,4 +469,7 @@ def test_disk_full_without_exporter_report_counts_the_lost_spans(small_disk):
     (job,) = report(run)["jobs"]
     assert job["recorder"] == {"errors": stats["errors"], "dropped": stats["dropped"]}
     assert job["attempts"][0]["end_reason"] == "exit"
-    assert job["step_time"]["count"] == 10  # the 5 steps before and the 5 after the full disk
+    # the 5 steps before and the 5 after the full disk, and the step that was in flight at
+    # a flush just before the disk filled, if one was: its open record is on disk, its end
+    # was lost, so it counts as started and runs until the next step on disk began
+    assert job["step_time"]["count"] in (10, 11)
