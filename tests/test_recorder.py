@@ -341,3 +341,27 @@ def test_extra_resource_attributes_ride_on_every_span(tmp_path):
     spans = spool_spans(tmp_path / "run")
     assert spans and all(s["res"]["ml.run.name"] == {"stringValue": "sweep-7"} for s in spans)
     assert all(s["res"][schema.RES_ATTEMPT] == {"intValue": "0"} for s in spans)  # ours win
+
+
+def test_rank_from_jax_distributed_is_written_as_an_identity_marker(tmp_path):
+    """After ``jax.distributed.initialize`` the recorder writes the rank and size JAX gave,
+    without ever calling ``jax.process_index()`` itself (before init that breaks start-up)."""
+    pytest.importorskip("jax")
+    script = tmp_path / "jax_child.py"
+    script.write_text(textwrap.dedent("""
+        import socket, time, goodput
+        goodput.configure("jx", run_dir="run", flush_interval_s=0.05)
+        import jax
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1,
+                                   process_id=0)
+        time.sleep(0.3)
+        jax.distributed.shutdown()
+    """))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ident = [s for s in spool_spans(tmp_path / "run") if s["name"] == schema.IDENTITY]
+    assert ident and ident[0]["attrs"][schema.RES_PROCESS_INDEX] == {"intValue": "0"}
+    assert ident[0]["attrs"][schema.RES_PROCESS_COUNT] == {"intValue": "1"}

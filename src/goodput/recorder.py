@@ -75,28 +75,6 @@ class _SpoolProcessor(SpanProcessor):
         self.exporter.shutdown()
 
 
-def framework_identity() -> tuple[int, int] | None:
-    """``(rank, world size)`` from ``torch.distributed`` or JAX once initialised, else None.
-
-    Looks only at modules the program already imported (never imports a framework, never
-    calls ``jax.process_index()``, which would break ``jax.distributed.initialize``).
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None:
-        try:
-            if dist.is_available() and dist.is_initialized():
-                return int(dist.get_rank()), int(dist.get_world_size())
-        except Exception:  # a group being torn down: try again at the next flush
-            pass
-    jd = sys.modules.get("jax._src.distributed")
-    state = getattr(jd, "global_state", None) if jd is not None else None
-    if state is not None and getattr(state, "client", None) is not None:
-        rank, size = getattr(state, "process_id", None), getattr(state, "num_processes", None)
-        if isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size:
-            return rank, size
-    return None
-
-
 class Recorder:
     """Records the phases of one training process as OpenTelemetry spans.
 
@@ -399,7 +377,7 @@ class Recorder:
 
     def _write_identity(self, now: int) -> None:
         """Write a ``goodput.identity`` marker when the framework's rank becomes known."""
-        found = framework_identity()
+        found = config.framework_identity()
         if found is None or found == self._identity_written:
             return
         self._identity_written = found
