@@ -51,6 +51,17 @@ def run_python(args: list[str], *, env: dict[str, str] | None = None, cwd=None,
     return proc
 
 
+def load_benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` (a harness that is also a command) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def attempt_of_instance(run_dir) -> dict[str, int]:
     """``service.instance.id`` -> the attempt number the processor finds for it."""
     from goodput_processor.attempts import build_attempts

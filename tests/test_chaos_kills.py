@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from instr_util import load_benchmark
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "sklearn"))
@@ -32,16 +30,7 @@ SEED = 20261135
 N_TRIALS = 4
 
 
-def _load_driver():
-    path = REPO / "benchmarks" / "chaos_kills.py"
-    spec = importlib.util.spec_from_file_location("chaos_kills", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["chaos_kills"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-chaos = _load_driver()
+chaos = load_benchmark("chaos_kills")
 CFG = chaos.Config(steps=30, ckpt_every=10, eval_every=15, step_sleep=0.03, flush_interval=0.5)
 
 

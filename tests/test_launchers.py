@@ -20,8 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from instr_util import load_benchmark
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or not sys.platform.startswith("linux"),
@@ -29,16 +28,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _load_harness():
-    path = REPO / "benchmarks" / "launchers.py"
-    spec = importlib.util.spec_from_file_location("launchers_harness", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["launchers_harness"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-lh = _load_harness()
+lh = load_benchmark("launchers")
 S = lh.Settings()
 
 
