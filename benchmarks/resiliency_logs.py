@@ -26,8 +26,10 @@ it counts as infrastructure recovery, as ``goodput report`` counts it;
 ``productive``, ``training_slowdown``, ``wasted_progress``, ``infrastructure_recovery``,
 ``custom:scheduling`` (``user_scheduled`` to the first start), ``training_prep`` (node 0's
 start to the load of step 0), ``custom:startup_and_restore`` (node 0's start to the load
-of a step > 0), ``other`` (a launch's first start to node 0's start, a launch that died
-before loading, the end of the last launch after its last save); the rest are 0.
+of a step > 0), ``process_startup`` (a launch's first start to node 0's start, and the
+whole of a launch that died before loading: nothing but start markers; for the first
+launch, whose first span is the scheduling span, that time is ``other``), ``other`` (also
+the end of the last launch after its last save); the rest are 0.
 
     python benchmarks/resiliency_logs.py OUT.log [--seed 1] [--nodes 112] [--attempts 12]
 """
@@ -44,7 +46,8 @@ __all__ = ["BUCKETS", "Config", "GeneratedLog", "generate", "write_log"]
 
 #: Buckets the truth has (``goodput report`` names); all others are 0.
 BUCKETS = ("productive", "training_slowdown", "wasted_progress", "infrastructure_recovery",
-           "custom:scheduling", "training_prep", "custom:startup_and_restore", "other")
+           "custom:scheduling", "training_prep", "custom:startup_and_restore",
+           "process_startup", "other")
 _US = 1_000_000
 _T0 = datetime(2025, 9, 27, 4, 0)
 
@@ -197,10 +200,13 @@ def _truth(launches: list[dict], ref_us: float, save_every: int) -> dict[str, fl
         later = launches[i + 1:]
         if later:
             us["infrastructure_recovery"] += later[0]["start"] - a["end"]
-        if a["dead"]:  # only start markers: the launch spans them, nothing covers it
-            us["other"] += a["end"] - a["start"]
+        # Before node 0's first span the launch was starting up; the first launch's first
+        # span is the scheduling span (from user_scheduled), so its gap is plain ``other``.
+        early = "process_startup" if i else "other"
+        if a["dead"]:  # only start markers: the launch never got past its start-up
+            us[early] += a["end"] - a["start"]
             continue
-        us["other"] += a["node0"] - a["start"]
+        us[early] += a["node0"] - a["start"]
         bucket = "custom:startup_and_restore" if a["step"] > 0 else "training_prep"
         us[bucket] += a["load"] - a["node0"]
         resumes = [b["step"] for b in later if not b["dead"]]

@@ -47,6 +47,7 @@ def test_worked_example_exact(tmp_path):
     assert r.total_ns == 12000 * NS and r.total_time_s == 12000
     assert r.buckets_ns == {
         "productive": 6000 * NS,
+        "process_startup": 0,
         "accelerator_init": 0,
         "training_prep": 0,
         "program_startup": 0,
@@ -230,7 +231,8 @@ def test_killed_attempt_with_only_heartbeats(tmp_path):
     r = run(tmp_path, a0, a1, ideal=1)
     first = r.attempts[0]
     assert (first.end_reason, first.duration_s, first.resume_step) == ("killed", 10, None)
-    assert r.badput_s["other"] == 10 and r.badput_s["infrastructure_recovery"] == 10
+    # nothing but heartbeats: the attempt never got past its start-up
+    assert r.badput_s["process_startup"] == 10 and r.badput_s["infrastructure_recovery"] == 10
     assert r.badput_s["wasted_progress"] == 0 and r.productive_time_s == 10
     assert r.total_time_s == 30 and r.disruptions == 1
     assert (r.recorder_errors, r.recorder_dropped) == (2, 3)
@@ -249,7 +251,10 @@ def test_multi_process_attempt(tmp_path):
     assert (a.primary_process, a.processes, a.declared_processes) == (1, 2, 3)
     assert a.hosts == ("host1", "host2") and a.end_reason == "sigterm"
     assert r.total_time_s == 25 and r.productive_time_s == 10
-    assert r.badput_s["other"] == 15 and r.badput_s["training_slowdown"] == 0
+    # 0-2: before the primary's first step (process start-up); 12-25: after the primary's
+    # end while process 2 lived on
+    assert r.badput_s["process_startup"] == 2 and r.badput_s["other"] == 13
+    assert r.badput_s["training_slowdown"] == 0
 
 
 def test_overlapping_attempts_are_cut(tmp_path):

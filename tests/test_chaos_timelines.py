@@ -56,14 +56,17 @@ def clean_attempt(attempt=0, process=0, count=1, skew=0.0, t0=0.0, end=True, **k
 def test_skewed_secondary_host_widens_the_attempt_into_other(tmp_path, skew):
     """A secondary host's clock off by ``skew`` s: the attempt spans every host's
     markers (earliest start, latest end), the primary's steps are untouched, and the
-    difference is ``other`` (time no span of the primary covers)."""
+    difference is ``process_startup`` (before the primary's first step) and ``other``
+    (after its end)."""
     r = report(tmp_path, clean_attempt(process=0, count=2),
                clean_attempt(process=1, count=2, skew=skew))  # fmt: skip
     (a,) = r.attempts
     assert a.primary_process == 0 and a.processes == 2
     assert r.total_time_s == pytest.approx(12 + abs(skew))
     assert r.productive_time_s == 10
-    assert r.badput_s["other"] == pytest.approx(2 + abs(skew))
+    early = 1 + max(-skew, 0)  # the attempt's start to the primary's first step
+    assert r.badput_s["process_startup"] == pytest.approx(early)
+    assert r.badput_s["other"] == pytest.approx(1 + max(skew, 0))
     assert r.max_productive_step == 10
 
 
@@ -178,9 +181,10 @@ def test_attempt_with_no_end_is_killed_unless_last_and_recently_alive(tmp_path):
     check_buckets(running)
     assert [a.end_reason for a in running.attempts] == ["killed", "running"]
     assert running.attempts[0].end_ns == a0.ns(11.5)
-    # other: 0-1 s before the first step, 25-27 s after attempt 1's last step. The
-    # heartbeat after attempt 0's last kept step (11-11.5 s) is wasted progress.
-    assert running.end_ns == a1.ns(27) and running.badput_s["other"] == 1 + 2
+    # process start-up: 0-1 s before the first step; other: 25-27 s after attempt 1's last
+    # step. The heartbeat after attempt 0's last kept step (11-11.5 s) is wasted progress.
+    assert running.end_ns == a1.ns(27) and running.badput_s["other"] == 2
+    assert running.badput_s["process_startup"] == 1
     assert running.badput_s["wasted_progress"] == 0.5
     assert running.badput_s["infrastructure_recovery"] == 8.5
 

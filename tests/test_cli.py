@@ -51,7 +51,8 @@ def test_report_json(run_dir):
     assert job["job"] == "job" and job["total_time_s"] == 12000
     assert job["productive_time_s"] == 6000 and job["goodput"] == 0.5
     assert job["badput_s"] == {
-        "accelerator_init": 0, "training_prep": 0, "program_startup": 0, "data_loading": 0,
+        "process_startup": 0, "accelerator_init": 0, "training_prep": 0,
+        "program_startup": 0, "data_loading": 0,
         "checkpoint_save": 600, "checkpoint_restore": 600, "wasted_progress": 2400,
         "infrastructure_recovery": 900, "training_slowdown": 1500, "other": 0,
     }

@@ -43,7 +43,7 @@ def test_example_1(tmp_path):
     assert f"{ours.goodput * 100:.2f}" == "64.52"
     assert {k: v for k, v in ours.badput_s.items() if v} == approx_dict({
         "accelerator_init": 1, "training_prep": 2, "data_loading": 1,
-        "training_slowdown": 3, "custom:eval_step": 3, "other": 1})
+        "training_slowdown": 3, "custom:eval_step": 3, "process_startup": 1})
     mgm = account_mgm(job, now_ns=FAR_FUTURE)
     assert mgm.total_time_s == pytest.approx(31)
     assert mgm.productive_time_s == pytest.approx(20)

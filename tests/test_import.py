@@ -238,7 +238,8 @@ def test_mgm_report_buckets(seed_files, tmp_path):
     assert r.ideal_step_time_s == 3 and r.ideal_step_time_source == "estimated"
     assert r.total_time_s == 43 and r.disruptions == 1 and r.max_productive_step == 4
     assert r.buckets_ns == {k: v * NS for k, v in {
-        "productive": 15, "accelerator_init": 2, "training_prep": 4, "program_startup": 0,
+        "productive": 15, "process_startup": 0, "accelerator_init": 2, "training_prep": 4,
+        "program_startup": 0,
         "data_loading": 2, "checkpoint_save": 1, "checkpoint_restore": 2,
         "wasted_progress": 3, "infrastructure_recovery": 7, "training_slowdown": 5,
         "custom:eval_step": 2, "other": 0}.items()}

@@ -138,6 +138,10 @@ def test_report_buckets_and_wasted_progress(crash_resume):
                    "wasted_progress", "training_prep", "accelerator_init"):
         assert bad[bucket] > 0, bucket
     assert rep["productive_time_s"] > 0
+    # interpreter, imports (torch, transformers) and the script before the Trainer's first
+    # hook are process start-up; what no span covers after that is next to nothing
+    assert bad["process_startup"] > 1.0
+    assert bad["other"] < 0.02 * rep["total_time_s"], (bad, rep["total_time_s"])
     a0, a1 = rep["attempts"]
     assert a0["steps_kept"] == 40 and a0["steps_wasted"] == CRASH_AT - 1 - 40
     assert a1["resume_step"] == 40 and a1["steps_kept"] == MAX_STEPS - 40

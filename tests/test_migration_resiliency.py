@@ -40,7 +40,8 @@ def build_log(seed=7):
     """-> (rows, truth): the event lines and the generator's true times (seconds)."""
     rng = random.Random(seed)
     rows, truth = [], {"restore": 0.0, "recovery": 0.0, "wasted": 0.0, "prep": 0.0,
-                       "other": 0.0, "stretch": 0.0, "slowdown": 0.0, "dups": 0}
+                       "other": 0.0, "startup": 0.0, "stretch": 0.0, "slowdown": 0.0,
+                       "dups": 0}
     t0 = datetime(2025, 9, 27, 4, 0, 0)
 
     def ev(t, kind, **kw):
@@ -61,7 +62,9 @@ def build_log(seed=7):
             truth["scheduling"] = a_start
         else:
             truth["recovery"] += a_start - prev_end
-        truth["other"] += starts[0] - a_start  # before rank 0 starts: no span on it
+        # before rank 0 starts: start-up (in the first attempt the scheduling span came
+        # first, so there it is time no span covers)
+        truth["startup" if a else "other"] += starts[0] - a_start
         loaded_at = starts[0] + rng.uniform(20, 40)
         ev(loaded_at, "checkpoint_loaded", step=step)
         truth["prep" if step == 0 else "restore"] += loaded_at - starts[0]
@@ -150,6 +153,7 @@ def test_multi_node_resiliency_log(tmp_path, capsys):
     assert r.productive_time_s + s["training_slowdown"] == pytest.approx(truth["stretch"],
                                                                          abs=1e-5)
     assert s["other"] == pytest.approx(truth["other"], abs=1e-5)
+    assert s["process_startup"] == pytest.approx(truth["startup"], abs=1e-5)
     # the slow attempt (1.8 s per step against 1.5) is slowdown, the others are within 5 %
     assert s["training_slowdown"] == pytest.approx(truth["slowdown"], abs=1e-5)
     assert truth["slowdown"] > 6 * 100 * 0.3

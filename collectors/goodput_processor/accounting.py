@@ -61,12 +61,15 @@ _KIND_BUCKET = {
 }
 #: Priority order (highest first); "custom" expands to the custom types alphabetically.
 _PRIORITY = ("wasted_progress", "checkpoint_restore", "checkpoint_save", "custom",
-             "data_loading", "program_startup", "accelerator_init", "training_prep", "step")
+             "data_loading", "program_startup", "accelerator_init", "training_prep",
+             "process_startup", "step")
 #: Noise band floors (absolute ns, and relative to the ideal step time) and the
 #: normal-distribution constant of docs/accounting.md.
 _MIN_TOL_NS = 1_000
 _MIN_TOL_REL = 0.05
 _MAD_NORMAL = 0.6745
+#: Split of int64 ns for exact float sums: 2**26 (low parts sum exactly over 2**27 terms).
+_SPLIT = 1 << 26
 
 
 def _step_counts(aux: np.ndarray) -> np.ndarray:
@@ -132,7 +135,17 @@ def _step_times(b, owner, step_level, ss, se):
         cummax = np.maximum.accumulate(se)
         pam = np.maximum.accumulate(np.where(se == cummax, np.arange(n), 0))
         j[miss] = pam[j[miss]]
-    return np.rint(np.bincount(j, weights=seg_len, minlength=n)).astype(np.int64)
+    return _int_bincount(j, seg_len, n)
+
+
+def _int_bincount(idx: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """``np.bincount(idx, weights=values)`` for int64 ``values``, exact: summed as two
+    halves whose float sums stay below 2**53 (a single float sum loses nanoseconds once
+    spans reach 2**53 ns, about 104 days, e.g. a span starting at the epoch)."""
+    hi, lo = np.divmod(values, _SPLIT)
+    hs = np.rint(np.bincount(idx, weights=hi, minlength=n)).astype(np.int64)
+    ls = np.rint(np.bincount(idx, weights=lo, minlength=n)).astype(np.int64)
+    return hs * _SPLIT + ls
 
 
 def _custom_types(job: JobSpans, attempts: list[Attempt]) -> list[str]:
@@ -214,6 +227,11 @@ class _Acc:
         if ws is not None and ws < a1:
             ps, pe = np.append(ps, ws), np.append(pe, a1)
             lv = np.append(lv, np.int16(level["wasted_progress"]))
+        # Process startup: from the attempt's start to the primary's first phase (any).
+        first = int(s[phase].min()) if phase.any() else a1
+        if first > a0:
+            ps, pe = np.append(ps, a0), np.append(pe, first)
+            lv = np.append(lv, np.int16(level["process_startup"]))
         b, owner = _paint(a0, a1, ps, pe, lv, self.other)
         seg_len = np.diff(b)
         for lev in range(self.other + 1):

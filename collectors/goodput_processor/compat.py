@@ -86,6 +86,7 @@ class IntervalMetricType(enum.Enum):
 
 #: This project's buckets -> the incumbent's badput types.
 _BUCKET_TYPE = {
+    "process_startup": BadputType.OTHER,  # mgm has no such type: it is part of its OTHER
     "accelerator_init": BadputType.TPU_INITIALIZATION,
     "training_prep": BadputType.TRAINING_PREP,
     "program_startup": BadputType.PROGRAM_STARTUP,
@@ -123,7 +124,8 @@ def _breakdown(buckets_ns: dict[str, int], async_s: dict[str, float], total_ns: 
             key = name[len(schema.CUSTOM_PREFIX):].upper()
             custom[key] = custom.get(key, 0.0) + ns * scale
         else:
-            out[_BUCKET_TYPE[name]] = ns * scale
+            key = _BUCKET_TYPE[name]
+            out[key] = out.get(key, 0.0) + ns * scale
     out[BadputType.DATA_LOADING_ASYNC] = async_s.get("data_loading", 0.0) * _NS * scale
     out[BadputType.CUSTOM_BADPUT_EVENTS] = custom
     return out

@@ -173,8 +173,11 @@ def default_run_dir(job: str) -> str:
 
 PRODUCTIVE = "productive"
 #: Badput buckets in report order; ``custom:<type>`` buckets come after
-#: ``training_slowdown`` and before ``other``.
+#: ``training_slowdown`` and before ``other``. ``process_startup`` is the time from an
+#: attempt's start (its OS process start) to the first phase its primary process recorded:
+#: interpreter start, imports, and whatever ran before the first marker.
 BADPUT_BUCKETS = (
+    "process_startup",
     "accelerator_init",
     "training_prep",
     "program_startup",

@@ -27,6 +27,7 @@ STEP_NONE = -(2**31)
 
 BUCKET_COLORS = {
     schema.PRODUCTIVE: "#2ca02c",
+    "process_startup": "#7f7f7f",
     "accelerator_init": "#9467bd",
     "training_prep": "#c5b0d5",
     "program_startup": "#8c564b",
