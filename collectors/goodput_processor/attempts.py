@@ -22,7 +22,8 @@ skeleton of the timeline is built from evidence:
   current attempt was last seen alive before its OS process started (a relaunch after the
   last one died; processes of one launch live at the same time, and a live process writes
   something every flush interval; both times are read on the real clock, so start times
-  given to ``job_start(at=...)`` do not matter). Otherwise it joins the current attempt.
+  given to ``job_start(at=...)`` do not matter; the OS process start, read in 10 ms ticks,
+  counts as up to 10 ms later). Otherwise it joins the current attempt.
 - an attempt starts at its earliest start marker and ends at the last sign of life of any
   of its processes: its latest end marker or span end. Phases still in flight when a
   process died are in the spool as ``goodput.open`` records (:func:`resolve_open`).
@@ -64,6 +65,9 @@ DEFAULT_HEARTBEAT_INTERVAL_MS = 1000
 #: *now* is running.
 RUNNING_INTERVALS = 3
 _MS = 1_000_000
+#: ``goodput.process.start_time_unix_nano`` is read in clock ticks of 10 ms and rounded
+#: down: the process started up to this much later.
+_START_RESOLUTION_NS = 10 * _MS
 #: Declared sources that make ``goodput.process.index`` a slot to rely on.
 _SLOT_SOURCES = (None, "argument", "env")
 
@@ -259,7 +263,7 @@ def _group(runs: list[_Run]) -> list[list[_Run]]:
             r.os_process in procs
             or (r.slot_known and r.slot in slots)
             or (r.hint is not None and hints and r.hint not in hints)
-            or r.launched > alive
+            or r.launched + _START_RESOLUTION_NS > alive
         )
         if new:
             current = []
