@@ -24,18 +24,35 @@ span                          hook
 ``goodput.accelerator_init``  ``torch.distributed.init_process_group``.
 ``goodput.checkpoint_save``   ``torch.distributed.checkpoint.save`` (blocking) and
                               ``async_save`` (blocking part = the call; a second span with
-                              ``goodput.blocking = false`` until its future completes).
-``goodput.checkpoint_restore`` ``torch.distributed.checkpoint.load``.
+                              ``goodput.blocking = false`` until its future completes);
+                              ``torch.save`` of training state; ``safetensors.torch``
+                              ``save_file`` (a model's tensors, or a step in its metadata)
+                              and ``save_model``; ``accelerate.Accelerator.save_state``.
+``goodput.checkpoint_restore`` ``torch.distributed.checkpoint.load``; ``torch.load`` of
+                              training state; ``safetensors.torch.load_file`` /
+                              ``load_model`` with a step; ``Accelerator.load_state``.
 ``goodput.custom_badput``     (type ``eval``) from ``model.eval()`` to the next
                               ``model.train()`` once training has started, when no optimizer
                               step ran in between (``torch.nn.Module.train``);
                               ``instrument(detect_eval=False)`` turns it off.
 ============================  ===========================================================
 
+*Training state* (``_torch_ckpt.inspect_state``) is a dict that has a top-level
+``step``/``global_step``/``iteration``/``epoch`` entry, or is, or holds as a top-level
+value, a module or optimizer ``state_dict``; a tensor, a list of tensors or a pickled
+``nn.Module`` is not a checkpoint. A load of weights alone (no optimizer state, no step)
+is a restore only when its file name holds a step. The checkpoint step is the top-level
+``step``/``global_step``/``iteration``, else the optimizer state's ``step`` (updates
+done), else ``epoch``, else a step-like number in the file name, else (saves) the
+instrumentor's own count. Inside a checkpoint call recorded by the Lightning or Hugging
+Face instrumentor, under a ``checkpoint`` claim, or inside a checkpoint phase marked with
+the phase API, these hooks record nothing; ``accelerate`` / ``save_model`` calls are one
+span (the saves inside them are not recorded again).
+
 Step numbers count optimizer updates, 1-based, so that they match checkpoint
-steps: the checkpoint of step *n* holds the state after *n* updates, and after
-``dcp.load`` of a state dict whose top-level ``step`` (or ``global_step``) is *k*
-the next step is *k + 1*. With several optimizers (a GAN), only the first one
+steps: the checkpoint of step *n* holds the state after *n* updates, and after a
+restore (DCP, ``torch.load``, safetensors, accelerate) of step *k* the next step
+is *k + 1*. With several optimizers (a GAN), only the first one
 to step (the *lead*) ends steps; the others' updates fall inside its steps. An
 optimizer that steps twice while the lead does not becomes the lead (the old
 one was replaced), and both of its updates end a step.
@@ -53,6 +70,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 
 from goodput import schema
@@ -64,36 +82,27 @@ from goodput_instrumentation._base import (
     recorder,
     timed,
 )
+from goodput_instrumentation._torch_ckpt import STEP_KEYS, CheckpointHooks, inspect_state
 
 _log = logging.getLogger("goodput.instrumentation.torch")
 _time_ns = time.time_ns
+_get_ident = threading.get_ident
 
 _STEP = schema.STEP
 _ATTR_STEP = schema.ATTR_STEP
 _DATA_LOADING = schema.DATA_LOADING
 _EVAL_ATTRS = {schema.ATTR_BADPUT_TYPE: "eval"}
-#: Top-level state-dict keys read as the checkpoint's step, in this order.
-STEP_KEYS = ("step", "global_step")
 _LAST_INT = re.compile(r"(\d+)(?!.*\d)")
 
 
 def _checkpoint_step(state_dict) -> int | None:
-    """The step stored in a state dict: top-level ``step`` or ``global_step`` (int or 0-d tensor).
+    """The step stored in a state dict (the rules of ``_torch_ckpt.inspect_state``: a
+    top-level ``step``/``global_step``/``iteration``, the optimizer state's step, ``epoch``).
 
-    Returns None when there is none (or the value is neither).
+    Returns None when there is none.
     """
-    if not isinstance(state_dict, dict):
-        return None
-    for key in STEP_KEYS:
-        value = state_dict.get(key)
-        if value is None or isinstance(value, bool):
-            continue
-        if isinstance(value, int):
-            return value
-        numel = getattr(value, "numel", None)  # a tensor (without importing torch here)
-        if numel is not None and getattr(value, "ndim", None) == 0:
-            return int(value.item())
-    return None
+    info = inspect_state(state_dict, getattr(sys.modules.get("torch"), "Tensor", None))
+    return None if info is None else info.step
 
 
 def _step_from_id(checkpoint_id) -> int | None:
@@ -109,8 +118,9 @@ def _state_dict_arg(args, kwargs):
     return args[0] if args else kwargs.get("state_dict")
 
 
-class TorchInstrumentor(GoodputInstrumentor):
-    """Records steps, data loading, compilation, process-group start-up and DCP checkpoints.
+class TorchInstrumentor(CheckpointHooks, GoodputInstrumentor):
+    """Records steps, data loading, compilation, process-group start-up and checkpoints
+    (DCP, ``torch.save``/``torch.load`` of training state, safetensors, accelerate).
 
     Options (keyword arguments of ``instrument()``):
         detect_eval: record ``model.eval()`` ... ``model.train()`` as ``custom:eval``
@@ -122,6 +132,8 @@ class TorchInstrumentor(GoodputInstrumentor):
         "torch._dynamo",
         "torch.distributed.checkpoint",
         "torch.distributed.checkpoint.state_dict",
+        "safetensors.torch",
+        "accelerate.accelerator",
     )
     requirements = ("torch >= 2.4",)
     options = ("detect_eval",)
@@ -132,6 +144,7 @@ class TorchInstrumentor(GoodputInstrumentor):
             self._patches = Patches()
             self._handles: list = []
             self._dynamo_handler = None
+            self._ckpt_init()
             self._reset_state()
 
     # --- state ------------------------------------------------------------
@@ -147,6 +160,7 @@ class TorchInstrumentor(GoodputInstrumentor):
         self._suppress = 0  # > 0 while DCP initialises optimizer state with a fake step
         self._eval_t0: int | None = None
         self._compile_t0: int | None = None
+        self._train_tid: int | None = None  # thread of the last optimizer update
 
     @property
     def step(self) -> int:
@@ -165,6 +179,10 @@ class TorchInstrumentor(GoodputInstrumentor):
             self._patch_dcp(module)
         elif name == "torch.distributed.checkpoint.state_dict":
             self._patch_dcp_state_dict(module)
+        elif name == "safetensors.torch":
+            self._patch_safetensors(module)
+        elif name == "accelerate.accelerator":
+            self._patch_accelerate(module)
 
     def _unpatch(self) -> None:
         while self._handles:
@@ -205,6 +223,8 @@ class TorchInstrumentor(GoodputInstrumentor):
             if c10d is not None and c10d.init_process_group is dist.init_process_group:
                 self._patches.set(c10d, "init_process_group", wrapper)
             self._patches.set(dist, "init_process_group", wrapper)
+
+        self._patch_serialization(torch)  # torch.save / torch.load of training state
 
     def _patch_dynamo(self, dynamo) -> None:
         callback = sys.modules.get("torch._dynamo.callback")
@@ -285,6 +305,7 @@ class TorchInstrumentor(GoodputInstrumentor):
             t0 = self._fetch_t0 or self._pre_t0 or t
             self._fetch_t0 = self._pre_t0 = None
         self._last_end = t
+        self._train_tid = _get_ident()
         self._eval_t0 = None  # an optimizer update in eval mode: not an evaluation
         recorder().record(_STEP, t0, t, {_ATTR_STEP: n})
 
@@ -461,10 +482,14 @@ class TorchInstrumentor(GoodputInstrumentor):
         attrs = {schema.ATTR_CHECKPOINT_STEP: step} if step is not None else None
         recorder().record(schema.CHECKPOINT_RESTORE, t0, t1, attrs, err)
         if step is not None:
-            # Training resumes: the next update is step + 1, timed from its first fetch.
-            self._step = step
-            self._last_end = self._fetch_t0 = self._pre_t0 = None
-            self._eval_t0 = None
+            self._resumed(step)
+
+    def _resumed(self, step: int) -> None:
+        """Training resumes from the checkpoint of ``step``: the next update is step + 1,
+        timed from its first fetch."""
+        self._step = step
+        self._last_end = self._fetch_t0 = self._pre_t0 = None
+        self._eval_t0 = None
 
 
 __all__ = ["STEP_KEYS", "TorchInstrumentor"]
