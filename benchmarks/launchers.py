@@ -26,7 +26,8 @@ torchrun_orphans        SIGKILL the agent and relaunch by hand at once, leaving 
                         steps are its own. 2 x 2.
 world_size_shrink       ``torchrun --nproc-per-node 2 --max-restarts 0``; SIGKILL rank 0
                         (the primary); the agent gives up; relaunch with
-                        ``--nproc-per-node 1``. 2 attempts: 2 and 1 processes.
+                        ``--nproc-per-node 1``. 2 attempts: 2 and 1 processes, and a
+                        ``world_size_changed`` warning.
 world_size_grow         the same from 1 rank to 2: 2 attempts of 1 and 2 processes.
 mp_spawn                ``torch.multiprocessing.spawn`` with 2 ranks (no ``RANK`` variable);
                         runs to the end. 1 attempt x 2 processes, one spool file each, kept
@@ -66,8 +67,9 @@ observations; times on the one host clock):
   rendezvous) is before the attempt, so after a kill it is infrastructure recovery.
 - **primary**: the lowest rank of the attempt; the buckets are painted on its phases, in
   the documented priority (wasted progress, checkpoint restore, checkpoint save, custom,
-  data loading, program startup, accelerator init, training prep, step, other), clipped to
-  the attempt; a phase with a begin and no end ran until its process ended.
+  data loading, program startup, accelerator init, training prep, process start-up, step,
+  other), clipped to the attempt; a phase with a begin and no end ran until its process
+  ended.
 - **resume step** of an attempt: the step of its primary's first ``checkpoint_restore``,
   else its first step - 1. A step is **kept** when it is at most the resume step of every
   later attempt. **Wasted progress**: from the end of the last kept step (or of the save of
@@ -75,8 +77,10 @@ observations; times on the one host clock):
   attempt's end, plus non-kept steps before that. **Infrastructure recovery**: from an
   attempt's end to the next one's start. **Productive** and **training slowdown**: the kept
   step time split by the documented rule (ideal = median kept step time, noise band
-  ``max(3 sigma, 5 %)``) on the driver's step times. **Other**: attempt time no marked
-  phase covers (interpreter start, imports, rendezvous waits outside marks, teardown).
+  ``max(3 sigma, 5 %)``) on the driver's step times. **Process start-up**: from the
+  attempt's start to the primary's first marked phase (interpreter start, imports).
+  **Other**: attempt time after that no marked phase covers (rendezvous waits outside
+  marks, teardown).
   **Total**: first start to last end.
 - **steps**: kept steps (primary) exactly; wasted steps between the number every process
   had surely flushed (begun at least one flush interval + ``flushed_margin``, 0.15 s, before
@@ -133,7 +137,8 @@ TRAIN_DDP = REPO / "examples" / "launchers" / "train_ddp.py"
 TRAIN_LIGHTNING = REPO / "examples" / "launchers" / "train_lightning_ddp.py"
 #: Priority of the phases (highest first), docs/accounting.md; "custom" types sort in there.
 PRIORITY = ("wasted_progress", "checkpoint_restore", "checkpoint_save", "custom",
-            "data_loading", "program_startup", "accelerator_init", "training_prep", "step")
+            "data_loading", "program_startup", "accelerator_init", "training_prep",
+            "process_startup", "step")
 _SCRUB_PREFIX = ("GOODPUT_", "OTEL_", "TORCHELASTIC_", "PL_", "JAX_")
 _SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
           "MASTER_ADDR", "MASTER_PORT", "LAUNCH_TAG")
@@ -515,6 +520,9 @@ def compute_truth(procs: list[Proc], flush: float,
             elif e > s and name in level:
                 ivals.append((s, e, level[name]))
         ivals += [(s, e, level["step"]) for s, e, _, _ in steps]
+        first = min([s for s, _, _ in ivals] + [a.end])  # process start-up: before it
+        if first > a.start:
+            ivals.append((a.start, first, level["process_startup"]))
         if has_next and steps:
             kept = [st for st in steps if st[3]]
             ws = max(st[1] for st in kept) if kept else min(st[0] for st in steps)
@@ -757,7 +765,7 @@ def _resize(d: Driver, before: int, after: int) -> Expect:
     time.sleep(0.3)
     d.launch("L1", d.torchrun(after, 0, d.ddp_args()))
     d.wait_launch("L1")
-    return Expect([before, after])
+    return Expect([before, after], {"world_size_changed"})
 
 
 def case_world_size_shrink(d: Driver) -> Expect:
@@ -830,10 +838,12 @@ def run_case(name: str, workdir: Path, s: Settings | None = None) -> Outcome:
     return out
 
 
-BUCKET_COLUMNS = ("productive", "training_slowdown", "accelerator_init", "training_prep",
+BUCKET_COLUMNS = ("productive", "training_slowdown", "process_startup", "accelerator_init",
+                  "training_prep",
                   "data_loading", "checkpoint_save", "checkpoint_restore", "wasted_progress",
                   "infrastructure_recovery", "other", "total")
-_SHORT = {"productive": "prod", "training_slowdown": "slow", "accelerator_init": "accel",
+_SHORT = {"productive": "prod", "training_slowdown": "slow", "process_startup": "start",
+          "accelerator_init": "accel",
           "training_prep": "prep", "data_loading": "data", "checkpoint_save": "save",
           "checkpoint_restore": "rest", "wasted_progress": "wasted",
           "infrastructure_recovery": "recov", "other": "other", "total": "total"}

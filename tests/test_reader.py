@@ -134,14 +134,23 @@ def test_invalid_spans_are_counted(tmp_path):
         ('{"timestamp": "2025-09-27", "event_type": "job_started"}\n', 1),
     ],
 )
-def test_non_otlp_file_raises_naming_file_and_line(tmp_path, content, line):
-    simple().write(tmp_path)
-    bad = tmp_path / "zz-other.jsonl"
+def test_non_otlp_file_is_skipped_with_a_warning_and_refused_alone(tmp_path, content, line):
+    """Next to a spool, a file that is not OTLP JSON lines is skipped and named in a
+    warning; the report refuses only when nothing is readable, naming file and line."""
+    simple().write(tmp_path / "good")
+    bad = tmp_path / "good" / "zz-other.jsonl"
     bad.write_text(content)
+    (r,) = report_run_dir(tmp_path / "good")
+    assert r.step_time.count == 10
+    (w,) = [w for w in r.warnings if w.code == "spool_file_skipped"]
+    assert w.file == str(bad) and "resourceSpans" in w.message
+    (tmp_path / "bad").mkdir()
+    bad.rename(tmp_path / "bad" / bad.name)
     with pytest.raises(SpoolFormatError) as err:
-        read_run_dir(tmp_path)
+        read_run_dir(tmp_path / "bad")
     msg = str(err.value)
-    assert msg.startswith(f"{bad}:{line}: ") and "resourceSpans" in msg and "\n" not in msg
+    alone = tmp_path / "bad" / bad.name
+    assert msg.startswith(f"{alone}:{line}: ") and "resourceSpans" in msg and "\n" not in msg
 
 
 def test_int_values_as_numbers_or_strings(tmp_path):
@@ -252,3 +261,13 @@ def test_parallel_read_equals_serial(tmp_path, monkeypatch):
         assert f"{path}:41: " in a.examples[0]
         assert (a.processes[(0, 0, "")].data == b.processes[(0, 0, "")].data).all()
         assert serial.strings == other.strings == ["exit", "eval"]
+
+
+def test_a_random_first_line_is_skipped_like_any_other(tmp_path):
+    """A garbage first line (a disk block lost, a stray write) is one malformed line, as it
+    would be anywhere else in the file: the spans after it are read."""
+    path = simple(n=10).write(tmp_path)
+    path.write_bytes(b"\x00\x17 not json at all\n" + path.read_bytes())
+    (r,) = report_run_dir(tmp_path)
+    assert r.step_time.count == 10 and r.skipped["malformed"] == 1
+    assert not r.warnings

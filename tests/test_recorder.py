@@ -125,6 +125,31 @@ def test_decorators_explicit_times_and_step_start(memory):
     assert steps[-1].attributes[schema.ATTR_STEP] == 201
 
 
+def test_decorators_with_attributes_record_and_write_the_call_in_flight(memory):
+    rec, exporter, _ = memory
+
+    @goodput.checkpoint_save(step=3)
+    def save():
+        time.sleep(0.15)  # over a flush interval (0.05 s): written as in flight first
+        return "saved"
+
+    @goodput.custom_badput("eval")
+    def evaluate():
+        return "evaluated"
+
+    assert save() == "saved" and evaluate() == "evaluated"
+    goodput.flush()
+    spans = exporter.get_finished_spans()
+    done = [s for s in finished(exporter) if s.name == schema.CHECKPOINT_SAVE]
+    assert len(done) == 1 and done[0].attributes[schema.ATTR_CHECKPOINT_STEP] == 3
+    opened = [s for s in spans if s.attributes.get(schema.ATTR_OPEN)]
+    assert [s.name for s in opened] == [schema.CHECKPOINT_SAVE]
+    assert opened[0].start_time == done[0].start_time
+    assert [s.attributes[schema.ATTR_BADPUT_TYPE] for s in finished(exporter)
+            if s.name == schema.CUSTOM_BADPUT] == ["eval"]
+    assert rec.stats()["errors"] == 0
+
+
 def test_bad_input_is_counted_never_raised(memory):
     rec, exporter, _ = memory
     goodput.step(1, start="yesterday", end=5)

@@ -18,6 +18,7 @@ import numpy as np
 from goodput import schema
 
 from .attempts import Attempt, build_attempts
+from .checks import file_warnings, job_warnings
 from .reader import read_run_dir
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
 from .stragglers import straggler_report
@@ -318,7 +319,7 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
             recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
         ))
     result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
-    result = replace(result, warnings=tuple(w for a in attempts for w in a.warnings))
+    result = replace(result, warnings=tuple(job_warnings(job, attempts, result)))
     # --- stragglers (goodput_processor.stragglers): per-host step times, not in the buckets
     result = replace(result, stragglers=straggler_report(attempts, bounds))
     # --- end stragglers
@@ -459,9 +460,11 @@ def report_run_dir(
             raise KeyError(f"no job named {job!r} in {spans.path} (jobs: {', '.join(names)})")
         names = [job]
     results = []
+    skipped_files = tuple(file_warnings(spans.file_problems))
     for name in names:
         js = spans.jobs[name]
         js.skipped.update(spans.skipped)
         js.examples.extend(spans.examples[: max(0, 20 - len(js.examples))])
-        results.append(account(js, ideal_step_time_s, now_ns))
+        r = account(js, ideal_step_time_s, now_ns)
+        results.append(replace(r, warnings=skipped_files + r.warnings) if skipped_files else r)
     return results

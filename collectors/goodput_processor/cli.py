@@ -87,6 +87,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         sys.stdout.write(definitions.to_json(args.definitions, results) + "\n")
     else:
         definitions.render(args.definitions, results)
+    warned = sum(len(getattr(r, "warnings", ())) for r in results)
+    if args.strict and warned:
+        print(f"{PROG}: {warned} warning(s): the report cannot be fully trusted (--strict)",
+              file=sys.stderr)
+        return 3
     return 0
 
 
@@ -112,6 +117,9 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="PATH", default=None,
                    help="also write a self-contained HTML report (timeline, goodput over time, "
                    "step times) to PATH; needs plotly (docs/html-report.md)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit with status 3 when the report has warnings (what the input "
+                   "could not settle: docs/accounting.md, Warnings), e.g. in CI")
     p.set_defaults(func=cmd_report)
     return p
 
@@ -129,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``goodput`` console script; returns the exit status (0, 2)."""
+    """Entry point of the ``goodput`` console script; returns the exit status (0; 2: bad
+    command line or input; 3: ``report --strict`` and the report has warnings)."""
     parser = build_parser()
     try:
         try:

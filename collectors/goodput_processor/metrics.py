@@ -58,6 +58,8 @@ ATTR_STATISTIC = "goodput.statistic"
 ATTR_HOST = schema.RES_HOST_NAME
 ATTR_PROCESS = schema.RES_PROCESS_INDEX
 ATTR_RANK = "goodput.straggler.rank"
+#: Attribute of ``goodput.warnings``: the warning's code.
+ATTR_WARNING_CODE = "goodput.warning.code"
 #: Rolling windows (seconds) used when none are given.
 DEFAULT_WINDOWS_S = (60, 300, 900)
 #: Statistics of the step-time deviation (percentiles over kept steps, and the maximum).
@@ -78,6 +80,8 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     "goodput.mfu": ("1", "Model FLOPs utilisation during productive time (0..1)"),
     "goodput.useful_compute": ("1", "Goodput x MFU: share of the job's peak FLOP/s spent on "
                                "kept training (0..1)"),
+    "goodput.warnings": ("{warning}", "Warnings of the job's report, per code: what the "
+                         "input could not settle (docs/accounting.md, Warnings)"),
     "goodput.window.goodput": ("1", "Goodput over the last W seconds of the job"),
     "goodput.window.productive_time": ("s", "Productive time in the last W seconds"),
     "goodput.window.badput_time": ("s", "Badput time per bucket in the last W seconds"),
@@ -198,6 +202,7 @@ class GoodputMetrics:
             "goodput.anomalous_steps": self._obs_anomalous,
             "goodput.mfu": self._obs_mfu,
             "goodput.useful_compute": self._obs_useful,
+            "goodput.warnings": self._obs_warnings,
             "goodput.window.goodput": self._obs_w_goodput,
             "goodput.window.productive_time": self._obs_w_productive,
             "goodput.window.badput_time": self._obs_w_badput,
@@ -299,6 +304,13 @@ class GoodputMetrics:
     def _obs_useful(s, a):
         u = s.result.useful_compute
         return [] if u is None else [Observation(u, a)]
+
+    @staticmethod
+    def _obs_warnings(s, a):
+        counts: dict[str, int] = {}
+        for w in s.result.warnings:
+            counts[w.code] = counts.get(w.code, 0) + 1
+        return [Observation(n, {**a, ATTR_WARNING_CODE: code}) for code, n in counts.items()]
 
     @staticmethod
     def _obs_anomalous(s, a):

@@ -15,7 +15,10 @@ Nothing is dropped silently: every skipped line or span is counted by reason in
 
 - ``torn``: last line of a file with no trailing newline that is not valid JSON (a crash
   mid-write); counted in lines.
-- ``malformed``: a later line that is not valid JSON or not an OTLP request; in lines.
+- ``malformed``: any other line that is not valid JSON or not an OTLP request (the first
+  line of a file too); in lines. A file none of whose lines is an OTLP request is listed
+  in :attr:`SpanSet.file_problems` (``spool_file_skipped``), and so is an empty
+  (``empty_spool_file``) or unreadable one.
 - ``invalid_span``: a span without valid name/times/ids (times are integers in
   [0, 2**63), ``spanId`` 16 and ``traceId`` 32 hex digits, as the protobuf path requires),
   or ending before it starts.
@@ -97,7 +100,8 @@ class RunDirError(ReadError):
 
 
 class SpoolFormatError(ReadError):
-    """A ``*.jsonl`` file is not OTLP JSON lines; the message names the file and line."""
+    """No file gave a span and a ``*.jsonl`` file is not OTLP JSON lines; the message names
+    the file and line."""
 
 
 _VALUE_TYPES = (("intValue", int), ("stringValue", str), ("boolValue", bool),
@@ -137,6 +141,9 @@ class _Reader:
         self._orphan_n: Counter = Counter()
         self._orphans: list[tuple] = []
         self.nlines, self.last_job = 0, None
+        # Per file: [non-empty lines, OTLP requests, the first bad line's message or None].
+        self.file_stats: dict[str, list] = {}
+        self.unreadable: dict[str, str] = {}  # path -> why
 
     def _job(self, name: str) -> JobSpans:
         job = self.jobs.get(name)
@@ -170,6 +177,7 @@ class _Reader:
         first, last_job = start == 0, None  # torn/malformed lines count for the file's job
         expected = 'a JSON object with "resourceSpans" (an OTLP ExportTraceServiceRequest)'
         left = -1 if end is None else end - start
+        stats = self.file_stats.setdefault(path, [0, 0, None])
         try:
             with open(path, "rb") as f:
                 f.seek(start)
@@ -182,6 +190,7 @@ class _Reader:
                         left -= len(line)
                     if not line.strip():
                         continue
+                    stats[0] += 1
                     where = (path, lineno)
                     try:
                         req = _loads(line)
@@ -196,18 +205,19 @@ class _Reader:
                             continue
                         ok, got = False, f"got invalid JSON ({e})"
                     if not ok:
-                        if first:
-                            raise SpoolFormatError(f"{path}:{lineno}: not an OTLP JSON lines "
-                                                   f"file: expected {expected}, {got}")
+                        if stats[2] is None:
+                            stats[2] = (f"{path}:{lineno}: not an OTLP JSON lines file: "
+                                        f"expected {expected}, {got}")
                         self._skip_line(last_job, "malformed", where, f"expected {expected}, {got}")
                         continue
                     first = False
+                    stats[1] += 1
                     try:
                         last_job = self._request(req, where) or last_job
                     except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
                         self._skip_line(last_job, "malformed", where, f"bad OTLP structure ({e!r})")
         except OSError as e:
-            raise RunDirError(f"cannot read {path}: {e.strerror or e}") from e
+            self.unreadable[path] = f"cannot read it: {e.strerror or e}"
         self.last_job = last_job.name if last_job else None
 
     def _skip_line(self, job: JobSpans | None, reason: str, where, why: str) -> None:
@@ -388,6 +398,12 @@ class _Reader:
                     d[:, tl.C_TIDX] = tmap[d[:, tl.C_TIDX]]
                     proc._buf.extend(op._buf)  # memcpy; grows in place (mremap)
         self.skipped.update(other.skipped)
+        for path, (lines, ok, bad) in other.file_stats.items():
+            mine = self.file_stats.setdefault(path, [0, 0, None])
+            mine[0] += lines
+            mine[1] += ok
+            mine[2] = mine[2] or bad
+        self.unreadable.update(other.unreadable)
         job = self.jobs.get(last_job) if last_job else None
         # other's orphans came first in its range: they belong to the job before it
         (job.skipped if job else self._orphan_n).update(other._orphan_n)
@@ -403,6 +419,20 @@ class _Reader:
             mine = self._examples.setdefault(key, [])
             for path, line, why in examples[: _MAX_EXAMPLES - len(mine)]:
                 mine.append((path, line + line_base, why))
+
+    def file_problems(self) -> list[tuple[str, str, str]]:
+        """``(path, code, why)`` of each file that gave no OTLP request (sorted by path)."""
+        out = [(p, "spool_file_skipped", why) for p, why in self.unreadable.items()]
+        for path, (lines, ok, bad) in self.file_stats.items():
+            if path in self.unreadable:
+                continue
+            if not lines:
+                out.append((path, "empty_spool_file", "empty: no line written (a process "
+                            "killed before its first write, or the file was truncated)"))
+            elif not ok:
+                out.append((path, "spool_file_skipped", "skipped: " + (
+                    bad.split(": ", 1)[1] if bad else "no complete OTLP line in it")))
+        return sorted(out)
 
     def finish(self) -> int:
         """Build each process's array, drop duplicate spans; returns the number of spans."""
@@ -496,8 +526,11 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet
     Raises:
         RunDirError: ``path`` does not exist, is not a directory, cannot be read, holds
             no ``*.jsonl`` file, or its files hold no goodput span at all.
-        SpoolFormatError: a file's first non-empty line is not an OTLP JSON request; the
-            message is ``"<file>:<line>: not an OTLP JSON lines file: expected ..."``.
+        SpoolFormatError: no file gave a goodput span and one of them is not OTLP JSON
+            lines at all; the message is ``"<file>:<line>: not an OTLP JSON lines file:
+            expected ..."``. (Next to readable files, such a file is skipped and listed in
+            :attr:`SpanSet.file_problems`, like an empty or unreadable one: the report
+            refuses only when nothing is readable.)
     """
     root = Path(path)
     if not root.exists():
@@ -526,6 +559,9 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet
         for p in files:
             reader.read_range(str(p))
     if reader.finish() == 0:
+        bad = [st[2] for _, st in sorted(reader.file_stats.items()) if st[2] and not st[1]]
+        if bad:
+            raise SpoolFormatError(bad[0])
         counts = Counter(reader.skipped)
         for job in reader.jobs.values():
             counts.update(job.skipped)
@@ -533,4 +569,4 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet
         raise RunDirError(f"run directory {str(root)!r} holds no goodput spans ({len(files)} "
                           f"file(s) read{'; skipped ' + detail if detail else ''})")
     return SpanSet(str(root), reader.jobs, reader.skipped, reader.examples, reader.strings,
-                   len(files))
+                   len(files), reader.file_problems())

@@ -68,7 +68,8 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
                          "median_step_time_s": float, "ratio": float,
                          "median_start_lag_s": float | null}]},  # up to 5, slowest first
           "warnings": [{"code": str, "message": str,  # what the input could not settle
-                        "attempt": int | null, "process": int | null}]
+                        "attempt": int | null, "process": int | null,
+                        "file": str | null}]
         }
       ]
     }
@@ -104,14 +105,16 @@ class ReportWarning:
     """Something the report's input could not settle or that looks wrong: the report
     carries it instead of guessing silently.
 
-    ``code``: a stable name (listed in ``docs/report-json.md``); ``message``: one line for
-    people; ``attempt``/``process``: the attempt number and rank concerned, if any.
+    ``code``: a stable name (listed in ``docs/accounting.md``, "Warnings"); ``message``: one
+    line for people; ``attempt``/``process``/``file``: the attempt number, rank and spool
+    file concerned, if any.
     """
 
     code: str
     message: str
     attempt: int | None = None
     process: int | None = None
+    file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -304,7 +307,7 @@ def job_to_dict(r: JobResult) -> dict:
         "useful_compute": r.useful_compute,
         "stragglers": _stragglers_dict(r.stragglers),  # --- stragglers
         "warnings": [{"code": w.code, "message": w.message, "attempt": w.attempt,
-                      "process": w.process} for w in r.warnings],
+                      "process": w.process, "file": w.file} for w in r.warnings],
     }
 
 

@@ -116,7 +116,9 @@ class SpanSet:
     """Everything read from a run directory.
 
     ``jobs`` maps job name to :class:`JobSpans`; ``skipped``/``examples`` hold what could
-    not be tied to any job; ``files`` is the number of files read.
+    not be tied to any job; ``files`` is the number of files read; ``file_problems`` the
+    files that gave nothing, as ``(path, code, why)`` with code ``empty_spool_file`` or
+    ``spool_file_skipped`` (unreadable, or no line of it is an OTLP request).
     """
 
     path: str
@@ -125,6 +127,7 @@ class SpanSet:
     examples: list[str]
     strings: list[str]
     files: int
+    file_problems: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def drop_duplicates(data: np.ndarray) -> tuple[np.ndarray, int]:

@@ -21,8 +21,8 @@ The same training run can be recorded three ways (``--marks``):
 - ``manual`` (default): the phase API marks every phase (``with goodput.step(n):`` ...).
 - ``auto``: no phase markers at all; ``goodput.instrument()`` records steps
   (optimizer hooks), data loading (DataLoader), checkpoint save and restore
-  (``torch.distributed.checkpoint``, so ``--ckpt-format dcp`` is implied) and
-  evaluation (``model.eval()`` ... ``model.train()``)::
+  (``torch.save``/``torch.load`` of the training state, or ``torch.distributed.checkpoint``)
+  and evaluation (``model.eval()`` ... ``model.train()``)::
 
       python examples/pytorch_digits/train.py --marks auto --run-dir runs/digits-auto \
           --ckpt-dir ckpt/digits-auto
@@ -107,14 +107,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("pt", "dcp"),
         default=None,
         help="pt: torch.save files; dcp: torch.distributed.checkpoint directories "
-        "(default: pt with --marks manual, else dcp)",
+        "(default: pt with --marks manual, else dcp; the instrumentor sees both)",
     )
     args = p.parse_args(argv)
     if args.ckpt_format is None:
         args.ckpt_format = "pt" if args.marks == "manual" else "dcp"
-    elif args.ckpt_format == "pt" and args.marks != "manual":
-        p.error("--marks auto/none record checkpoints from torch.distributed.checkpoint: "
-                "use --ckpt-format dcp")
     for name in ("steps", "ckpt_every", "eval_every", "log_every", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

@@ -170,6 +170,12 @@ def trace_window_spans(explicit: int | None) -> int:
     return _positive(explicit, "GOODPUT_TRACE_WINDOW_SPANS", DEFAULT_TRACE_WINDOW_SPANS, int)
 
 
+def sdk_disabled() -> bool:
+    """Whether ``OTEL_SDK_DISABLED=true`` turns the OpenTelemetry SDK off (then its tracers
+    record nothing, so neither does goodput: :class:`~goodput.recorder.Recorder` says so)."""
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
 def spool_enabled(explicit: bool | None) -> bool:
     """Whether to write the local spool (default yes; ``GOODPUT_SPOOL=0`` turns it off)."""
     if explicit is not None:

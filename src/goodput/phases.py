@@ -55,6 +55,16 @@ def to_ns(value, name: str = "time") -> int:
 _recorder = api.get_recorder
 
 
+class _Flight:
+    """A decorated call in flight, for the recorder's set of phases in flight (hashed by
+    identity: a tuple holding the attributes dict could not be)."""
+
+    __slots__ = ("name", "_t0", "attrs")
+
+    def __init__(self, name: str, t0: int, attrs):
+        self.name, self._t0, self.attrs = name, t0, attrs
+
+
 class Phase:
     """One phase of the training loop: becomes one span named ``name``.
 
@@ -156,7 +166,7 @@ class Phase:
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
             rec = api._RECORDER or _recorder()
-            entry = (name, _time_ns(), attrs)
+            entry = _Flight(name, _time_ns(), attrs)
             rec._open.add(entry)
             err = None
             try:
@@ -166,7 +176,7 @@ class Phase:
                 raise
             finally:
                 rec._open.discard(entry)
-                rec.record(name, entry[1], _time_ns(), attrs, err)
+                rec.record(name, entry._t0, _time_ns(), attrs, err)
                 if sync:
                     rec.request_sync()
 

@@ -120,6 +120,10 @@ class Recorder:
         resource_attributes=None,
     ):
         self.job_name = config.job_name(job_name)
+        if config.sdk_disabled():
+            _log.warning("goodput: OTEL_SDK_DISABLED=true turns the OpenTelemetry SDK off: "
+                         "nothing is recorded for job %s (unset it to measure goodput)",
+                         self.job_name)
         #: Rank and size: what the environment said, then the framework's once known.
         self.process_index, self._index_source = config.process_index(process_index)
         self.process_count = config.process_count(process_count)
@@ -170,13 +174,16 @@ class Recorder:
         self._q.append((name, start_ns, end_ns, attrs, error))
 
     def phase_begin(self, entry) -> None:
-        """A phase is in flight until :meth:`phase_end`: ``entry`` is a tuple
-        ``(span name, start ns, attrs)`` or an object with those as ``name``, ``_t0`` and
+        """A phase is in flight until :meth:`phase_end`: ``entry`` is an object hashed by
+        identity with the span name, start ns and attributes as ``name``, ``_t0`` and
         ``attrs`` (a :class:`goodput.phases.Phase`). The first flush while it is in flight
         writes it as a ``goodput.open`` record, so a process killed inside it leaves its
         start in the spool. Never raises.
         """
-        self._open.add(entry)
+        try:
+            self._open.add(entry)
+        except TypeError as exc:  # not hashable
+            self.error("phase in flight not tracked: %s", exc)
 
     def phase_end(self, entry) -> None:
         """The phase ``entry`` given to :meth:`phase_begin` is over. Never raises."""
@@ -372,8 +379,9 @@ class Recorder:
         """``(name, start ns, attrs)`` of each phase in flight (any thread)."""
         out = []
         for e in list(self._open):  # one C call: safe while the training thread adds
-            out.append(e if type(e) is tuple else (e.name, e._t0, e.attrs))
-        return [e for e in out if e[1] is not None]
+            if e._t0 is not None:
+                out.append((e.name, e._t0, e.attrs))
+        return out
 
     def _write_identity(self, now: int) -> None:
         """Write a ``goodput.identity`` marker when the framework's rank becomes known."""

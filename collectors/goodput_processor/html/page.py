@@ -139,6 +139,10 @@ def job_section(i: int, js: JobSegments, windows_s=None) -> tuple[str, dict, byt
     if r.mfu is not None:
         head += (f'<div class="kpis"><span class="kpi">MFU {_pct(r.mfu)}</span>'
                  f'<span class="kpi">useful compute {_pct(r.useful_compute)}</span></div>')
+    if r.warnings:  # at the top: what the numbers below cannot be trusted for
+        head += ('<div class="warnings"><strong>Warnings</strong><ul>' + "".join(
+            f"<li><code>{escape(w.code)}</code> {escape(w.message)}</li>" for w in r.warnings)
+            + "</ul></div>")
     charts = "".join(
         f'<div class="gp-chart" id="gp-{kind}-{i}" data-chart="{kind}" data-job="{i}"></div>'
         for kind in ("timeline", "goodput", "buckets", "steptime", "histogram"))

@@ -1,0 +1,138 @@
+"""What a report cannot trust: checks of a job's timeline that give named warnings.
+
+Every check reads the job's attempts (:mod:`.attempts`) and its accounting result, and
+returns :class:`~goodput_processor.report.ReportWarning` objects with a stable ``code``
+(the table in ``docs/accounting.md``, "Warnings"); none changes a number. The reader's own
+(files it skipped) are made by :func:`file_warnings`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .attempts import Attempt
+from .report import JobResult, ReportWarning
+from .timeline import (
+    C_END,
+    C_IVAL,
+    C_KIND,
+    C_START,
+    K_ACCELERATOR_INIT,
+    K_CHECKPOINT_RESTORE,
+    K_STEP,
+    NONE,
+    JobSpans,
+)
+
+__all__ = ["CODES", "file_warnings", "job_warnings"]
+
+#: Every warning code, in the order the checks run (attempt-structure ones first).
+CODES = (
+    "orphaned_processes", "process_rank_unknown", "missing_attempt",
+    "steps_restart_without_restore", "steps_backwards", "clock_jump", "world_size_changed",
+    "spool_file_skipped", "empty_spool_file", "spans_rejected", "ideal_step_time_contradicted",
+)
+#: A span ending this long before its attempt's start (or steps overlapping by this much)
+#: is a clock that moved, not a rounding.
+_CLOCK_SLACK_NS = 1_000_000_000
+_MS = 1_000_000
+
+
+def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult) -> list:
+    """The warnings of one accounted job (see the module docstring)."""
+    out = [w for a in attempts for w in a.warnings]
+    out += _missing_attempts(attempts)
+    reached = None  # highest step of the attempts so far
+    for i, a in enumerate(attempts):
+        d = a.primary.data
+        steps = d[(d[:, C_KIND] == K_STEP) & (d[:, C_IVAL] != NONE)]
+        order = np.argsort(steps[:, C_START], kind="stable")
+        nums, starts, ends = (steps[order, c] for c in (C_IVAL, C_START, C_END))
+        restored = bool((d[:, C_KIND] == K_CHECKPOINT_RESTORE).any())
+        if i and len(nums) and reached is not None and not restored and nums[0] <= reached:
+            out.append(ReportWarning(
+                "steps_restart_without_restore",
+                f"attempt {a.attempt} starts at step {int(nums[0])}, at or below step "
+                f"{reached} reached before, and records no checkpoint restore: its earlier "
+                "steps count as wasted. If it resumed from a checkpoint, record the restore "
+                "(goodput.checkpoint_restore(step=...) or an instrumented checkpoint API)",
+                a.attempt, a.primary.index))
+        back = int((np.diff(nums) < 0).sum())
+        if back:
+            out.append(ReportWarning(
+                "steps_backwards",
+                f"attempt {a.attempt}: the step number goes down {back} time(s) within the "
+                "attempt (a counter reset, or two loops recording steps)",
+                a.attempt, a.primary.index))
+        out += _clock(a, d, starts, ends)
+        if len(nums):
+            reached = int(nums.max()) if reached is None else max(reached, int(nums.max()))
+    counts = [(a.attempt, a.declared_process_count) for a in attempts
+              if a.declared_process_count is not None]
+    for (a0, n0), (a1, n1) in zip(counts, counts[1:], strict=False):
+        if n0 != n1:
+            out.append(ReportWarning(
+                "world_size_changed",
+                f"attempt {a1} runs {n1} processes, attempt {a0} ran {n0}: per-host step "
+                "times (stragglers) compare ranks of different world sizes", a1))
+    rejected = result.skipped.get("invalid_span", 0) + result.skipped.get(
+        "unsupported_schema", 0)
+    if rejected:
+        out.append(ReportWarning(
+            "spans_rejected",
+            f"{rejected} span(s) rejected as impossible or unreadable (see skipped "
+            "records); the numbers leave them out"))
+    st = result.step_time
+    if (result.ideal_step_time_source == "given" and st.count >= 4
+            and st.anomalous_steps > st.count / 2):
+        out.append(ReportWarning(
+            "ideal_step_time_contradicted",
+            f"{st.anomalous_steps} of {st.count} kept steps are slower than the given ideal "
+            f"step time {result.ideal_step_time_s:g} s (+ noise band): the ideal looks wrong "
+            "for this job, and the slowdown bucket holds the difference"))
+    return out
+
+
+def _missing_attempts(attempts: list[Attempt]) -> list:
+    """Gaps in the attempt numbers a launcher declared (the numbers found from evidence
+    alone have none): the spool of those attempts is missing."""
+    out, prev = [], -1
+    for a in attempts:
+        if a.attempt > prev + 1:
+            gap = (f"attempt {prev + 1}" if a.attempt == prev + 2
+                   else f"attempts {prev + 1}-{a.attempt - 1}")
+            out.append(ReportWarning(
+                "missing_attempt",
+                f"{gap} left no spans (attempt {a.attempt} is the "
+                f"{'first' if prev < 0 else 'next'} found): a spool file deleted or never "
+                "written; the time before attempt "
+                f"{a.attempt} is not in the total", a.attempt))
+        prev = a.attempt
+    return out
+
+
+def _clock(a: Attempt, d: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list:
+    """The wall clock moved under the process: spans that end well before the attempt
+    started, or steps that overlap."""
+    out = []
+    phases = d[d[:, C_KIND] >= K_ACCELERATOR_INIT]
+    early = int((phases[:, C_END] < a.start_ns - _CLOCK_SLACK_NS).sum())
+    overlap = int((starts[1:] < ends[:-1] - _CLOCK_SLACK_NS).sum()) if len(starts) else 0
+    if early or overlap:
+        what = []
+        if early:
+            what.append(f"{early} span(s) end before the attempt started")
+        if overlap:
+            what.append(f"{overlap} step(s) start over a second before the previous ended")
+        out.append(ReportWarning(
+            "clock_jump",
+            f"attempt {a.attempt}: {' and '.join(what)}: the wall clock of process "
+            f"{a.primary.index} stepped back or jumped; the time around it is not reliable",
+            a.attempt, a.primary.index))
+    return out
+
+
+def file_warnings(files: list[tuple[str, str, str]]) -> list:
+    """Warnings for the files the reader skipped: ``(path, code, why)`` with code
+    ``spool_file_skipped`` (unreadable, not OTLP) or ``empty_spool_file``."""
+    return [ReportWarning(code, f"{path}: {why}", file=path) for path, code, why in files]
