@@ -39,6 +39,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from .limits import ByteBudget, Limits
 from .store import LiveStore
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "GrpcReceiver", "HttpReceiver"]
@@ -143,7 +144,8 @@ class GrpcReceiver:
     def __init__(self, store: LiveStore, host: str = "127.0.0.1", port: int = 4317, *,
                  token: str | None = None, tls: tuple[str, str] | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, workers: int = 8,
-                 gate: Gate | None = None):
+                 gate: Gate | None = None, limits: Limits | None = None,
+                 budget: ByteBudget | None = None):
         self.gate = gate or Gate()
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", 1 << 20), ("grpc.so_reuseport", 0)]
@@ -360,7 +362,9 @@ class HttpReceiver:
 
     def __init__(self, store: LiveStore, host: str = "127.0.0.1", port: int = 4318, *,
                  token: str | None = None, tls: tuple[str, str] | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, gate: Gate | None = None):
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, gate: Gate | None = None,
+                 limits: Limits | None = None, budget: ByteBudget | None = None,
+                 metrics=None):
         self.store, self.token, self.max_message_bytes = store, token, max_message_bytes
         self.gate = gate or Gate()
         self.httpd = (_HttpServer6 if ":" in host else _HttpServer)((host, port), _Handler)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from ..report import JobResult
+from .limits import ByteBudget, Limits
 from .receiver import DEFAULT_MAX_MESSAGE_BYTES, Gate, GrpcReceiver, HttpReceiver
 from .store import LiveStore
 from .tail import SpoolTailer
@@ -32,8 +34,13 @@ class GoodputServer:
         spool_dirs: directories to tail (empty = no tailing).
         token: bearer token required from clients (None = none).
         tls: ``(cert_file, key_file)`` PEM paths (None = plaintext).
-        max_message_bytes: largest request accepted, after decompression.
+        max_message_bytes: largest request accepted, after decompression (overrides
+            ``limits.max_message_bytes``).
         poll_s: seconds between spool polls.
+        limits: the ceilings (:class:`~goodput_processor.serve.limits.Limits`; default
+            its defaults).
+        metrics: a callable returning ``(body bytes, content type)`` of the Prometheus
+            text exposition, served at ``GET /metrics`` on the HTTP port (None: 404).
 
     Raises:
         RuntimeError, OSError: a port cannot be bound or a TLS file cannot be read (what
@@ -44,19 +51,24 @@ class GoodputServer:
     def __init__(self, store: LiveStore | None = None, *, host: str = "127.0.0.1",
                  grpc_port: int | None = 4317, http_port: int | None = 4318,
                  spool_dirs=(), token: str | None = None, tls: tuple[str, str] | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, poll_s: float = 0.5):
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, poll_s: float = 0.5,
+                 limits: Limits | None = None, metrics=None):
         if not max_message_bytes > 0:
             raise ValueError(f"max_message_bytes must be > 0, got {max_message_bytes!r}")
         self.store = store or LiveStore()
+        self.limits = replace(limits or Limits(), max_message_bytes=max_message_bytes)
+        self.budget = ByteBudget(self.limits.max_inflight_bytes)
         self.gate = Gate()
         self.grpc = self.http = self.tailer = None
         self._stopped = threading.Event()
-        kw = dict(token=token, tls=tls, max_message_bytes=max_message_bytes, gate=self.gate)
+        kw = dict(token=token, tls=tls, max_message_bytes=max_message_bytes, gate=self.gate,
+                  limits=self.limits, budget=self.budget)
         try:
             if grpc_port is not None:
                 self.grpc = GrpcReceiver(self.store, host, grpc_port, **kw).start()
             if http_port is not None:
-                self.http = HttpReceiver(self.store, host, http_port, **kw).start()
+                self.http = HttpReceiver(self.store, host, http_port, metrics=metrics,
+                                         **kw).start()
             if spool_dirs:
                 self.tailer = SpoolTailer(self.store, spool_dirs, poll_s)
                 self.tailer.poll()  # what is there already, before serving results
