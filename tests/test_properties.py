@@ -143,6 +143,10 @@ def _write(run_dir, reqs, nfiles=1, rng=None):
     finally:
         for f in files:
             f.close()
+    for k in range(nfiles):  # a file that got no line is not an arrival order (it is
+        path = run_dir / f"spans-{k}.jsonl"  # the empty_spool_file warning's case)
+        if not path.stat().st_size:
+            path.unlink()
     return run_dir
 
 

@@ -438,6 +438,12 @@ def _mfu(run: dict, steps: int, productive_ns: int) -> float | None:
     return mfu if math.isfinite(mfu) else None
 
 
+def failed_result(job: str, error: str) -> JobResult:
+    """The result of a job that could not be accounted: zero time, no steps, ``error`` set
+    (``goodput serve`` reports a job this way instead of failing the other jobs)."""
+    return replace(account(JobSpans(job)), error=error)
+
+
 def report_run_dir(
     path: str | os.PathLike,
     ideal_step_time_s: float | None = None,

@@ -31,6 +31,7 @@ CODES = (
     "orphaned_processes", "process_rank_unknown", "missing_attempt",
     "steps_restart_without_restore", "steps_backwards", "clock_jump", "world_size_changed",
     "spool_file_skipped", "empty_spool_file", "spans_rejected", "ideal_step_time_contradicted",
+    "over_limit",
 )
 #: A span ending this long before its attempt's start (or steps overlapping by this much)
 #: is a clock that moved, not a rounding.
@@ -46,7 +47,8 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult) -> l
     for i, a in enumerate(attempts):
         d = a.primary.data
         steps = d[(d[:, C_KIND] == K_STEP) & (d[:, C_IVAL] != NONE)]
-        order = np.argsort(steps[:, C_START], kind="stable")
+        # in time order, ties by step number: the order spans arrived in must not matter
+        order = np.lexsort((steps[:, C_END], steps[:, C_IVAL], steps[:, C_START]))
         nums, starts, ends = (steps[order, c] for c in (C_IVAL, C_START, C_END))
         restored = bool((d[:, C_KIND] == K_CHECKPOINT_RESTORE).any())
         if i and len(nums) and reached is not None and not restored and nums[0] <= reached:
@@ -90,6 +92,12 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult) -> l
             f"{st.anomalous_steps} of {st.count} kept steps are slower than the given ideal "
             f"step time {result.ideal_step_time_s:g} s (+ noise band): the ideal looks wrong "
             "for this job, and the slowdown bucket holds the difference"))
+    for limit, n in sorted(job.over_limit.items()):
+        what = {"custom_types": f"{n} span(s) of custom badput types past the job's "
+                "limit (--max-custom-types) were skipped: their time is in other",
+                "attribute_bytes": f"{n} string attribute value(s) were cut to "
+                "--max-attribute-bytes"}.get(limit, f"{n} value(s) past the limit {limit}")
+        out.append(ReportWarning("over_limit", f"goodput serve limit {limit}: {what}"))
     return out
 
 

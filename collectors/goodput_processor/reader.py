@@ -126,7 +126,10 @@ def _as_int(v) -> int:
 class _Reader:
     """Reads lines into per-process buffers; parallel readers are merged into one."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_string: int | None = None, max_custom_types: int | None = None):
+        # Limits of goodput serve (None: none, as goodput report reads): longest string
+        # attribute value kept, distinct custom badput types per job.
+        self.max_string, self.max_custom_types = max_string, max_custom_types
         self.jobs: dict[str, JobSpans] = {}
         self.skipped: Counter = Counter()
         self.strings: list[str] = []
@@ -167,6 +170,22 @@ class _Reader:
         if i is None:
             i = self._string_ids[s] = len(self.strings)
             self.strings.append(s)
+        return i
+
+    def type_sid(self, job: JobSpans, s: str) -> int | None:
+        """String id of a span's string attribute (a custom badput type, an end reason),
+        within the reader's limits: a value longer than ``max_string`` is cut to it, and
+        past ``max_custom_types`` distinct values in the job the answer is None (the span
+        is skipped as ``over_limit``). Both are counted in ``job.over_limit``."""
+        if self.max_string is not None and len(s) > self.max_string:
+            s = s[: self.max_string]
+            job.over_limit["attribute_bytes"] += 1
+        i = self._sid(s)
+        if self.max_custom_types is not None and i not in job.custom_sids:
+            if len(job.custom_sids) >= self.max_custom_types:
+                job.over_limit["custom_types"] += 1
+                return None
+            job.custom_sids.add(i)
         return i
 
     def read_range(self, path: str, start: int = 0, end: int | None = None) -> None:
@@ -258,6 +277,11 @@ class _Reader:
         if instance is None or not isinstance(pstart, int) or isinstance(pstart, bool):
             instance = ""
         job = self._job(name)
+        if self.max_string is not None:
+            for key, v in attrs.items():
+                if isinstance(v, str) and len(v) > self.max_string:
+                    attrs[key] = v[: self.max_string]
+                    job.over_limit["attribute_bytes"] += 1
         proc = self._proc(job, attempt, index, str(instance)[:64])
         host, count = attrs.get(schema.RES_HOST_NAME), attrs.get(schema.RES_PROCESS_COUNT)
         proc.host = proc.host if host is None else str(host)
@@ -347,7 +371,7 @@ class _Reader:
                             else:
                                 ival = x
                         elif slot == 2:
-                            sidx = self._sid(str(_attr_value(v)))
+                            sidx = self.type_sid(job, str(_attr_value(v)))
                         else:
                             flags |= flag_bit(slot, _attr_value(v))
                 status = sp.get("status")
@@ -358,6 +382,9 @@ class _Reader:
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
                 name = sp.get("name") if isinstance(sp, dict) else None
                 self._skip(job, "invalid_span", where, f"invalid {name} span ({e!r})")
+                continue
+            if sidx is None:  # a custom badput type past goodput serve's limit
+                job.skipped["over_limit"] += 1
                 continue
             if sid > i64_max:
                 sid -= u64

@@ -69,7 +69,8 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
                          "median_start_lag_s": float | null}]},  # up to 5, slowest first
           "warnings": [{"code": str, "message": str,  # what the input could not settle
                         "attempt": int | null, "process": int | null,
-                        "file": str | null}]
+                        "file": str | null}],
+          "error": str | null  # goodput serve: why the job could not be accounted
         }
       ]
     }
@@ -221,6 +222,9 @@ class JobResult:
     stragglers: StragglerReport | None = None
     #: What the input could not settle (:class:`ReportWarning`), in attempt order.
     warnings: tuple[ReportWarning, ...] = ()
+    #: Why the job could not be accounted (``goodput serve`` isolates such a job and
+    #: reports it with zero time and this message); None when it was.
+    error: str | None = None
 
 
 def format_duration(seconds: float | None) -> str:
@@ -308,6 +312,7 @@ def job_to_dict(r: JobResult) -> dict:
         "stragglers": _stragglers_dict(r.stragglers),  # --- stragglers
         "warnings": [{"code": w.code, "message": w.message, "attempt": w.attempt,
                       "process": w.process, "file": w.file} for w in r.warnings],
+        "error": r.error,
     }
 
 
@@ -359,6 +364,10 @@ def render_job(r: JobResult, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    if r.error is not None:
+        console.print(f"Job {r.job}   FAILED: {r.error}", style="bold red", markup=False,
+                      highlight=False)
+        return
     total = r.total_time_s
     head = Text()
     head.append(f"Job {r.job}", style="bold")

@@ -57,7 +57,8 @@ RUN_ATTRIBUTES = (schema.RES_RUN_NAME, schema.RES_RUN_GROUP, schema.RES_FLOPS_PE
                   schema.RES_PEAK_FLOPS, schema.RES_DEVICE_COUNT)
 #: Reasons a record is skipped (keys of the ``skipped`` counters); see
 #: :mod:`goodput_processor.reader`.
-SKIP_REASONS = ("torn", "malformed", "invalid_span", "duplicate", "unknown", "unsupported_schema")
+SKIP_REASONS = ("torn", "malformed", "invalid_span", "duplicate", "unknown", "unsupported_schema",
+                "over_limit")
 
 
 @dataclass
@@ -100,7 +101,10 @@ class JobSpans:
 
     ``skipped`` counts skipped records by reason (see :data:`SKIP_REASONS`);
     ``examples`` holds up to 20 ``"path:line: reason"`` strings; ``strings`` is the shared
-    string table that column ``sidx`` indexes.
+    string table that column ``sidx`` indexes. ``over_limit`` counts, per limit of
+    ``goodput serve`` (``custom_types``, ``attribute_bytes``), the values that went past it
+    (empty in ``goodput report``, which has no such limits); ``custom_sids`` is the set of
+    string ids this job used as custom badput types.
     """
 
     name: str
@@ -109,6 +113,8 @@ class JobSpans:
     examples: list[str] = field(default_factory=list)
     strings: list[str] = field(default_factory=list)
     schema_versions: set[str] = field(default_factory=set)
+    over_limit: Counter = field(default_factory=Counter)
+    custom_sids: set[int] = field(default_factory=set, repr=False)
 
 
 @dataclass

@@ -104,13 +104,16 @@ def _spans(reader: rd._Reader, spans, job, proc, where) -> None:
                         else:
                             ival = x
                     elif slot == 2:
-                        sidx = reader._sid(str(v))
+                        sidx = reader.type_sid(job, str(v))
                     else:
                         flags |= rd.flag_bit(slot, v)
             if sp.status.code == 2:
                 flags |= tl.F_ERROR
         except (TypeError, ValueError, OverflowError) as e:
             reader._skip(job, "invalid_span", where, f"invalid {sp.name} span ({e!r})")
+            continue
+        if sidx is None:  # a custom badput type past goodput serve's limit
+            job.skipped["over_limit"] += 1
             continue
         if sid > i64_max:
             sid -= u64

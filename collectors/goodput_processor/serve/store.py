@@ -8,29 +8,50 @@ cost grows with the batch, never with the job's history. The accounting
 only when results are asked for, on a copy of the job's rows taken under the lock, and at
 most once per ``min_interval_s`` per job unless an explicit ``now_ns`` is given.
 
-Jobs are independent: nothing in one job's result depends on another job's spans, so
-instances can be sharded by job (``service.name``) behind a Collector.
+Durable ingest: with a :class:`~goodput_processor.serve.wal.WriteAheadLog`, a request's
+spans are appended to the log (one line per job) before they are taken in and before the
+receiver acknowledges the request; :meth:`LiveStore.replay` rebuilds exactly that state
+after a restart. A request that cannot be logged is refused (:class:`~goodput_processor.
+serve.limits.Refused`, retryable), never acknowledged and dropped.
+
+Isolation: jobs are independent, nothing in one job's result depends on another job's
+spans (so instances can be sharded by job behind a Collector), and a job whose accounting
+fails is reported as failed (``JobResult.error``, counted in :attr:`LiveStore.job_errors`)
+while every other job carries on.
+
+Ceilings (:class:`~goodput_processor.serve.limits.Limits`): jobs tracked, spans per second
+per job, job-name length (refused requests), custom types per job and string attribute
+size (cut and reported as ``over_limit``). Idle jobs leave after ``retention_s``
+(:meth:`LiveStore.retire_idle`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import sys
 import threading
 import time
 from array import array
 from collections import Counter
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 
 from .. import reader as rd
 from .. import timeline as tl
-from ..accounting import account
-from ..report import JobResult
+from ..accounting import account, failed_result
+from ..report import JobResult, job_to_dict
 from ..timeline import JobSpans
 from .decode import ingest_pb
+from .encode import json_line, pb_line, split_json, split_pb
+from .limits import Limits, RateLimiter, Refused
+from .wal import ReplayStats, WriteAheadLog, job_slug
 
 __all__ = ["LiveStore"]
+
+_log = logging.getLogger(__name__)
 
 
 class LiveStore:
@@ -41,75 +62,198 @@ class LiveStore:
             of kept step times, as ``goodput report``).
         min_interval_s: results of a job are recomputed at most this often (seconds,
             >= 0) when :meth:`results` is called without ``now_ns``.
+        limits: the ceilings (default :class:`Limits`' defaults).
+        wal: the write-ahead log; when given, the store is not ready (requests are refused
+            as retryable) until :meth:`replay` has read it back.
+        retention_s: a job with no new span for this many seconds leaves at the next
+            :meth:`retire_idle` (None: jobs stay).
 
     Raises:
-        ValueError: ``ideal_step_time_s`` is not a finite number > 0, or
-            ``min_interval_s`` < 0.
+        ValueError: ``ideal_step_time_s`` is not a finite number > 0, ``min_interval_s``
+            < 0, or ``retention_s`` not > 0.
     """
 
-    def __init__(self, ideal_step_time_s: float | None = None, min_interval_s: float = 1.0):
+    def __init__(self, ideal_step_time_s: float | None = None, min_interval_s: float = 1.0, *,
+                 limits: Limits | None = None, wal: WriteAheadLog | None = None,
+                 retention_s: float | None = None):
         if ideal_step_time_s is not None and not (0 < ideal_step_time_s < float("inf")):
             raise ValueError(f"ideal step time must be a finite number > 0 seconds, got "
                              f"{ideal_step_time_s!r}")
         if not min_interval_s >= 0:
             raise ValueError(f"min_interval_s must be >= 0 seconds, got {min_interval_s!r}")
+        if retention_s is not None and not retention_s > 0:
+            raise ValueError(f"retention_s must be > 0 seconds, got {retention_s!r}")
         self.ideal_step_time_s = ideal_step_time_s
         self.min_interval_s = float(min_interval_s)
-        self._reader = rd._Reader()
+        self.limits = limits or Limits()
+        self.wal, self.retention_s = wal, retention_s
+        self._reader = rd._Reader(self.limits.max_attribute_bytes, self.limits.max_custom_types)
+        self._rate = RateLimiter(self.limits.max_job_spans_per_s, self.limits.burst_s)
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, JobResult]] = {}  # job -> (monotonic s, result)
+        self._last_seen: dict[str, float] = {}  # job -> wall-clock s of its last span
         #: Counters: ``requests``, ``spans`` (of any scope), ``lines`` (spool lines), and
-        #: ``refused_<reason>`` for requests the receivers refused (see :meth:`count`).
+        #: ``refused_<reason>`` for requests refused (see :meth:`count`).
         self.stats: Counter = Counter()
+        #: Accounting failures per job (the job is reported with ``error`` set).
+        self.job_errors: Counter = Counter()
+        #: What the last :meth:`replay` read (None before).
+        self.replayed: ReplayStats | None = None
+        self._ready = wal is None
+
+    # --- readiness and replay -----------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        """``(True, "ready")``, or ``(False, why)``: replaying the log, or it cannot write."""
+        if not self._ready:
+            return False, "replaying the write-ahead log"
+        if self.wal is not None and self.wal.error:
+            return False, self.wal.error
+        return True, "ready"
+
+    def replay(self) -> ReplayStats:
+        """Read the write-ahead log back into the store (once, before serving); then ready.
+
+        Raises:
+            RuntimeError: there is no log.
+        """
+        if self.wal is None:
+            raise RuntimeError("no write-ahead log to replay")
+
+        def take(line: bytes, where: tuple) -> None:
+            self.ingest_line(line, where, count=False)
+
+        st = self.wal.replay(take)
+        for job in self.jobs():  # idle since its last segment was written
+            try:
+                self._last_seen[job] = max(p.stat().st_mtime for p in
+                                           (self.wal.jobs_dir / job_slug(job)).iterdir())
+            except (OSError, ValueError):
+                self._last_seen[job] = time.time()
+        self.replayed, self._ready = st, True
+        _log.info("goodput serve: replayed %d lines (%d bytes, %d torn) of %d jobs from %s "
+                  "in %.2f s", st.lines, st.bytes, st.torn, len(self.jobs()), self.wal.root,
+                  st.seconds)
+        return st
 
     # --- taking spans in -------------------------------------------------------
 
+    def _admit(self, groups: dict[str, tuple[list, int]]) -> None:
+        """Refuse (raise :class:`Refused`) a request that may not be taken in; under lock."""
+        if not self._ready:
+            raise Refused("unavailable", "goodput serve is replaying its write-ahead log",
+                          retry_after_s=2.0)
+        lim = self.limits
+        for name in groups:
+            if len(name.encode("utf-8", "surrogatepass")) > lim.max_attribute_bytes:
+                raise Refused("job_name", f"job name of {len(name)} characters is over "
+                              f"--max-attribute-bytes {lim.max_attribute_bytes}",
+                              retryable=False)
+        new = sum(1 for name in groups if name not in self._reader.jobs)
+        if new and len(self._reader.jobs) + new > lim.max_jobs:
+            raise Refused("over_jobs", f"{len(self._reader.jobs)} jobs tracked, the limit is "
+                          f"{lim.max_jobs} (--max-jobs): a job leaves after --retention "
+                          "seconds without spans", retry_after_s=30.0)
+        costs = {name: n for name, (_, n) in groups.items()}
+        wait = self._rate.wait_s(costs)
+        if wait > 0:
+            raise Refused("rate", f"job {next(iter(costs))!r} is over "
+                          f"{lim.max_job_spans_per_s:g} spans/s (--max-job-spans-per-second)",
+                          retry_after_s=wait)
+        self._rate.take(costs)
+
+    def _log_lines(self, groups, lines: dict[str, bytes], take) -> None:
+        """Under lock: per job, append its line to the log, then ``take`` its spans. A log
+        that fails refuses the request (what was logged before it is taken in)."""
+        for name, (rss, _) in groups.items():
+            if self.wal is not None:
+                try:
+                    self.wal.append(name, lines[name])
+                except OSError as e:
+                    raise Refused("wal", f"goodput serve cannot write its write-ahead log "
+                                  f"({e.strerror or e}); nothing of job {name!r} in this "
+                                  "request was taken in", retry_after_s=5.0) from e
+            take(rss)
+            self._last_seen[name] = time.time()
+
     def ingest_request(self, req, source: str = "otlp") -> int:
-        """Take in a protobuf ``ExportTraceServiceRequest``; returns its number of spans."""
+        """Take in a protobuf ``ExportTraceServiceRequest``; returns its number of spans.
+
+        Raises:
+            Refused: not ready, over a limit, or the write-ahead log cannot write it.
+        """
+        groups = split_pb(req)
+        lines = {n: pb_line(rss) for n, (rss, _) in groups.items()} if self.wal else {}
+        n = sum(c for _, c in groups.values())
         with self._lock:
+            self._admit(groups)
             self.stats["requests"] += 1
             where = (source, f"request {self.stats['requests']}")
-            n = ingest_pb(self._reader, req, where)
+            self._log_lines(groups, lines, lambda rss: ingest_pb(
+                self._reader, SimpleNamespace(resource_spans=rss), where))
             self.stats["spans"] += n
         return n
 
-    def ingest_json(self, req: dict, where: tuple) -> None:
+    def ingest_json(self, req: dict, where: tuple, durable: bool = True) -> None:
         """Take in one OTLP JSON ``ExportTraceServiceRequest`` (a dict).
+
+        ``durable=False``: a spool line or a replayed log line, already on disk: neither
+        logged again nor subject to the limits on requests.
 
         Raises:
             ValueError: ``req`` is not a dict with ``resourceSpans`` (nothing is stored).
+            Refused: (``durable`` only) as :meth:`ingest_request`.
         """
         if not isinstance(req, dict) or "resourceSpans" not in req:
             got = f"{type(req).__name__}" + (f" with keys {sorted(req)[:5]}"
                                              if isinstance(req, dict) else "")
             raise ValueError(f"expected a JSON object with \"resourceSpans\" (an OTLP "
                              f"ExportTraceServiceRequest), got {got}")
-        with self._lock:
-            self.stats["requests"] += 1
+
+        def take(rss) -> None:
             try:
-                self._reader._request(req, where)
+                self._reader._request({"resourceSpans": rss}, where)
             except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
                 self._reader._skip(None, "malformed", where, f"bad OTLP structure ({e!r})")
 
-    def ingest_line(self, line: bytes, where: tuple) -> None:
+        if not durable:
+            with self._lock:
+                self.stats["requests"] += 1
+                take(req["resourceSpans"])
+            return
+        try:
+            groups = split_json(req)
+        except (TypeError, AttributeError, KeyError, ValueError) as e:
+            with self._lock:  # as the reader counts it (not logged: nothing to replay)
+                self.stats["requests"] += 1
+                self._reader._skip(None, "malformed", where, f"bad OTLP structure ({e!r})")
+            return
+        lines = {n: json_line(rss) for n, (rss, _) in groups.items()} if self.wal else {}
+        with self._lock:
+            self._admit(groups)
+            self.stats["requests"] += 1
+            self._log_lines(groups, lines, take)
+
+    def ingest_line(self, line: bytes, where: tuple, count: bool = True) -> None:
         """Take in one complete spool line (OTLP JSON); a bad line is counted as malformed."""
         if not line.strip():
             return
         try:
             req = rd._loads(line)
-            self.ingest_json(req, where)
+            self.ingest_json(req, where, durable=False)
         except (ValueError, RecursionError) as e:
             with self._lock:
                 self._reader._skip(None, "malformed", where, f"not an OTLP JSON line ({e})")
-        with self._lock:
-            self.stats["lines"] += 1
+        if count:
+            with self._lock:
+                self.stats["lines"] += 1
 
     def count(self, key: str, n: int = 1) -> int:
         """Add ``n`` to counter ``key`` of :attr:`stats` (thread-safe); returns the new value.
 
-        The receivers count refused requests as ``refused_unauthenticated``,
-        ``refused_too_large``, ``refused_malformed``, ``refused_unsupported`` and
-        ``refused_unavailable``.
+        The receivers count refused requests as ``refused_<reason>`` (``unauthenticated``,
+        ``too_large``, ``malformed``, ``unsupported``, ``unavailable``, and the reasons of
+        :class:`Refused`).
         """
         with self._lock:
             self.stats[key] += n
@@ -140,7 +284,8 @@ class LiveStore:
                         for ex in (raw.get(name, []) + raw.get(None, []))[: rd._MAX_EXAMPLES]]
             out = JobSpans(name, skipped=skipped, examples=examples,
                            strings=list(self._reader.strings),
-                           schema_versions=set(job.schema_versions))
+                           schema_versions=set(job.schema_versions),
+                           over_limit=Counter(job.over_limit))
         for key, p in procs.items():
             p.data, ndup = tl.drop_duplicates(p.data)
             if ndup:
@@ -148,12 +293,32 @@ class LiveStore:
             out.processes[key] = p
         return out
 
+    def account(self, name: str, now_ns: int | None = None) -> JobResult:
+        """Account job ``name`` now, isolated: an exception of the accounting gives a
+        failed result (``error`` set, counted in :attr:`job_errors`), never raises.
+
+        Raises:
+            KeyError: no job of that name has been seen.
+        """
+        spans = self.snapshot(name)
+        try:
+            return account(spans, self.ideal_step_time_s, now_ns)
+        except Exception as e:  # one job's spans must never take the service down
+            with self._lock:
+                self.job_errors[name] += 1
+                n = self.job_errors[name]
+            if n == 1 or n % 100 == 0:
+                _log.exception("goodput serve: accounting job %r failed (%d time(s)); it is "
+                               "reported as failed, the other jobs carry on", name, n)
+            return failed_result(name, f"accounting failed: {type(e).__name__}: {e}")
+
     def results(self, now_ns: int | None = None, job: str | None = None) -> list[JobResult]:
         """Current :class:`JobResult` of every job (or only ``job``), sorted by job name.
 
         With ``now_ns`` (ns since the epoch) every job is accounted now, exactly as
         ``goodput report`` would with the same ``now_ns``; without, a job's result is
-        reused if it was computed less than ``min_interval_s`` ago.
+        reused if it was computed less than ``min_interval_s`` ago. A job whose
+        accounting fails comes back with ``error`` set (see :meth:`account`).
 
         Raises:
             KeyError: ``job`` is given and has not been seen.
@@ -161,7 +326,8 @@ class LiveStore:
         names = self.jobs()
         if job is not None:
             if job not in names:
-                raise KeyError(f"no job named {job!r} (jobs: {', '.join(names) or 'none'})")
+                raise KeyError(f"no job named {job!r} (jobs: {', '.join(names[:20]) or 'none'}"
+                               f"{', ...' if len(names) > 20 else ''})")
             names = [job]
         out = []
         for name in names:
@@ -170,9 +336,43 @@ class LiveStore:
             if now_ns is None and cached is not None and mono - cached[0] < self.min_interval_s:
                 out.append(cached[1])
                 continue
-            result = account(self.snapshot(name), self.ideal_step_time_s, now_ns)
+            try:
+                result = self.account(name, now_ns)
+            except KeyError:  # retired meanwhile
+                continue
             if now_ns is None:
                 self._cache[name] = (mono, result)
+            out.append(result)
+        return out
+
+    def retire_idle(self, now_s: float | None = None) -> list[JobResult]:
+        """Jobs with no new span for ``retention_s`` leave: their final result is written to
+        the log's ``results/`` (with a log) and their spans and segments are dropped.
+        Returns the final results of the jobs that left (none without ``retention_s``)."""
+        if self.retention_s is None:
+            return []
+        now_s = time.time() if now_s is None else now_s
+        with self._lock:
+            idle = sorted(n for n, t in self._last_seen.items()
+                          if now_s - t >= self.retention_s and n in self._reader.jobs)
+        out = []
+        for name in idle:
+            result = self.account(name, time.time_ns())
+            if self.wal is not None:
+                try:
+                    self.wal.retire(name, json.dumps(job_to_dict(result)).encode())
+                except OSError as e:
+                    _log.error("goodput serve: cannot write the final result of job %r "
+                               "(%s); it stays", name, e.strerror or e)
+                    continue
+            with self._lock:
+                self._reader.jobs.pop(name, None)
+                self._reader._examples.pop(name, None)
+                self._last_seen.pop(name, None)
+                self._cache.pop(name, None)
+                self._rate.forget(name)
+            _log.info("goodput serve: job %r left after %g s without spans", name,
+                      self.retention_s)
             out.append(result)
         return out
 
@@ -187,4 +387,3 @@ class LiveStore:
         from ..report import to_json
 
         return to_json(self.results(now_ns, job))
-

@@ -1,0 +1,320 @@
+"""The write-ahead log of ``goodput serve``: nothing acknowledged is lost when serve dies.
+
+Before a request is acknowledged, its spans are appended to this log, one segment per
+job, in the spool's own format (OTLP JSON lines, :mod:`.encode`)::
+
+    WAL_DIR/jobs/<job slug>/seg-00000001.jsonl   appended, rotated at segment_bytes
+    WAL_DIR/results/<job slug>.json              a retired job's final report
+
+``<job slug>`` is the job name made safe for a file name (at most 80 characters) plus 16
+hex digits of its SHA-256, so two names never share a directory. A job's directory is a
+run directory: ``goodput report WAL_DIR/jobs/<slug>`` reads it.
+
+Durability: ``write()`` of the whole line happens before the acknowledgement, so a
+SIGKILL of serve loses nothing that was acknowledged (the data is in the kernel). Files
+are fsynced by a background thread every ``fsync_interval_s`` seconds, so a crash of the
+machine itself loses at most that much acknowledged data; ``fsync_interval_s=0`` fsyncs
+before every acknowledgement. A write that fails (disk full, I/O error, file size limit)
+is undone (the segment is truncated back to its last whole line) and raises ``OSError``:
+the store refuses the request with the retryable status, never acknowledging it.
+
+On start, :meth:`WriteAheadLog.replay` reads every segment back in order; a torn last
+line (serve killed mid-write, or a failed undo) is cut off and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ReplayStats", "WriteAheadLog", "job_slug"]
+
+_log = logging.getLogger(__name__)
+_SEG = re.compile(r"seg-(\d{8})\.jsonl$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_PROBE_BYTES = 64 << 10
+
+
+def job_slug(job: str) -> str:
+    """The directory name of ``job``'s segments: safe characters, then its SHA-256."""
+    digest = hashlib.sha256(job.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{_UNSAFE.sub('_', job)[:80].strip('.') or 'job'}-{digest}"
+
+
+@dataclass
+class ReplayStats:
+    """What :meth:`WriteAheadLog.replay` read: ``lines`` taken in, ``bytes`` read,
+    ``torn`` last lines cut off, ``segments`` files, ``seconds`` of wall time."""
+
+    lines: int = 0
+    bytes: int = 0
+    torn: int = 0
+    segments: int = 0
+    seconds: float = 0.0
+
+
+class _Segment:
+    __slots__ = ("dirty", "fd", "path", "size")
+
+    def __init__(self, path: Path, fd: int, size: int):
+        self.path, self.fd, self.size, self.dirty = path, fd, size, False
+
+
+class WriteAheadLog:
+    """Append-only per-job segments under ``root`` (see the module docstring).
+
+    Args:
+        root: the log's directory (created if missing).
+        fsync_interval_s: seconds between background fsyncs (>= 0; 0 = fsync in every
+            :meth:`append`).
+        segment_bytes: a segment is closed and a new one started past this size (> 0).
+        max_open_files: segments kept open at once (least recently used are closed).
+
+    Raises:
+        OSError: ``root`` cannot be created.
+        ValueError: a bad number.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, fsync_interval_s: float = 1.0,
+                 segment_bytes: int = 64 << 20, max_open_files: int = 64):
+        if not fsync_interval_s >= 0:
+            raise ValueError(f"fsync_interval_s must be >= 0 seconds, got {fsync_interval_s!r}")
+        if not (segment_bytes > 0 and max_open_files > 0):
+            raise ValueError("segment_bytes and max_open_files must be > 0")
+        self.root = Path(root)
+        self.jobs_dir, self.results_dir = self.root / "jobs", self.root / "results"
+        for d in (self.jobs_dir, self.results_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.fsync_interval_s = float(fsync_interval_s)
+        self.segment_bytes, self.max_open_files = int(segment_bytes), int(max_open_files)
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, _Segment] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # slug -> bytes in its segments
+        #: The last write error (None after a successful write or probe).
+        self.error: str | None = None
+        self.fsyncs = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- replay ------------------------------------------------------------------------
+
+    def replay(self, take: Callable[[bytes, tuple], None]) -> ReplayStats:
+        """Call ``take(line, (path, line number))`` for every line of every segment, job by
+        job, segment by segment; cut off torn last lines. Returns what was read."""
+        t0, st = time.monotonic(), ReplayStats()
+        for job_dir in sorted(p for p in self.jobs_dir.iterdir() if p.is_dir()):
+            size = 0
+            for seg in self._segments(job_dir):
+                st.segments += 1
+                size += self._replay_segment(seg, take, st)
+            self._sizes[job_dir.name] = size
+        st.seconds = time.monotonic() - t0
+        return st
+
+    @staticmethod
+    def _segments(job_dir: Path) -> list[Path]:
+        return sorted(p for p in job_dir.iterdir() if _SEG.match(p.name))
+
+    @staticmethod
+    def _replay_segment(seg: Path, take, st: ReplayStats) -> int:
+        whole, lineno = 0, 0
+        with open(seg, "rb") as f:
+            for line in f:
+                if not line.endswith(b"\n"):
+                    st.torn += 1
+                    _log.warning("goodput serve: %s ends in a torn line of %d bytes (serve "
+                                 "died mid-write); cut off", seg, len(line))
+                    break
+                lineno += 1
+                whole += len(line)
+                st.lines += 1
+                take(line, (str(seg), lineno))
+        if seg.stat().st_size != whole:
+            os.truncate(seg, whole)
+        st.bytes += whole
+        return whole
+
+    # --- appending ---------------------------------------------------------------------
+
+    def append(self, job: str, data: bytes) -> None:
+        """Append ``data`` (whole lines) to ``job``'s segment, fsynced as configured.
+
+        Raises:
+            OSError: it could not be written; the segment is left as it was before.
+        """
+        slug = job_slug(job)
+        with self._lock:
+            try:
+                seg = self._segment(slug)
+                if seg.size and seg.size + len(data) > self.segment_bytes:
+                    self._close(slug)
+                    seg = self._segment(slug, new=True)
+                self._write(seg, data)
+                if self.fsync_interval_s == 0:
+                    os.fsync(seg.fd)
+                    self.fsyncs += 1
+                else:
+                    seg.dirty = True
+            except OSError as e:
+                self.error = f"cannot write the write-ahead log in {self.root}: " \
+                             f"{e.strerror or e}"
+                raise
+            self._sizes[slug] = self._sizes.get(slug, 0) + len(data)
+            self.error = None
+
+    def _write(self, seg: _Segment, data: bytes) -> None:
+        view, done = memoryview(data), 0
+        try:
+            while done < len(data):
+                done += os.write(seg.fd, view[done:])
+        except OSError:
+            try:  # undo the part written: the segment ends in a whole line again
+                os.ftruncate(seg.fd, seg.size)
+            except OSError:  # the replay cuts it off as a torn line
+                _log.exception("goodput serve: cannot truncate %s back", seg.path)
+            raise
+        seg.size += done
+
+    def _segment(self, slug: str, new: bool = False) -> _Segment:
+        seg = self._open.get(slug)
+        if seg is not None and not new:
+            self._open.move_to_end(slug)
+            return seg
+        job_dir = self.jobs_dir / slug
+        fresh_dir = not job_dir.exists()
+        job_dir.mkdir(exist_ok=True)
+        segs = self._segments(job_dir)
+        n = int(_SEG.match(segs[-1].name).group(1)) if segs else 0
+        if new or not segs:
+            n += 1
+        path = job_dir / f"seg-{n:08d}.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        seg = _Segment(path, fd, os.fstat(fd).st_size)
+        if new or not segs:  # a new file: make its name durable too
+            _fsync_dir(job_dir)
+            if fresh_dir:
+                _fsync_dir(self.jobs_dir)
+        self._open[slug] = seg
+        while len(self._open) > self.max_open_files:
+            self._close(next(iter(self._open)))
+        return seg
+
+    def _close(self, slug: str) -> None:
+        seg = self._open.pop(slug, None)
+        if seg is None:
+            return
+        try:
+            if seg.dirty:
+                os.fsync(seg.fd)
+                self.fsyncs += 1
+        finally:
+            os.close(seg.fd)
+
+    def sync(self) -> None:
+        """fsync every segment written since the last sync (the background thread's job)."""
+        with self._lock:
+            dirty = [s for s in self._open.values() if s.dirty]
+            for s in dirty:
+                s.dirty = False
+        for s in dirty:
+            try:
+                os.fsync(s.fd)
+                self.fsyncs += 1
+            except OSError as e:  # closed meanwhile (fsynced by _close) or an I/O error
+                if e.errno != 9:
+                    self.error = f"cannot fsync {s.path}: {e.strerror or e}"
+                    _log.error("goodput serve: %s", self.error)
+
+    def probe(self) -> str | None:
+        """Write, fsync and remove a 64 KiB file: None if the disk takes it, else why.
+        Clears :attr:`error` on success."""
+        path = self.root / ".probe"
+        try:
+            with open(path, "wb") as f:
+                f.write(b"\0" * _PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            return f"write-ahead log {self.root} is not writable: {e.strerror or e}"
+        finally:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        with self._lock:
+            self.error = None
+        return None
+
+    # --- retiring jobs -----------------------------------------------------------------
+
+    def retire(self, job: str, result: bytes | None) -> None:
+        """A job leaves: write its final ``result`` (JSON) to ``results/<slug>.json``
+        (atomically), then remove its segments.
+
+        Raises:
+            OSError: the result could not be written (the segments are kept).
+        """
+        slug = job_slug(job)
+        if result is not None:
+            tmp = self.results_dir / f".{slug}.json.tmp"
+            with open(tmp, "wb") as f:
+                f.write(result)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.results_dir / f"{slug}.json")
+            _fsync_dir(self.results_dir)
+        with self._lock:
+            self._close(slug)
+            self._sizes.pop(slug, None)
+        job_dir = self.jobs_dir / slug
+        if job_dir.is_dir():
+            for seg in job_dir.iterdir():
+                seg.unlink()
+            job_dir.rmdir()
+
+    def size_bytes(self) -> int:
+        """Bytes in all segments."""
+        with self._lock:
+            return sum(self._sizes.values())
+
+    # --- background fsync --------------------------------------------------------------
+
+    def start(self) -> WriteAheadLog:
+        """Start the background fsync thread (none with ``fsync_interval_s=0``)."""
+        if self.fsync_interval_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="goodput-serve-wal",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.fsync_interval_s):
+            self.sync()
+
+    def close(self) -> None:
+        """Stop the thread, fsync and close every segment."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        with self._lock:
+            for slug in list(self._open):
+                try:
+                    self._close(slug)
+                except OSError:
+                    _log.exception("goodput serve: closing the write-ahead log")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
