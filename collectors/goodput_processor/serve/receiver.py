@@ -1,24 +1,33 @@
-"""OTLP trace receivers of ``goodput serve``: gRPC ``TraceService/Export`` and HTTP ``/v1/traces``.
+"""OTLP trace receivers of ``goodput serve``: gRPC ``TraceService/Export`` (here) and HTTP
+``/v1/traces`` (:mod:`goodput_processor.serve.http`), with what both share.
 
-Both feed a :class:`~goodput_processor.serve.store.LiveStore`. Limits and security:
+Both feed a :class:`~goodput_processor.serve.store.LiveStore` under the ceilings of
+:class:`~goodput_processor.serve.limits.Limits`:
 
 - Message size: requests over ``max_message_bytes`` are refused, by gRPC with
   ``RESOURCE_EXHAUSTED`` and by HTTP with ``413`` (also when a gzip body inflates past it).
+- Calls and connections: at most ``max_connections`` gRPC calls in flight (more get
+  ``RESOURCE_EXHAUSTED`` from gRPC itself) and HTTP connections open (more get ``503``).
+- Bytes in flight: each request takes its size, plus what it inflates to and an estimate
+  of its parsed form (:func:`parse_cost`), from the :class:`~goodput_processor.serve.
+  limits.ByteBudget` shared by both receivers, and gives them back when done; a request
+  that does not fit is refused with the retryable status (``UNAVAILABLE``, ``503`` +
+  ``Retry-After``; ``refused_inflight``).
+- Refusals of the store (:class:`~goodput_processor.serve.limits.Refused`: the write-ahead
+  log cannot write, too many jobs, a job over its rate): retryable ones get
+  ``UNAVAILABLE`` (with a ``RetryInfo`` of ``retry_after_s``) / ``503`` with
+  ``Retry-After``, the others ``INVALID_ARGUMENT`` / ``400``. Any other error while taking
+  a request in is logged and answered ``INTERNAL`` / ``500``: the receivers never die.
 - Bearer token (optional): without ``Authorization: Bearer <token>`` a request gets
   ``UNAUTHENTICATED`` (gRPC) or ``401`` (HTTP, with ``WWW-Authenticate: Bearer``).
-- Every refused request is counted in the store's ``stats`` (``refused_unauthenticated``,
-  ``refused_too_large``, ``refused_malformed``, ``refused_unsupported``,
-  ``refused_unavailable``); a wrong or missing token is also logged (a warning, for the
-  first 10 and then every 1000th, with the client's address).
+- Every refused request is counted in the store's ``stats`` as ``refused_<reason>``
+  (``unauthenticated``, ``too_large``, ``malformed``, ``unsupported``, ``unavailable``,
+  ``inflight``, ``connections``, ``timeout``, ``internal``, and the store's own reasons);
+  a wrong or missing token is also logged (a warning, for the first 10 and then every
+  1000th, with the client's address).
 - A body that is not an ``ExportTraceServiceRequest`` gets ``INVALID_ARGUMENT`` (gRPC) or
   ``400`` (HTTP), with a message that says why.
 - TLS (optional): PEM certificate chain and key files.
-
-HTTP accepts ``application/x-protobuf`` and ``application/json`` (OTLP/JSON: hex ids)
-bodies, optionally ``Content-Encoding: gzip``; errors carry a ``google.rpc.Status`` in the
-request's encoding, as the OTLP/HTTP specification asks. ``GET /v1/report`` returns the
-current report (``goodput report --format json``; ``?job=NAME`` for one job),
-``GET /v1/report.html`` the HTML report (``docs/html-report.md``) and ``GET /healthz`` ``ok``.
 """
 
 from __future__ import annotations
@@ -26,27 +35,26 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import socket
-import ssl
-import sys
+import math
 import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from .limits import ByteBudget, Limits
+from .limits import ByteBudget, Limits, Refused
 from .store import LiveStore
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "GrpcReceiver", "HttpReceiver"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Gate", "GrpcReceiver", "parse_cost"]  # + HttpReceiver
 
 _log = logging.getLogger(__name__)
 #: Default request size limit (bytes, after gzip decompression).
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
+#: Bytes of memory a parsed protobuf request takes per byte of it (upb; OTLP spans measured
+#: at 1.44).
+PROTOBUF_PARSE_FACTOR = 2
+_GRPC_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 def _hostport(host: str, port: int) -> str:
@@ -68,34 +76,149 @@ def _token_ok(header: str | None, token: str | None) -> bool:
     return header is not None and hmac.compare_digest(header.strip().encode(), expected)
 
 
+def parse_cost(kind: str, body) -> int:
+    """Estimated bytes of memory that parsing ``body`` takes (CPython 3.11, 64-bit).
+
+    Args:
+        kind: ``"protobuf"`` (an ``ExportTraceServiceRequest``) or ``"json"`` (OTLP/JSON).
+        body: the request, uncompressed (bytes-like).
+
+    Returns:
+        protobuf: :data:`PROTOBUF_PARSE_FACTOR` x its size. (A request made of empty
+        sub-messages takes up to ~90x in upb; its size is bounded by
+        ``max_message_bytes``, which is what bounds that case.)
+        JSON: an upper bound on what ``json.loads`` allocates, from the body's structure:
+        its size plus 120 bytes per ``{``, 72 per ``[``, 40 per ``"``, 56 per ``,`` and 96
+        per ``:`` (~14x the size for OTLP/JSON, which parses to ~4.3x; tested against
+        ``tracemalloc`` on the worst shapes, e.g. ``[{},{},...]`` at ~25x and large
+        objects just after their table grew).
+    """
+    if kind == "json":
+        b = body if isinstance(body, (bytes, bytearray)) else bytes(body)
+        return (len(b) + 120 * b.count(b"{") + 72 * b.count(b"[") + 40 * b.count(b'"')
+                + 56 * b.count(b",") + 96 * b.count(b":"))
+    return PROTOBUF_PARSE_FACTOR * len(body)
+
+
+class Rejected(Exception):
+    """A request answered with an error instead of being taken in (inside the receivers).
+
+    Args:
+        reason: counted as ``stats["refused_<reason>"]`` (None: not counted).
+        status: the HTTP status.
+        grpc_code: the ``google.rpc.Code`` number (the gRPC status code).
+        message: one line for the client.
+        close: HTTP: close the connection after the answer.
+        retry_after: seconds for ``Retry-After`` / ``RetryInfo`` (None: none).
+    """
+
+    def __init__(self, reason: str | None, status: int, grpc_code: int, message: str, *,
+                 close: bool = False, retry_after: float | None = None):
+        super().__init__(message)
+        self.reason, self.status, self.grpc_code, self.message = reason, status, grpc_code, message
+        self.close, self.retry_after = close, retry_after
+
+    @classmethod
+    def from_refused(cls, e: Refused) -> Rejected:
+        """The store's :class:`Refused`: ``503``/``UNAVAILABLE`` with ``Retry-After`` when
+        retryable, else ``400``/``INVALID_ARGUMENT``."""
+        if e.retryable:
+            return cls(e.reason, 503, 14, e.message, retry_after=max(1, math.ceil(
+                e.retry_after_s)))
+        return cls(e.reason, 400, 3, e.message)
+
+    @property
+    def grpc_status(self) -> grpc.StatusCode:
+        return _GRPC_CODES.get(self.grpc_code, grpc.StatusCode.UNKNOWN)
+
+
+class Held:
+    """Bytes of the shared :class:`ByteBudget` one request holds; :meth:`release` gives all
+    of them back (not thread-safe: one per request)."""
+
+    def __init__(self, budget: ByteBudget):
+        self.budget, self.n = budget, 0
+
+    def take(self, n: int, what: str) -> None:
+        """Take ``n`` more bytes for ``what``.
+
+        Raises:
+            Rejected: ``413`` / ``RESOURCE_EXHAUSTED`` (``too_large``) when the request
+                would need more than the whole budget (it can never fit), else ``503`` /
+                ``UNAVAILABLE`` (``inflight``, retry after 1 s) when it does not fit now.
+        """
+        if n <= 0:
+            return
+        cap = self.budget.capacity
+        if self.n + n > cap:
+            raise Rejected("too_large", 413, 8, f"{what} needs {self.n + n} bytes of memory, "
+                           f"more than the limit of {cap} bytes in flight "
+                           "(--max-inflight-bytes)", close=True)
+        if not self.budget.acquire(n):
+            raise Rejected("inflight", 503, 14, f"too many bytes in flight: {what} needs {n} "
+                           f"bytes, of {cap} (--max-inflight-bytes); retry later",
+                           retry_after=1)
+        self.n += n
+
+    def give_back(self, n: int) -> None:
+        """Give back ``n`` of the bytes held (at most all of them)."""
+        n = min(n, self.n)
+        if n > 0:
+            self.budget.release(n)
+            self.n -= n
+
+    def release(self) -> None:
+        """Give back everything held."""
+        self.give_back(self.n)
+
+
 class _TraceService:
     """``TraceService/Export`` on raw bytes, so that a body that does not parse gets
     ``INVALID_ARGUMENT`` with the reason (gRPC's own deserializer answers ``INTERNAL``)."""
 
-    def __init__(self, store: LiveStore, token: str | None, gate):
-        self.store, self.token, self.gate = store, token, gate
+    def __init__(self, store: LiveStore, token: str | None, gate, budget: ByteBudget):
+        self.store, self.token, self.gate, self.budget = store, token, gate, budget
 
     def Export(self, request: bytes, context):  # noqa: N802 - the gRPC method name
         if not _token_ok(dict(context.invocation_metadata()).get("authorization"), self.token):
             _refused(self.store, "unauthenticated", context.peer())
             context.abort(grpc.StatusCode.UNAUTHENTICATED,
                           "goodput serve: missing or wrong bearer token (Authorization header)")
+        r = self._take_in(request, context.peer())
+        if r is not None:  # abort() raises, so it is called outside of any try
+            if r.reason is not None:
+                _refused(self.store, r.reason)
+            if r.retry_after is not None:
+                context.set_trailing_metadata(_retry_info(r.retry_after))
+            context.abort(r.grpc_status, f"goodput serve: {r.message}")
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def _take_in(self, request: bytes, peer: str) -> Rejected | None:
+        """Parse and store ``request``; None, or the :class:`Rejected` to answer."""
         if not self.gate.enter():
-            _refused(self.store, "unavailable")
-            context.abort(grpc.StatusCode.UNAVAILABLE, "goodput serve is shutting down")
+            return Rejected("unavailable", 503, 14, "goodput serve is shutting down",
+                            retry_after=1)
+        held = Held(self.budget)
         try:
+            held.take(len(request) + parse_cost("protobuf", request), "the request")
             req = trace_service_pb2.ExportTraceServiceRequest()
             try:
                 req.ParseFromString(request)
             except DecodeError as e:
-                _refused(self.store, "malformed")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"goodput serve: request of "
-                              f"{len(request)} bytes is not a protobuf ExportTraceServiceRequest "
-                              f"({e})")
+                return Rejected("malformed", 400, 3, f"request of {len(request)} bytes is not "
+                                f"a protobuf ExportTraceServiceRequest ({e})")
             self.store.ingest_request(req, "otlp-grpc")
+            return None
+        except Rejected as r:  # the budget: RESOURCE_EXHAUSTED (never fits), UNAVAILABLE
+            return r
+        except Refused as e:
+            return Rejected.from_refused(e)
+        except Exception:
+            _log.exception("goodput serve grpc: taking in a request from %s failed", peer)
+            return Rejected("internal", 500, 13, "internal error (logged)")
         finally:
+            held.release()
             self.gate.leave()
-        return trace_service_pb2.ExportTraceServiceResponse()
 
     def handler(self) -> grpc.GenericRpcHandler:
         export = grpc.unary_unary_rpc_method_handler(
@@ -103,6 +226,18 @@ class _TraceService:
             response_serializer=trace_service_pb2.ExportTraceServiceResponse.SerializeToString)
         return grpc.method_handlers_generic_handler(
             "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": export})
+
+
+def _retry_info(seconds: float) -> tuple:
+    """Trailing metadata asking the client to retry after ``seconds`` (``RetryInfo``, which
+    the OTLP/gRPC exporter follows)."""
+    try:
+        from google.rpc import error_details_pb2
+    except ImportError:  # pragma: no cover - googleapis-common-protos comes with grpcio
+        return ()
+    info = error_details_pb2.RetryInfo()
+    info.retry_delay.seconds = max(1, math.ceil(seconds))
+    return (("google.rpc.retryinfo-bin", info.SerializeToString()),)
 
 
 class Gate:
@@ -136,6 +271,18 @@ class Gate:
 class GrpcReceiver:
     """OTLP/gRPC ``TraceService`` on ``host:port`` (port 0 = any free port; see :attr:`port`).
 
+    Args:
+        store: where spans go.
+        token: bearer token required (None: none).
+        tls: ``(cert_file, key_file)`` PEM paths (None: plaintext).
+        max_message_bytes: largest request (used when ``limits`` is None; else
+            ``limits.max_message_bytes``).
+        workers: threads running ``Export`` calls.
+        gate: shared with the HTTP receiver, for draining at shutdown.
+        limits: the ceilings (default :class:`Limits` with ``max_message_bytes``).
+        budget: bytes in flight, shared with the HTTP receiver (default: its own, of
+            ``limits.max_inflight_bytes``).
+
     Raises:
         RuntimeError: the address cannot be bound.
         OSError: a TLS file cannot be read.
@@ -147,10 +294,14 @@ class GrpcReceiver:
                  gate: Gate | None = None, limits: Limits | None = None,
                  budget: ByteBudget | None = None):
         self.gate = gate or Gate()
-        opts = [("grpc.max_receive_message_length", max_message_bytes),
+        self.limits = limits or Limits(max_message_bytes=max_message_bytes)
+        self.budget = budget or ByteBudget(self.limits.max_inflight_bytes)
+        opts = [("grpc.max_receive_message_length", self.limits.max_message_bytes),
                 ("grpc.max_send_message_length", 1 << 20), ("grpc.so_reuseport", 0)]
-        self.server = grpc.server(ThreadPoolExecutor(workers, "goodput-serve-grpc"), options=opts)
-        self.server.add_generic_rpc_handlers((_TraceService(store, token, self.gate).handler(),))
+        self.server = grpc.server(ThreadPoolExecutor(workers, "goodput-serve-grpc"), options=opts,
+                                  maximum_concurrent_rpcs=self.limits.max_connections)
+        service = _TraceService(store, token, self.gate, self.budget)
+        self.server.add_generic_rpc_handlers((service.handler(),))
         addr = _hostport(host, port)
         if tls:
             with open(tls[0], "rb") as c, open(tls[1], "rb") as k:
@@ -188,206 +339,11 @@ def _status_body(kind: str, code: int, message: str) -> tuple[bytes, str]:
     return (message + "\n").encode(), "text/plain; charset=utf-8"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "goodput-serve"
-    protocol_version = "HTTP/1.1"
-    timeout = 30  # seconds a client may stall a connection
-    # Headers and body go out in two writes: with Nagle's algorithm on, a keep-alive
-    # client's delayed ACK held every response with a body (JSON, errors) for ~40 ms.
-    disable_nagle_algorithm = True
+def __getattr__(name: str):
+    """``HttpReceiver`` lives in :mod:`goodput_processor.serve.http` (which imports the
+    helpers above), and is imported from here on first use."""
+    if name == "HttpReceiver":
+        from .http import HttpReceiver
 
-    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
-        _log.debug("goodput serve http: " + format, *args)
-
-    def _reply(self, status: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _error(self, status: int, grpc_code: int, kind: str, message: str, close=False) -> None:
-        body, ctype = _status_body(kind, grpc_code, f"goodput serve: {message}")
-        extra = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
-        if close:
-            self.close_connection = True
-            extra["Connection"] = "close"
-        self._reply(status, body, ctype, extra)
-
-    def _authorized(self, kind: str) -> bool:
-        if _token_ok(self.headers.get("Authorization"), self.server.app.token):
-            return True
-        _refused(self.server.app.store, "unauthenticated", self.client_address[0])
-        self._error(401, 16, kind, "missing or wrong bearer token (Authorization header)", True)
-        return False
-
-    def _refuse(self, reason: str, status: int, grpc_code: int, kind: str, message: str,
-                close=False) -> None:
-        _refused(self.server.app.store, reason)
-        self._error(status, grpc_code, kind, message, close)
-
-    def do_GET(self):  # noqa: N802
-        url = urlsplit(self.path)
-        if url.path == "/healthz":
-            return self._reply(200, b"ok\n", "text/plain")
-        if url.path not in ("/v1/report", "/v1/report.html"):
-            return self._error(404, 5, "text", f"no such path {url.path!r} (GET /v1/report, "
-                               "/v1/report.html)")
-        if not self._authorized("json"):
-            return
-        job = parse_qs(url.query).get("job", [None])[0]
-        html = url.path.endswith(".html")
-        try:
-            if html:  # the HTML report of docs/html-report.md
-                from ..html import live_report_html
-
-                body = live_report_html(self.server.app.store, job=job).encode()
-            else:
-                body = self.server.app.store.report_json(job=job).encode()
-        except KeyError as e:
-            return self._error(404, 5, "json", e.args[0])
-        except ImportError as e:
-            return self._error(501, 12, "text", f"the HTML report needs plotly ({e})")
-        self._reply(200, body, "text/html; charset=utf-8" if html else "application/json")
-
-    def do_POST(self):  # noqa: N802
-        app = self.server.app
-        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        kind = {"application/x-protobuf": "protobuf", "application/json": "json"}.get(ctype)
-        if urlsplit(self.path).path != "/v1/traces":
-            return self._error(404, 5, kind or "text", f"no such path {self.path!r} "
-                               "(POST /v1/traces)", close=True)
-        if not self._authorized(kind or "text"):
-            return
-        if kind is None:
-            return self._refuse("unsupported", 415, 3, "text", f"unsupported Content-Type "
-                                f"{ctype!r}: expected application/x-protobuf or application/json",
-                                close=True)
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-            if length < 0:
-                raise ValueError(length)
-        except ValueError:
-            return self._refuse("unsupported", 411, 3, kind, "a Content-Length header "
-                                "(a number >= 0) is required", close=True)
-        limit = app.max_message_bytes
-        if length > limit:
-            return self._refuse("too_large", 413, 8, kind, f"request of {length} bytes is over "
-                                f"the limit of {limit} bytes (--max-message-bytes)", close=True)
-        body = self.rfile.read(length)
-        if len(body) < length:
-            return self._refuse("malformed", 400, 3, kind, f"body ended after {len(body)} of "
-                                f"{length} bytes (Content-Length)", close=True)
-        enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-        if enc == "gzip":
-            body, why = _gunzip(body, limit)
-            if why:
-                reason, status, code, msg = why
-                return self._refuse(reason, status, code, kind, f"gzip body {msg}")
-        elif enc != "identity":
-            return self._refuse("unsupported", 415, 3, kind, f"unsupported Content-Encoding "
-                                f"{enc!r} (gzip or none)")
-        if not app.gate.enter():
-            return self._refuse("unavailable", 503, 14, kind, "shutting down", close=True)
-        try:
-            if kind == "protobuf":
-                req = trace_service_pb2.ExportTraceServiceRequest()
-                try:
-                    req.ParseFromString(body)
-                except DecodeError as e:
-                    return self._refuse("malformed", 400, 3, kind, f"body of {len(body)} bytes "
-                                        f"is not a protobuf ExportTraceServiceRequest ({e})")
-                app.store.ingest_request(req, "otlp-http")
-                out = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-                return self._reply(200, out, "application/x-protobuf")
-            try:
-                app.store.ingest_json(json.loads(body), ("otlp-http", self.client_address[0]))
-            except (ValueError, RecursionError) as e:
-                return self._refuse("malformed", 400, 3, kind, f"body of {len(body)} bytes is "
-                                    f"not an OTLP JSON ExportTraceServiceRequest ({e})")
-            return self._reply(200, b"{}", "application/json")
-        finally:
-            app.gate.leave()
-
-
-def _gunzip(body: bytes, limit: int) -> tuple[bytes, tuple | None]:
-    """Inflate a gzip body (one or more members) to at most ``limit`` bytes.
-
-    Returns ``(data, None)``, or ``(b"", (reason, http status, grpc code, why))``.
-    """
-    out, size = [], 0
-    while True:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            part = d.decompress(body, limit + 1 - size)
-        except zlib.error as e:
-            return b"", ("malformed", 400, 3, f"not valid gzip ({e})")
-        size += len(part)
-        out.append(part)
-        if size > limit or d.unconsumed_tail:
-            return b"", ("too_large", 413, 8, f"inflates to more than the limit of {limit} "
-                         "bytes (--max-message-bytes)")
-        if not d.eof:
-            return b"", ("malformed", 400, 3, "truncated (the gzip stream does not end)")
-        body = d.unused_data
-        if not body:
-            return b"".join(out), None
-
-
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    app: HttpReceiver
-
-    def handle_error(self, request, client_address):
-        """A client that went away is not an error of ours; anything else is logged."""
-        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            _log.debug("goodput serve http: %s went away", client_address)
-        else:
-            _log.exception("goodput serve http: request from %s failed", client_address)
-
-
-class _HttpServer6(_HttpServer):
-    address_family = socket.AF_INET6
-
-
-class HttpReceiver:
-    """OTLP/HTTP ``POST /v1/traces`` and ``GET /v1/report`` on ``host:port`` (0 = any port).
-
-    Raises:
-        OSError: the address cannot be bound, or a TLS file cannot be read.
-    """
-
-    def __init__(self, store: LiveStore, host: str = "127.0.0.1", port: int = 4318, *,
-                 token: str | None = None, tls: tuple[str, str] | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, gate: Gate | None = None,
-                 limits: Limits | None = None, budget: ByteBudget | None = None,
-                 metrics=None):
-        self.store, self.token, self.max_message_bytes = store, token, max_message_bytes
-        self.gate = gate or Gate()
-        self.httpd = (_HttpServer6 if ":" in host else _HttpServer)((host, port), _Handler)
-        self.httpd.app = self
-        if tls:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(tls[0], tls[1])
-            # handshake on the handler thread, not in accept()
-            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
-                                                do_handshake_on_connect=False)
-        self.host, self.port = host, self.httpd.server_address[1]
-        self.scheme = "https" if tls else "http"
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> HttpReceiver:
-        """Serve on a daemon thread; returns ``self``."""
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={
-            "poll_interval": 0.1}, name="goodput-serve-http", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float) -> None:
-        """Stop accepting, wait up to ``timeout_s`` for requests in flight, close the socket."""
-        self.httpd.shutdown()
-        self.gate.close(timeout_s)
-        self.httpd.server_close()
+        return HttpReceiver
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

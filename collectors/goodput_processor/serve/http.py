@@ -1,0 +1,557 @@
+"""OTLP/HTTP receiver of ``goodput serve``: ``POST /v1/traces`` and the operations endpoints.
+
+One thread per connection, at most ``limits.max_connections`` of them: a connection over
+the cap is answered ``503`` (``Retry-After: 1``, ``Connection: close``) by the accepting
+thread itself, without waiting on the client, and closed. Each request must arrive whole
+(request line, headers and body) within ``limits.request_timeout_s`` seconds of its first
+byte, and an idle keep-alive connection is closed after as long: a client that trickles
+or stalls is dropped (counted as ``refused_timeout``).
+
+Memory: before a body of ``Content-Length`` L is read, L bytes are taken from the
+:class:`~goodput_processor.serve.limits.ByteBudget` shared with the gRPC receiver, then,
+as a gzip body inflates, what it inflates to, then an estimate of its parsed form
+(:func:`parse_cost`). Whatever does not fit is refused ``503`` with ``Retry-After``
+(``refused_inflight``) without reading more; a body that could never fit (over
+``max_message_bytes``, or an estimate over the whole budget) gets ``413``. The budget is
+given back when the request is done.
+
+Endpoints (errors carry a ``google.rpc.Status`` in the request's encoding):
+
+- ``POST /v1/traces``: ``application/x-protobuf`` or ``application/json`` (OTLP/JSON, hex
+  ids), optionally ``Content-Encoding: gzip``. 200 when taken in; 400 (not an
+  ``ExportTraceServiceRequest``, or refused for good by the store), 401 (token), 404, 411
+  (no ``Content-Length``), 413, 415 (content type or encoding), 500 (an unexpected error,
+  logged), 503 + ``Retry-After`` (shutting down, over a ceiling, or the store refused it
+  for now: :class:`~goodput_processor.serve.limits.Refused`).
+- ``GET /v1/report``: the JSON of ``goodput report --format json``, one page of jobs
+  sorted by name (``?limit=N``, default 100, at most 1000; ``?page_token=NAME`` starts
+  after job NAME) with a top-level ``"next_page_token"`` (null on the last page);
+  ``?job=NAME`` for one job. ``GET /v1/report.html``: the HTML report. Token required.
+- ``GET /metrics``: the Prometheus text exposition (token required when one is set; 404
+  when the server has no metrics).
+- ``GET /healthz``: ``ok`` while the process serves; ``GET /readyz``: ``ready``, or ``503``
+  with the reason (``LiveStore.ready()``). No token.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import json
+import logging
+import math
+import socket
+import ssl
+import sys
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from .limits import ByteBudget, Limits, Refused
+from .receiver import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Gate,
+    Held,
+    Rejected,
+    _refused,
+    _status_body,
+    _token_ok,
+    parse_cost,
+)
+from .store import LiveStore
+
+__all__ = ["HttpReceiver"]
+
+_log = logging.getLogger("goodput_processor.serve.receiver")
+#: Bytes inflated per step of a gzip body (each step takes its share of the budget first).
+_INFLATE_STEP = 256 << 10
+#: Bytes read from the socket per step of a body.
+_READ_STEP = 64 << 10
+#: Seconds spent, at most, reading and discarding the rest of a refused body, so that the
+#: client (still sending it) gets to read the answer instead of a connection reset.
+_LINGER_S = 2.0
+#: ``/v1/report`` page size: default and largest.
+_PAGE, _MAX_PAGE = 100, 1000
+_KINDS = {"application/x-protobuf": "protobuf", "application/json": "json"}
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's raw reads, each given only the time left to its request.
+
+    The handler's ``_deadline`` (monotonic seconds) is None while the connection waits for
+    a request (then each read may wait ``request_timeout_s``); the first bytes of a request
+    set it to ``request_timeout_s`` later. A read past it raises :class:`TimeoutError`
+    and marks the handler ``_timed_out``.
+    """
+
+    def __init__(self, raw, sock, handler: _Handler):
+        super().__init__()
+        self._raw, self._sock, self._h = raw, sock, handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        h, limit = self._h, self._h.server.app.limits.request_timeout_s
+        left = limit if h._deadline is None else h._deadline - time.monotonic()
+        if left <= 0:
+            h._timed_out = True
+            raise TimeoutError(f"request not complete within {limit:g} s")
+        self._sock.settimeout(left)
+        try:
+            n = self._raw.readinto(b)
+        except TimeoutError:
+            h._timed_out = True
+            raise
+        if n and h._deadline is None:
+            h._deadline = time.monotonic() + limit
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "goodput-serve"
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle's algorithm on, a keep-alive
+    # client's delayed ACK held every response with a body (JSON, errors) for ~40 ms.
+    disable_nagle_algorithm = True
+    server: _HttpServer
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
+        _log.debug("goodput serve http: " + format, *args)
+
+    # --- connection: deadlines --------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(
+            _DeadlineReader(self.rfile.detach(), self.connection, self))
+        self._deadline: float | None = None
+        self._timed_out, self._requests = False, 0
+
+    def handle_one_request(self) -> None:
+        self._deadline, self._timed_out, self._expect_continue = None, False, False
+        super().handle_one_request()  # catches TimeoutError and closes
+        if self._timed_out:
+            self.close_connection = True
+            # a request begun, or a connection that never sent one; not an idle keep-alive
+            if self._deadline is not None or self._requests == 0:
+                _refused(self.server.app.store, "timeout")
+                _log.debug("goodput serve http: %s dropped after %g s (request timeout)",
+                           self.client_address[0], self.server.app.limits.request_timeout_s)
+        self._requests += 1
+
+    def handle_expect_100(self) -> bool:
+        """``Expect: 100-continue``: say continue only once the body has its budget."""
+        self._expect_continue = True
+        return True
+
+    # --- answers -------------------------------------------------------------------
+
+    def _reply(self, status: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
+        self.connection.settimeout(self.server.app.limits.request_timeout_s)
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, grpc_code: int, kind: str, message: str, close=False,
+               retry_after: float | None = None) -> None:
+        body, ctype = _status_body(kind, grpc_code, f"goodput serve: {message}")
+        extra = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        if retry_after is not None:
+            extra["Retry-After"] = str(max(1, math.ceil(retry_after)))
+        if close:
+            self.close_connection = True
+            extra["Connection"] = "close"
+        self._reply(status, body, ctype, extra)
+
+    def _reject(self, r: Rejected, kind: str, unread: int = 0) -> None:
+        """Count and answer ``r``; then discard up to ``unread`` bytes of body still coming."""
+        _refused(self.server.app.store, r.reason,
+                 self.client_address[0] if r.reason == "unauthenticated" else None)
+        self._error(r.status, r.grpc_code, kind, r.message, r.close or unread > 0,
+                    r.retry_after)
+        if unread > 0:
+            self._discard(unread)
+
+    def _discard(self, n: int) -> None:
+        """Read and drop up to ``n`` bytes for at most ``_LINGER_S`` seconds (no memory)."""
+        end = time.monotonic() + _LINGER_S
+        self._deadline = end if self._deadline is None else min(self._deadline, end)
+        try:
+            while n > 0:
+                chunk = self.rfile.read1(min(n, _READ_STEP))
+                if not chunk:
+                    break
+                n -= len(chunk)
+        except OSError:  # TimeoutError included: the connection is closed anyway
+            pass
+        self._timed_out = False  # lingering is ours, not the client's fault
+
+    def _authorized(self, kind: str) -> bool:
+        if _token_ok(self.headers.get("Authorization"), self.server.app.token):
+            return True
+        self._reject(Rejected("unauthenticated", 401, 16, "missing or wrong bearer token "
+                              "(Authorization header)", close=True), kind)
+        return False
+
+    # --- GET ---------------------------------------------------------------------
+
+    def do_GET(self):  # noqa: N802
+        url = urlsplit(self.path)
+        app = self.server.app
+        try:
+            if url.path == "/healthz":
+                return self._reply(200, b"ok\n", "text/plain")
+            if url.path == "/readyz":
+                ready = getattr(app.store, "ready", None)
+                ok, why = ready() if ready is not None else (True, "ready")
+                if ok:
+                    return self._reply(200, b"ready\n", "text/plain")
+                return self._reply(503, f"{why}\n".encode(), "text/plain; charset=utf-8",
+                                   {"Retry-After": "1"})
+            if url.path == "/metrics":
+                return self._metrics()
+            if url.path not in ("/v1/report", "/v1/report.html"):
+                return self._error(404, 5, "text", f"no such path {url.path!r} (GET /v1/report, "
+                                   "/v1/report.html, /metrics, /healthz, /readyz)")
+            if not self._authorized("json"):
+                return
+            if url.path.endswith(".html"):  # the HTML report of docs/html-report.md
+                return self._report_html(parse_qs(url.query).get("job", [None])[0])
+            return self._report(parse_qs(url.query))
+        except Rejected as r:
+            return self._reject(r, "json")
+        except OSError:
+            raise  # the client went away: the server logs it (debug) and closes
+        except Exception:
+            _log.exception("goodput serve http: GET %s failed", url.path)
+            return self._reject(Rejected("internal", 500, 13, "internal error (logged)",
+                                         close=True), "text")
+
+    def _metrics(self) -> None:
+        app = self.server.app
+        if app.metrics is None:
+            return self._error(404, 5, "text", "no metrics on this server")
+        if not self._authorized("text"):
+            return
+        out = app.metrics()
+        if out is None:
+            return self._error(404, 5, "text", "no metrics on this server")
+        body, ctype = out
+        self._reply(200, body, ctype)
+
+    def _report(self, query: dict) -> None:
+        """One page of the JSON report (see the module docstring)."""
+        from ..report import to_json_dict
+
+        store = self.server.app.store
+        job = query.get("job", [None])[0]
+        if job is not None:
+            try:
+                results, token = store.results(job=job), None
+            except KeyError as e:
+                return self._error(404, 5, "json", e.args[0])
+        else:
+            text = query.get("limit", [str(_PAGE)])[0]
+            if not (text.isdigit() and int(text) > 0):
+                raise Rejected("malformed", 400, 3, f"limit must be an integer > 0, got {text!r}")
+            limit = min(int(text), _MAX_PAGE)
+            names = store.jobs()
+            after = query.get("page_token", [""])[0]
+            first = bisect.bisect_right(names, after) if after else 0
+            page = names[first:first + limit]
+            token = page[-1] if first + limit < len(names) else None
+            results = _results_for(store, page)
+        doc = to_json_dict(results)
+        doc["next_page_token"] = token
+        self._reply(200, json.dumps(doc, indent=2, allow_nan=False).encode(),
+                    "application/json")
+
+    def _report_html(self, job: str | None) -> None:
+        try:
+            from ..html import live_report_html
+
+            body = live_report_html(self.server.app.store, job=job).encode()
+        except KeyError as e:
+            return self._error(404, 5, "json", e.args[0])
+        except ImportError as e:
+            return self._error(501, 12, "text", f"the HTML report needs plotly ({e})")
+        self._reply(200, body, "text/html; charset=utf-8")
+
+    # --- POST /v1/traces ---------------------------------------------------------
+
+    def do_POST(self):  # noqa: N802
+        app = self.server.app
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        kind = _KINDS.get(ctype)
+        held = Held(app.budget)
+        unread = 0
+        try:
+            if urlsplit(self.path).path != "/v1/traces":
+                raise Rejected(None, 404, 5, f"no such path {self.path!r} (POST /v1/traces)",
+                               close=True)
+            if not self._authorized(kind or "text"):
+                return
+            if kind is None:
+                raise Rejected("unsupported", 415, 3, f"unsupported Content-Type {ctype!r}: "
+                               "expected application/x-protobuf or application/json", close=True)
+            length = self._content_length()
+            enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+            if enc not in ("gzip", "identity"):
+                raise Rejected("unsupported", 415, 3, f"unsupported Content-Encoding {enc!r} "
+                               "(gzip or none)", close=True)
+            limit = app.limits.max_message_bytes
+            unread = length
+            if length > limit:
+                raise Rejected("too_large", 413, 8, f"request of {length} bytes is over the "
+                               f"limit of {limit} bytes (--max-message-bytes)", close=True)
+            held.take(length, "the request body")
+            if self._expect_continue:
+                self.send_response_only(100)
+                self.end_headers()
+            body = self._read_body(length)
+            unread = 0
+            if enc == "gzip":
+                body = _inflate(body, limit, held)
+                held.give_back(length)  # the compressed body is gone
+            held.take(parse_cost(kind, body), "the parsed request")
+            self._take_in(kind, body)
+        except Rejected as r:
+            if r.reason is None:  # a wrong path: an answer, not a refusal
+                return self._error(r.status, r.grpc_code, kind or "text", r.message, True)
+            return self._reject(r, kind or "text", unread)
+        finally:
+            held.release()
+
+    def _content_length(self) -> int:
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+            if length < 0:
+                raise ValueError(length)
+        except ValueError:
+            raise Rejected("unsupported", 411, 3, "a Content-Length header (a number >= 0) "
+                           "is required", close=True) from None
+        return length
+
+    def _read_body(self, length: int) -> bytearray:
+        """Read ``length`` bytes in steps, against the request's deadline.
+
+        Raises:
+            TimeoutError: the request's time ran out (the connection is dropped).
+            Rejected: the body ended early (400).
+        """
+        body = bytearray()
+        while len(body) < length:
+            chunk = self.rfile.read1(min(length - len(body), _READ_STEP))
+            if not chunk:
+                raise Rejected("malformed", 400, 3, f"body ended after {len(body)} of "
+                               f"{length} bytes (Content-Length)", close=True)
+            body += chunk
+        return body
+
+    def _take_in(self, kind: str, body: bytearray) -> None:
+        """Parse ``body`` and hand it to the store; answers 200 or raises :class:`Rejected`."""
+        app = self.server.app
+        if not app.gate.enter():
+            raise Rejected("unavailable", 503, 14, "shutting down", close=True, retry_after=1)
+        try:
+            if kind == "protobuf":
+                req = trace_service_pb2.ExportTraceServiceRequest()
+                try:
+                    req.ParseFromString(body)
+                except DecodeError as e:
+                    raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not a "
+                                   f"protobuf ExportTraceServiceRequest ({e})") from None
+                app.store.ingest_request(req, "otlp-http")
+                out = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                return self._reply(200, out, "application/x-protobuf")
+            try:
+                app.store.ingest_json(json.loads(body), ("otlp-http", self.client_address[0]))
+            except (ValueError, RecursionError) as e:
+                raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not an "
+                               f"OTLP JSON ExportTraceServiceRequest ({e})") from None
+            return self._reply(200, b"{}", "application/json")
+        except Refused as e:
+            raise Rejected.from_refused(e) from None
+        except (Rejected, OSError):
+            raise
+        except Exception:
+            _log.exception("goodput serve http: taking in a request from %s failed",
+                           self.client_address[0])
+            raise Rejected("internal", 500, 13, "internal error (logged)") from None
+        finally:
+            app.gate.leave()
+
+
+def _results_for(store: LiveStore, names: list[str]) -> list:
+    """Results of the jobs ``names`` (those that left meanwhile are left out)."""
+    many = getattr(store, "results_for", None)
+    if many is not None:
+        return many(names)
+    out = []
+    for name in names:
+        try:
+            out.extend(store.results(job=name))
+        except KeyError:
+            pass
+    return out
+
+
+def _inflate(body: bytearray, limit: int, held: Held) -> bytearray:
+    """Inflate a gzip body (one or more members) to at most ``limit`` bytes, step by step:
+    at most ``_INFLATE_STEP`` bytes out of at most ``_READ_STEP`` bytes in, each step's
+    output taken from the budget first.
+
+    Raises:
+        Rejected: not gzip or truncated (400), inflates past ``limit`` (413), the budget
+            ran out (503).
+    """
+    out, mv, pos = bytearray(), memoryview(body), 0
+    d, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
+    while True:
+        if d.eof:  # a member ended: another may follow
+            if not d.unused_data and pos >= len(mv):
+                return out
+            d, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), d.unused_data
+        if not pending and pos < len(mv):
+            pending, pos = mv[pos:pos + _READ_STEP], pos + _READ_STEP
+        step = min(_INFLATE_STEP, limit + 1 - len(out))
+        held.take(step, "the inflated body")
+        try:
+            part = d.decompress(pending, step)
+        except zlib.error as e:
+            raise Rejected("malformed", 400, 3, f"gzip body is not valid gzip ({e})") from None
+        held.give_back(step - len(part))
+        out += part
+        if len(out) > limit:
+            raise Rejected("too_large", 413, 8, f"gzip body inflates to more than the limit "
+                           f"of {limit} bytes (--max-message-bytes)")
+        pending = d.unconsumed_tail
+        if not part and not pending and pos >= len(mv) and not d.eof:
+            raise Rejected("malformed", 400, 3, "gzip body is truncated (the gzip stream "
+                           "does not end)")
+
+
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+         b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s")
+
+
+class _HttpServer(ThreadingHTTPServer):
+    """A thread per connection, ``app.limits.max_connections`` at most."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256  # listen backlog: a burst of connects is not dropped
+    app: HttpReceiver
+
+    def verify_request(self, request, client_address) -> bool:
+        """Take a connection slot, or answer ``503`` at once (never waiting on the client)."""
+        if self.app.slots.acquire(blocking=False):
+            return True
+        n = self.app.limits.max_connections
+        _refused(self.app.store, "connections")
+        if not isinstance(request, ssl.SSLSocket):  # TLS: no handshake here; just closed
+            msg = f"goodput serve: too many connections (--max-connections {n})\n".encode()
+            try:
+                request.settimeout(0)
+                request.send(_BUSY % (len(msg), msg))
+                while request.recv(_READ_STEP):  # what the client sent, so close() is a FIN
+                    pass
+            except OSError:
+                pass
+        return False
+
+    def process_request(self, request, client_address) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.app.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.app.slots.release()
+
+    def handle_error(self, request, client_address):
+        """A client that went away is not an error of ours; anything else is logged."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError,
+                                          TimeoutError)):
+            _log.debug("goodput serve http: %s went away", client_address)
+        else:
+            _log.exception("goodput serve http: request from %s failed", client_address)
+
+
+class _HttpServer6(_HttpServer):
+    address_family = socket.AF_INET6
+
+
+class HttpReceiver:
+    """OTLP/HTTP ``POST /v1/traces``, ``GET /v1/report`` and the operations endpoints on
+    ``host:port`` (0 = any port; see :attr:`port`). See the module docstring.
+
+    Args:
+        store: where spans go.
+        token: bearer token required for ``/v1/traces``, ``/v1/report`` and ``/metrics``.
+        tls: ``(cert_file, key_file)`` PEM paths.
+        max_message_bytes: largest request, after gzip (used when ``limits`` is None;
+            else ``limits.max_message_bytes``).
+        gate: shared with the gRPC receiver, for draining at shutdown.
+        limits: the ceilings (default :class:`Limits` with ``max_message_bytes``).
+        budget: bytes in flight, shared with the gRPC receiver (default: its own, of
+            ``limits.max_inflight_bytes``).
+        metrics: ``() -> (body bytes, content type)`` or None, served at ``/metrics``.
+
+    Raises:
+        OSError: the address cannot be bound, or a TLS file cannot be read.
+    """
+
+    def __init__(self, store: LiveStore, host: str = "127.0.0.1", port: int = 4318, *,
+                 token: str | None = None, tls: tuple[str, str] | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, gate: Gate | None = None,
+                 limits: Limits | None = None, budget: ByteBudget | None = None,
+                 metrics=None):
+        self.store, self.token, self.metrics = store, token, metrics
+        self.limits = limits or Limits(max_message_bytes=max_message_bytes)
+        self.max_message_bytes = self.limits.max_message_bytes
+        self.budget = budget or ByteBudget(self.limits.max_inflight_bytes)
+        self.slots = threading.BoundedSemaphore(self.limits.max_connections)
+        self.gate = gate or Gate()
+        self.httpd = (_HttpServer6 if ":" in host else _HttpServer)((host, port), _Handler)
+        self.httpd.app = self
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls[0], tls[1])
+            # handshake on the handler thread, not in accept()
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
+        self.host, self.port = host, self.httpd.server_address[1]
+        self.scheme = "https" if tls else "http"
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> HttpReceiver:
+        """Serve on a daemon thread; returns ``self``."""
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={
+            "poll_interval": 0.1}, name="goodput-serve-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop accepting, wait up to ``timeout_s`` for requests in flight, close the socket."""
+        self.httpd.shutdown()
+        self.gate.close(timeout_s)
+        self.httpd.server_close()
