@@ -35,10 +35,12 @@ from goodput_processor.windows import account_windows
 
 MIN = 60 * 10**9
 #: Every metric but the MFU pair, which needs the run's FLOPs attributes (test_mfu_gauges),
-#: the straggler gauge, which needs several host processes (test_stragglers.py), and the
-#: warnings gauge, which needs a job with warnings (test_warnings.py).
+#: the straggler gauge, which needs several host processes (test_stragglers.py), the
+#: warnings gauge, which needs a job with warnings (test_warnings.py), and the over-limit
+#: gauge, which needs goodput serve's limits (test_serve_limits.py).
 EXPORTED = set(METRIC_NAMES) - {"goodput.mfu", "goodput.useful_compute",
-                                "goodput.straggler.step_time_ratio", "goodput.warnings"}
+                                "goodput.straggler.step_time_ratio", "goodput.warnings",
+                                "goodput.job.over_limit"}
 
 
 def _job(tmp_path, *tls, name="job"):

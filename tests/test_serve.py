@@ -253,7 +253,7 @@ def test_cli_serve_graceful_shutdown(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "goodput_processor.cli", "serve", "--grpc-port", "0",
          "--http-port", "0", "--spool-dir", str(run), "--format", "json",
-         "--report-interval", "0.2", "--shutdown-timeout", "5"],
+         "--report-interval", "0.2", "--shutdown-timeout", "5", "--wal-dir", "off"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         addr = _listening(proc)
@@ -436,7 +436,8 @@ def test_cli_serve_prometheus_metrics_equal_the_report(tmp_path):
      .save(22, 24, step=10).job_end(25).write(run))
     proc = subprocess.Popen(
         [sys.executable, "-m", "goodput_processor.cli", "serve", "--grpc-port", "0",
-         "--http-port", "0", "--spool-dir", str(run), "--prometheus-port", "0"],
+         "--http-port", "0", "--spool-dir", str(run), "--prometheus-port", "0",
+         "--wal-dir", str(tmp_path / "wal")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         samples = _scrape(_listening(proc)["prometheus"])

@@ -36,6 +36,9 @@ CODES = (
 #: A span ending this long before its attempt's start (or steps overlapping by this much)
 #: is a clock that moved, not a rounding.
 _CLOCK_SLACK_NS = 1_000_000_000
+#: A span starting before this (2001-09-09) comes from a clock that was never set (a node
+#: booted without NTP reads 1970) or from an explicit timestamp in the wrong unit.
+_PLAUSIBLE_NS = 10**18
 _MS = 1_000_000
 
 
@@ -126,6 +129,14 @@ def _clock(a: Attempt, d: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> l
     phases = d[d[:, C_KIND] >= K_ACCELERATOR_INIT]
     early = int((phases[:, C_END] < a.start_ns - _CLOCK_SLACK_NS).sum())
     overlap = int((starts[1:] < ends[:-1] - _CLOCK_SLACK_NS).sum()) if len(starts) else 0
+    unset = int((d[:, C_START] < _PLAUSIBLE_NS).sum())
+    if unset:
+        out.append(ReportWarning(
+            "clock_jump",
+            f"attempt {a.attempt}: {unset} span(s) start before 2001-09-09: the wall clock "
+            f"of process {a.primary.index} was not set (1970), or explicit timestamps are "
+            "not ns since the epoch; the times of this attempt are not reliable",
+            a.attempt, a.primary.index))
     if early or overlap:
         what = []
         if early:

@@ -60,6 +60,8 @@ ATTR_PROCESS = schema.RES_PROCESS_INDEX
 ATTR_RANK = "goodput.straggler.rank"
 #: Attribute of ``goodput.warnings``: the warning's code.
 ATTR_WARNING_CODE = "goodput.warning.code"
+#: Attribute of ``goodput.job.over_limit``: which limit of ``goodput serve``.
+ATTR_LIMIT = "goodput.limit"
 #: Rolling windows (seconds) used when none are given.
 DEFAULT_WINDOWS_S = (60, 300, 900)
 #: Statistics of the step-time deviation (percentiles over kept steps, and the maximum).
@@ -82,6 +84,8 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
                                "kept training (0..1)"),
     "goodput.warnings": ("{warning}", "Warnings of the job's report, per code: what the "
                          "input could not settle (docs/accounting.md, Warnings)"),
+    "goodput.job.over_limit": ("1", "Values of the job past a limit of goodput serve, per "
+                               "limit (custom_types, attribute_bytes); absent when none"),
     "goodput.window.goodput": ("1", "Goodput over the last W seconds of the job"),
     "goodput.window.productive_time": ("s", "Productive time in the last W seconds"),
     "goodput.window.badput_time": ("s", "Badput time per bucket in the last W seconds"),
@@ -203,6 +207,7 @@ class GoodputMetrics:
             "goodput.mfu": self._obs_mfu,
             "goodput.useful_compute": self._obs_useful,
             "goodput.warnings": self._obs_warnings,
+            "goodput.job.over_limit": self._obs_over_limit,
             "goodput.window.goodput": self._obs_w_goodput,
             "goodput.window.productive_time": self._obs_w_productive,
             "goodput.window.badput_time": self._obs_w_badput,
@@ -213,12 +218,37 @@ class GoodputMetrics:
             unit, desc = METRIC_NAMES[name]
             meter.create_observable_gauge(name, [self._callback(fn, first)], unit, desc)
             first = False
+        #: Failed accountings per job name (its result is then left out of the gauges).
+        self.job_errors: dict[str, int] = {}
+        meter.create_observable_counter(
+            "goodput.job.errors", [self._obs_job_errors], "{error}",
+            "Collections in which the job could not be accounted (its other metrics are "
+            "absent then; the other jobs are unaffected)")
 
     # -- snapshot --------------------------------------------------------------------
     def refresh(self) -> list[JobSnapshot]:
-        """Call the source now and keep its answer; returns it (errors: see the class)."""
+        """Call the source now and keep its answer; returns it (errors: see the class).
+
+        Each job is converted on its own: one whose accounting raises is counted in
+        :attr:`job_errors` and left out, and the others are published as usual.
+        """
         try:
-            snaps = [self._to_snapshot(x) for x in self._source()]
+            snaps = []
+            for x in self._source():
+                if not isinstance(x, (JobSnapshot, JobResult, JobSpans)):
+                    raise TypeError(f"source item must be JobSpans, JobSnapshot or "
+                                    f"JobResult, got {type(x).__name__}")
+                try:
+                    snaps.append(self._to_snapshot(x))
+                except Exception:  # one job's spans must not take the others' metrics
+                    name = x.name if isinstance(x, JobSpans) else (
+                        x.job if isinstance(x, JobResult) else x.result.job)
+                    self.job_errors[name] = self.job_errors.get(name, 0) + 1
+                    log.exception("goodput metrics: accounting job %r failed", name)
+                    continue
+                if snaps[-1].result.error is not None:
+                    name = snaps.pop().result.job
+                    self.job_errors[name] = self.job_errors.get(name, 0) + 1
         except Exception:  # a broken source must not break the exporter
             self.errors += 1
             log.exception("goodput metrics: the source failed; reporting the last values")
@@ -311,6 +341,16 @@ class GoodputMetrics:
         for w in s.result.warnings:
             counts[w.code] = counts.get(w.code, 0) + 1
         return [Observation(n, {**a, ATTR_WARNING_CODE: code}) for code, n in counts.items()]
+
+    @staticmethod
+    def _obs_over_limit(s, a):
+        # serve's limits are on the spans, not the result: the over_limit warnings say them
+        return [Observation(1, {**a, ATTR_LIMIT: w.message.split(" ", 4)[3].rstrip(":")})
+                for w in s.result.warnings if w.code == "over_limit"]
+
+    def _obs_job_errors(self, options: CallbackOptions):
+        self._current(refresh=False)
+        return [Observation(n, {ATTR_JOB: job}) for job, n in sorted(self.job_errors.items())]
 
     @staticmethod
     def _obs_anomalous(s, a):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import signal
@@ -20,6 +21,7 @@ import threading
 __all__ = ["add_serve_command", "cmd_serve"]
 
 _TOKEN_ENV = "GOODPUT_SERVE_TOKEN"
+_log = logging.getLogger(__name__)
 
 
 def _number(text: str, what: str, minimum: float = 0.0, strict: bool = True) -> float:
@@ -92,25 +94,69 @@ class _Reports:
                 render_table(results, make_console())
 
 
-def _metrics(args, store):
-    """Set up the metric readers asked for; returns (provider, prometheus server) or Nones."""
-    if args.prometheus_port is None and not args.otlp_metrics_endpoint:
-        return None, None
+def _metrics(args, store, budget=lambda: None):
+    """The meter provider behind ``GET /metrics`` (always, on the HTTP port) and the metric
+    readers asked for; returns ``(provider, registry, open prometheus server or None)``."""
+    import prometheus_client
     from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.resources import Resource
 
     from ..metrics import GoodputMetrics, otlp_reader, prometheus_reader
+    from .telemetry import SERVICE_NAME, add_serve_instruments
 
-    readers, prom = [], None
-    if args.prometheus_port is not None:
-        reader, prom = prometheus_reader(args.prometheus_port, args.host)
-        readers.append(reader)
+    registry = prometheus_client.CollectorRegistry()
+    reader, prom = prometheus_reader(args.prometheus_port, args.host, registry=registry)
+    readers = [reader]
     if args.otlp_metrics_endpoint:
         readers.append(otlp_reader(args.otlp_metrics_endpoint, interval_s=args.metrics_interval))
-    provider = MeterProvider(metric_readers=readers)
+    provider = MeterProvider(metric_readers=readers,
+                             resource=Resource.create({"service.name": SERVICE_NAME}))
     windows = tuple(_number(w, "--windows", 0) for w in args.windows.split(",") if w.strip())
-    GoodputMetrics(lambda: [store.snapshot(n) for n in store.jobs()], provider,
-                   windows_s=windows, ideal_step_time_s=store.ideal_step_time_s)
-    return provider, prom
+
+    def jobs():
+        for name in store.jobs():
+            try:
+                yield store.snapshot(name)
+            except KeyError:  # left meanwhile
+                continue
+
+    GoodputMetrics(jobs, provider, windows_s=windows, ideal_step_time_s=store.ideal_step_time_s)
+    add_serve_instruments(provider.get_meter("goodput_serve"), store, budget)
+    return provider, registry, prom
+
+
+def _limits(args):
+    from .limits import Limits
+
+    try:
+        return Limits(
+            max_connections=int(_number(args.max_connections, "--max-connections")),
+            max_inflight_bytes=int(_number(args.max_inflight_bytes, "--max-inflight-bytes")),
+            max_message_bytes=int(_number(args.max_message_bytes, "--max-message-bytes")),
+            request_timeout_s=_number(args.request_timeout, "--request-timeout"),
+            max_jobs=int(_number(args.max_jobs, "--max-jobs")),
+            max_custom_types=int(_number(args.max_custom_types, "--max-custom-types")),
+            max_attribute_bytes=int(_number(args.max_attribute_bytes, "--max-attribute-bytes")),
+            max_job_spans_per_s=_number(args.max_job_spans_per_second,
+                                        "--max-job-spans-per-second"))
+    except ValueError as e:
+        from ..cli import UsageError
+
+        raise UsageError(str(e)) from e
+
+
+def _wal(args, receivers_on: bool):
+    """The write-ahead log asked for (None with ``--wal-dir off`` or no receiver)."""
+    from ..cli import UsageError
+    from .wal import WriteAheadLog
+
+    if args.wal_dir.lower() == "off" or not receivers_on:
+        return None
+    fsync = _number(args.wal_fsync_interval, "--wal-fsync-interval", strict=False)
+    try:
+        return WriteAheadLog(args.wal_dir, fsync_interval_s=fsync)
+    except OSError as e:
+        raise UsageError(f"cannot use --wal-dir {args.wal_dir!r}: {e.strerror or e}") from e
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -131,23 +177,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                                              "--ideal-step-time")
     timeout = _number(args.shutdown_timeout, "--shutdown-timeout")
     poll = _number(args.poll_interval, "--poll-interval")
-    max_bytes = int(_number(args.max_message_bytes, "--max-message-bytes", 0))
+    retention = (None if args.retention.lower() == "off"
+                 else _number(args.retention, "--retention"))
+    limits = _limits(args)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     grpc_port, http_port = _port(args.grpc_port, "--grpc-port"), _port(args.http_port,
                                                                         "--http-port")
     if grpc_port is None and http_port is None and not args.spool_dir:
         raise UsageError("nothing to serve: both receivers are off and no --spool-dir given")
-    store = LiveStore(ideal, min_interval_s=min(interval or 1.0, 1.0))
+    wal = _wal(args, grpc_port is not None or http_port is not None)
+    store = LiveStore(ideal, min_interval_s=min(interval or 1.0, 1.0), limits=limits, wal=wal,
+                      retention_s=retention)
     reports = _Reports(args.format, args.report_file)
+    holder: list = []  # the server, once started: its byte budget for the telemetry
+    provider, registry, prom = _metrics(args, store, lambda: holder[0].budget if holder else None)
+
+    def metrics_text():
+        import prometheus_client
+
+        return prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST
+
+    def retired(result):
+        try:
+            reports.write([result])
+        except Exception:  # noqa: BLE001 - a report that cannot be written is logged
+            _log.exception("goodput serve: cannot write the final report of a retired job")
+
     try:
         server = GoodputServer(store, host=args.host, grpc_port=grpc_port, http_port=http_port,
                                spool_dirs=args.spool_dir or (), token=_token(args),
                                tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
-                               max_message_bytes=max_bytes, poll_s=poll)
+                               poll_s=poll, limits=limits, metrics=metrics_text,
+                               on_retire=retired)
     except (OSError, RuntimeError) as e:
+        provider.shutdown(timeout_millis=1000)
+        if prom is not None:
+            prom.shutdown()
         raise UsageError(f"cannot start: {e}") from e
-    provider = prom = None
+    holder.append(server)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -155,22 +223,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        provider, prom = _metrics(args, store)
         where = " ".join(f"{k}={v}" for k, v in server.addresses().items())
         if prom is not None:
             where += f" prometheus=http://{args.host}:{prom.server_port}/metrics"
+        if wal is not None:
+            r = store.replayed
+            where += (f" wal={wal.root} (replayed {r.lines} lines of {len(store.jobs())} "
+                      f"jobs in {r.seconds:.2f} s)")
         print(f"goodput serve: listening {where}".rstrip(), file=sys.stderr, flush=True)
         while not stop.wait(interval or 3600):
             if interval:
-                reports.write(store.results())
+                try:
+                    reports.write(store.results())
+                except Exception:  # noqa: BLE001 - the service carries on
+                    _log.exception("goodput serve: writing the periodic report failed")
     finally:
         for s, h in old.items():
             signal.signal(s, h)
         final = server.stop(timeout)
         if final is not None:
-            reports.write(final, final=True)
-        if provider is not None:
-            provider.shutdown(timeout_millis=timeout * 1000)
+            try:
+                reports.write(final, final=True)
+            except Exception:  # noqa: BLE001
+                _log.exception("goodput serve: writing the final report failed")
+        provider.shutdown(timeout_millis=timeout * 1000)
         if prom is not None:
             prom.shutdown()
     print("goodput serve: stopped" + ("" if final is not None else
@@ -202,8 +278,37 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="append reports to PATH instead of stdout")
     p.add_argument("--ideal-step-time", metavar="SECONDS", default=None,
                    help="ideal step time in seconds (default: median of kept step times)")
-    p.add_argument("--max-message-bytes", default=str(16 << 20), metavar="N",
-                   help="largest request accepted, after gzip (default 16777216)")
+    p.add_argument("--wal-dir", default="goodput-serve-wal", metavar="DIR",
+                   help="write-ahead log: requests are appended here before they are "
+                   "acknowledged and replayed at start (default ./goodput-serve-wal; off; "
+                   "not used when both receivers are off)")
+    p.add_argument("--wal-fsync-interval", default="1", metavar="SECONDS",
+                   help="fsync the log every SECONDS: a machine crash loses at most that much "
+                   "acknowledged data; 0 = before every acknowledgement (default 1)")
+    p.add_argument("--retention", default="604800", metavar="SECONDS",
+                   help="a job with no new span for SECONDS leaves: its final report is "
+                   "written (report file, WAL_DIR/results) and its log removed (default "
+                   "604800 = 7 days; off)")
+    lim = p.add_argument_group("limits (past one, a request gets the retryable status, or the "
+                               "job an over_limit warning; docs/serve.md, Limits)")
+    lim.add_argument("--max-message-bytes", default=str(16 << 20), metavar="N",
+                     help="largest request accepted, after gzip (default 16777216)")
+    lim.add_argument("--max-connections", default="256", metavar="N",
+                     help="HTTP connections and gRPC calls served at once (default 256)")
+    lim.add_argument("--max-inflight-bytes", default=str(256 << 20), metavar="N",
+                     help="request bytes held in memory across all requests (default "
+                     "268435456)")
+    lim.add_argument("--request-timeout", default="30", metavar="SECONDS",
+                     help="time a client may take to send one request (default 30)")
+    lim.add_argument("--max-jobs", default="1000", metavar="N",
+                     help="jobs tracked at once (default 1000)")
+    lim.add_argument("--max-custom-types", default="64", metavar="N",
+                     help="distinct custom badput types (and end reasons) per job (default 64)")
+    lim.add_argument("--max-attribute-bytes", default="1024", metavar="N",
+                     help="longest string attribute kept, and longest job name (default 1024)")
+    lim.add_argument("--max-job-spans-per-second", default="100000", metavar="N",
+                     help="spans per second one job may send, over 10 s bursts (default "
+                     "100000)")
     p.add_argument("--tls-cert", metavar="PEM", default=None, help="TLS certificate chain")
     p.add_argument("--tls-key", metavar="PEM", default=None, help="TLS private key")
     p.add_argument("--token-file", metavar="PATH", default=None,
@@ -212,7 +317,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", default="10", metavar="SECONDS",
                    help="bound on drain + final report at SIGTERM/SIGINT (default 10)")
     p.add_argument("--prometheus-port", type=int, default=None, metavar="PORT",
-                   help="serve the goodput metrics for Prometheus on PORT (0 = any)")
+                   help="also serve /metrics on PORT with NO token (0 = any); GET /metrics on "
+                   "the HTTP port always serves them, with the token when one is set")
     p.add_argument("--otlp-metrics-endpoint", default=None, metavar="HOST:PORT",
                    help="export the goodput metrics over OTLP/gRPC to this endpoint")
     p.add_argument("--metrics-interval", type=float, default=60.0, metavar="SECONDS",

@@ -1,9 +1,12 @@
 """The ``goodput serve`` service: receivers, spool tailers and the live store, with shutdown.
 
 :class:`GoodputServer` starts what was asked for (OTLP gRPC, OTLP HTTP, spool tailing) in
-front of one :class:`~goodput_processor.serve.store.LiveStore` and stops it gracefully:
-stop accepting, drain requests in flight, read the spools once more, then compute the
-final results, all within one ``timeout_s``.
+front of one :class:`~goodput_processor.serve.store.LiveStore`: the receivers first (so
+``/healthz`` answers; requests get the retryable status until the store is ready), then
+the replay of the store's write-ahead log, then the spool tailer. A maintenance thread
+retires idle jobs and re-probes a write-ahead log that failed. It stops gracefully: stop
+accepting, drain requests in flight, read the spools once more, then compute the final
+results, all within one ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import replace
 
 from ..report import JobResult
 from .limits import ByteBudget, Limits
-from .receiver import DEFAULT_MAX_MESSAGE_BYTES, Gate, GrpcReceiver, HttpReceiver
+from .receiver import Gate, GrpcReceiver, HttpReceiver
 from .store import LiveStore
 from .tail import SpoolTailer
 
@@ -34,13 +37,17 @@ class GoodputServer:
         spool_dirs: directories to tail (empty = no tailing).
         token: bearer token required from clients (None = none).
         tls: ``(cert_file, key_file)`` PEM paths (None = plaintext).
-        max_message_bytes: largest request accepted, after decompression (overrides
-            ``limits.max_message_bytes``).
+        max_message_bytes: largest request accepted, after decompression (default
+            ``limits.max_message_bytes``, 16 MiB).
         poll_s: seconds between spool polls.
         limits: the ceilings (:class:`~goodput_processor.serve.limits.Limits`; default
-            its defaults).
+            the store's).
         metrics: a callable returning ``(body bytes, content type)`` of the Prometheus
             text exposition, served at ``GET /metrics`` on the HTTP port (None: 404).
+        on_retire: called with the final :class:`JobResult` of each job that leaves
+            after the store's ``retention_s`` (e.g. to write it to a report file).
+        maintain_s: seconds between maintenance rounds (retire idle jobs, probe a failed
+            write-ahead log).
 
     Raises:
         RuntimeError, OSError: a port cannot be bound or a TLS file cannot be read (what
@@ -51,16 +58,22 @@ class GoodputServer:
     def __init__(self, store: LiveStore | None = None, *, host: str = "127.0.0.1",
                  grpc_port: int | None = 4317, http_port: int | None = 4318,
                  spool_dirs=(), token: str | None = None, tls: tuple[str, str] | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, poll_s: float = 0.5,
-                 limits: Limits | None = None, metrics=None):
-        if not max_message_bytes > 0:
+                 max_message_bytes: int | None = None, poll_s: float = 0.5,
+                 limits: Limits | None = None, metrics=None, on_retire=None,
+                 maintain_s: float = 5.0):
+        if max_message_bytes is not None and not max_message_bytes > 0:
             raise ValueError(f"max_message_bytes must be > 0, got {max_message_bytes!r}")
-        self.store = store or LiveStore()
-        self.limits = replace(limits or Limits(), max_message_bytes=max_message_bytes)
+        self.store = store or LiveStore(limits=limits)
+        self.limits = limits or self.store.limits
+        if max_message_bytes is not None:
+            self.limits = replace(self.limits, max_message_bytes=max_message_bytes)
+        max_message_bytes = self.limits.max_message_bytes
         self.budget = ByteBudget(self.limits.max_inflight_bytes)
         self.gate = Gate()
         self.grpc = self.http = self.tailer = None
         self._stopped = threading.Event()
+        self._maintainer: threading.Thread | None = None
+        self.on_retire, self.maintain_s = on_retire, float(maintain_s)
         kw = dict(token=token, tls=tls, max_message_bytes=max_message_bytes, gate=self.gate,
                   limits=self.limits, budget=self.budget)
         try:
@@ -69,13 +82,39 @@ class GoodputServer:
             if http_port is not None:
                 self.http = HttpReceiver(self.store, host, http_port, metrics=metrics,
                                          **kw).start()
+            if self.store.wal is not None and self.store.replayed is None:
+                self.store.wal.start()
+                self.store.replay()
             if spool_dirs:
                 self.tailer = SpoolTailer(self.store, spool_dirs, poll_s)
                 self.tailer.poll()  # what is there already, before serving results
                 self.tailer.start()
+            self._maintainer = threading.Thread(target=self._maintain, daemon=True,
+                                                name="goodput-serve-maintain")
+            self._maintainer.start()
         except BaseException:
             self.stop(1.0, final=False)
             raise
+
+    def _maintain(self) -> None:
+        while not self._stopped.wait(self.maintain_s):
+            try:
+                self.maintain()
+            except Exception:  # the service carries on whatever one round ran into
+                _log.exception("goodput serve: maintenance round failed")
+
+    def maintain(self) -> list[JobResult]:
+        """One maintenance round (the thread runs it every ``maintain_s``): retire idle
+        jobs (returned, and given to ``on_retire``), re-probe a write-ahead log that
+        failed."""
+        wal = self.store.wal
+        if wal is not None and wal.error:
+            wal.probe()
+        retired = self.store.retire_idle()
+        for r in retired:
+            if self.on_retire is not None:
+                self.on_retire(r)
+        return retired
 
     def addresses(self) -> dict[str, str]:
         """What is listening: ``{"grpc": "host:port", "http": "http://host:port"}``."""
@@ -104,6 +143,10 @@ class GoodputServer:
                 part.stop(left() / 2)
         if self.tailer is not None:
             self.tailer.stop(left() / 2)
+        if self._maintainer is not None:
+            self._maintainer.join(left() / 4)
+        if self.store.wal is not None:
+            self.store.wal.close()  # fsynced: nothing acknowledged waits on a timer
         if not final:
             return None
         box: list = []
