@@ -67,14 +67,15 @@ def training_child(job: str, run_dir: Path, *args: str) -> subprocess.Popen:
 
 
 class Serve:
-    """``goodput serve ARGS`` as a real process; ``addrs`` from its "listening" line."""
+    """``goodput serve ARGS`` as a real process in ``workdir`` (where its default
+    write-ahead log goes); ``addrs`` from its "listening" line."""
 
     def __init__(self, workdir: Path, *args: str):
         self.log = workdir / "serve.err"
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "goodput_processor.cli", "serve", *args],
-                stdout=subprocess.DEVNULL, stderr=err, env=child_env())
+                stdout=subprocess.DEVNULL, stderr=err, env=child_env(), cwd=workdir)
         line = wait_for(self._listening, 60, "goodput serve to listen")
         self.addrs = dict(re.findall(r"(\w+)=(\S+)", line))
 

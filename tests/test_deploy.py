@@ -330,9 +330,7 @@ def test_serve_statefulset():
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["otlp-grpc"] == int(f["--grpc-port"]) == 4317
     assert ports["otlp-http"] == int(f["--http-port"]) == 4318
-    assert ports["metrics"] == int(f["--prometheus-port"])
-    assert spec["template"]["metadata"]["annotations"]["prometheus.io/port"] == \
-        f["--prometheus-port"]
+    assert "--prometheus-port" not in f  # its /metrics would have no token
     probes = {k: (c[k]["httpGet"]["path"], ports[c[k]["httpGet"]["port"]])
               for k in ("livenessProbe", "readinessProbe")}
     assert probes == {"livenessProbe": ("/healthz", 4318), "readinessProbe": ("/readyz", 4318)}
@@ -375,7 +373,8 @@ def test_gateway_routes_jobs_to_the_headless_service(tmp_path):
     (k8s_job,) = [j for j in prom["scrape_configs"] if "dns_sd_configs" in j]
     (sd,) = k8s_job["dns_sd_configs"]
     assert sd["names"] == [dns["hostname"]]
-    assert sd["port"] == next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "metrics")
+    # /metrics on the HTTP port, where the token applies
+    assert sd["port"] == next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "otlp-http")
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")

@@ -1,9 +1,10 @@
 """A real Prometheus server scrapes a real ``goodput serve`` and fires the disruption alert
 on a real crash-and-restart run.
 
-``goodput serve`` tails the run directory of ``tests/restart_child.py``; Debian's
-``prometheus`` runs on loopback with ``deploy/prometheus/prometheus.yml`` (scrape every
-second, the bearer token from a file) and ``deploy/prometheus/goodput-rules.yml``. The
+``goodput serve`` (with a token) tails the run directory of ``tests/restart_child.py``;
+Debian's ``prometheus`` runs on loopback with ``deploy/prometheus/prometheus.yml`` (scrape
+``/metrics`` on serve's HTTP port every second, the bearer token from a file) and
+``deploy/prometheus/goodput-rules.yml``. The
 training process is killed with SIGKILL once Prometheus has seen it with no disruption,
 then restarted from its last checkpoint; the test waits (bounded) for
 ``GoodputDisruption`` to fire. Then every rule must evaluate without error and every
@@ -17,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import urllib.error
 import urllib.parse
 
 import pytest
@@ -71,6 +73,23 @@ def _prometheus_config(tmp, serve_target: str) -> str:
     return str(tmp / "prometheus.yml")
 
 
+def _metrics_target(serve: Serve) -> str:
+    """Where Prometheus scrapes: ``/metrics`` on serve's HTTP port, which requires the token
+    (as in production); the open ``--prometheus-port`` only on a serve whose HTTP port has
+    no ``/metrics`` yet (before issue 15)."""
+    http = serve.addrs["http"]
+    try:
+        get(http + "/metrics", token=TOKEN)
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+        return urllib.parse.urlsplit(serve.addrs["prometheus"]).netloc
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        get(http + "/metrics")
+    assert denied.value.code == 401
+    return urllib.parse.urlsplit(http).netloc
+
+
 class Prometheus:
     def __init__(self, tmp, config: str):
         self.url = f"http://127.0.0.1:{_free_port()}"
@@ -111,11 +130,10 @@ def crashed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prometheus")
     run = tmp / "run"
     (tmp / "serve-token").write_text(TOKEN + "\n")
-    serve = Serve(tmp, "--grpc-port", "off", "--http-port", "off", "--spool-dir", str(run),
+    serve = Serve(tmp, "--grpc-port", "off", "--http-port", "0", "--spool-dir", str(run),
                   "--prometheus-port", "0", "--windows", "60",
                   "--token-file", str(tmp / "serve-token"))
-    target = urllib.parse.urlsplit(serve.addrs["prometheus"]).netloc
-    prom = Prometheus(tmp, _prometheus_config(tmp, target))
+    prom = Prometheus(tmp, _prometheus_config(tmp, _metrics_target(serve)))
     children = []
     try:
         first = training_child(JOB, run)
