@@ -5,8 +5,11 @@ loading span every step, as a recorder exports them) and times
 :meth:`LiveStore.ingest_request` (decode + append), batch by batch, over a long job. Prints
 spans/s, p50/p99 per-batch latency for the first and the last 10% of batches (the cost must
 not grow with history), the bytes held per step, and the time of one full accounting
-(:meth:`LiveStore.results`) at the end. Also times the same batches through the real gRPC
-receiver on loopback (client and server on this machine).
+(:meth:`LiveStore.results`) at the end. The same batches are then taken in again with the
+write-ahead log on (encode to OTLP JSON lines + ``write()``, fsync every second as by
+default), side by side in the same run, and the log's bytes per span are printed. Also
+times the same batches through the real gRPC receiver on loopback (client and server on
+this machine). The per-job rate limit is lifted for the benchmark.
 
     python benchmarks/bench_serve.py [--batches 2000] [--batch 512]
 """
@@ -24,6 +27,11 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from goodput import schema
 from goodput_processor.serve import GoodputServer, LiveStore
+from goodput_processor.serve.limits import Limits
+from goodput_processor.serve.wal import WriteAheadLog
+
+#: No rate limit: the benchmark sends a month of spans in seconds.
+UNLIMITED = Limits(max_job_spans_per_s=1e12)
 
 T0 = 1_700_000_000_000_000_000
 
@@ -60,13 +68,8 @@ def _pct(xs):
     return np.percentile(np.array(xs) * 1e3, [50, 99])
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batches", type=int, default=2000)
-    p.add_argument("--batch", type=int, default=512)
-    args = p.parse_args(argv)
-    payloads = [batch(i, args.batch) for i in range(args.batches)]
-    store = LiveStore()
+def _ingest(store, payloads):
+    """Take the payloads in as gRPC does (parse, then ingest); (CPU s, per-batch wall s)."""
     lat = []
     t_all = time.process_time()
     for raw in payloads:
@@ -74,7 +77,17 @@ def main(argv=None) -> int:
         req = trace_service_pb2.ExportTraceServiceRequest.FromString(raw)  # as gRPC does
         store.ingest_request(req)
         lat.append(time.perf_counter() - t)
-    cpu = time.process_time() - t_all
+    return time.process_time() - t_all, lat
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batches", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=512)
+    args = p.parse_args(argv)
+    payloads = [batch(i, args.batch) for i in range(args.batches)]
+    store = LiveStore(limits=UNLIMITED)
+    cpu, lat = _ingest(store, payloads)
     nspans = args.batches * args.batch
     tenth = max(1, args.batches // 10)
     early, late = _pct(lat[:tenth]), _pct(lat[-tenth:])
@@ -90,8 +103,22 @@ def main(argv=None) -> int:
     print(f"  memory held: {mem / 1e6:.1f} MB for {steps:,} steps = {mem / steps:.0f} bytes/step "
           f"({mem / nspans:.1f} bytes/span)")
     print(f"  one full accounting at the end: {acct:.2f} s ({r.step_time.count:,} steps)")
+    import tempfile
 
-    srv = GoodputServer(grpc_port=0, http_port=None)
+    with tempfile.TemporaryDirectory() as d:
+        wal = WriteAheadLog(d).start()
+        logged = LiveStore(limits=UNLIMITED, wal=wal)
+        logged.replay()
+        cpu_wal, lat = _ingest(logged, payloads)
+        wal.close()
+        size = wal.size_bytes()
+    p = _pct(lat)
+    print(f"with the write-ahead log: {nspans / cpu_wal:,.0f} spans/s per core "
+          f"({(cpu_wal - cpu) / nspans * 1e6:.2f} us more per span), per batch p50/p99 "
+          f"{p[0]:.2f}/{p[1]:.2f} ms; {size / 1e6:.1f} MB logged = {size / nspans:.0f} "
+          "bytes/span")
+
+    srv = GoodputServer(LiveStore(limits=UNLIMITED), grpc_port=0, http_port=None)
     import grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 

@@ -166,6 +166,10 @@ class WriteAheadLog:
             except OSError as e:
                 self.error = f"cannot write the write-ahead log in {self.root}: " \
                              f"{e.strerror or e}"
+                try:  # opened again by the next append (the disk may be back by then)
+                    self._close(slug)
+                except OSError:
+                    pass
                 raise
             self._sizes[slug] = self._sizes.get(slug, 0) + len(data)
             self.error = None
