@@ -178,9 +178,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(status, body, ctype, extra)
 
     def _reject(self, r: Rejected, kind: str, unread: int = 0) -> None:
-        """Count and answer ``r``; then discard up to ``unread`` bytes of body still coming."""
-        _refused(self.server.app.store, r.reason,
-                 self.client_address[0] if r.reason == "unauthenticated" else None)
+        """Count and answer ``r``; then discard up to ``unread`` bytes of body still coming
+        (so that a client still sending reads the answer, not a connection reset)."""
+        if r.reason is not None:
+            _refused(self.server.app.store, r.reason,
+                     self.client_address[0] if r.reason == "unauthenticated" else None)
         self._error(r.status, r.grpc_code, kind, r.message, r.close or unread > 0,
                     r.retry_after)
         if unread > 0:
@@ -200,18 +202,18 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self._timed_out = False  # lingering is ours, not the client's fault
 
-    def _authorized(self, kind: str) -> bool:
-        if _token_ok(self.headers.get("Authorization"), self.server.app.token):
-            return True
-        self._reject(Rejected("unauthenticated", 401, 16, "missing or wrong bearer token "
-                              "(Authorization header)", close=True), kind)
-        return False
+    def _check_token(self) -> None:
+        """Raises :class:`Rejected` (401) without the right bearer token."""
+        if not _token_ok(self.headers.get("Authorization"), self.server.app.token):
+            raise Rejected("unauthenticated", 401, 16, "missing or wrong bearer token "
+                           "(Authorization header)", close=True)
 
     # --- GET ---------------------------------------------------------------------
 
     def do_GET(self):  # noqa: N802
         url = urlsplit(self.path)
         app = self.server.app
+        kind = "text" if url.path == "/metrics" else "json"
         try:
             if url.path == "/healthz":
                 return self._reply(200, b"ok\n", "text/plain")
@@ -227,13 +229,12 @@ class _Handler(BaseHTTPRequestHandler):
             if url.path not in ("/v1/report", "/v1/report.html"):
                 return self._error(404, 5, "text", f"no such path {url.path!r} (GET /v1/report, "
                                    "/v1/report.html, /metrics, /healthz, /readyz)")
-            if not self._authorized("json"):
-                return
+            self._check_token()
             if url.path.endswith(".html"):  # the HTML report of docs/html-report.md
                 return self._report_html(parse_qs(url.query).get("job", [None])[0])
             return self._report(parse_qs(url.query))
         except Rejected as r:
-            return self._reject(r, "json")
+            return self._reject(r, kind)
         except OSError:
             raise  # the client went away: the server logs it (debug) and closes
         except Exception:
@@ -245,8 +246,7 @@ class _Handler(BaseHTTPRequestHandler):
         app = self.server.app
         if app.metrics is None:
             return self._error(404, 5, "text", "no metrics on this server")
-        if not self._authorized("text"):
-            return
+        self._check_token()
         out = app.metrics()
         if out is None:
             return self._error(404, 5, "text", "no metrics on this server")
@@ -298,23 +298,24 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         kind = _KINDS.get(ctype)
         held = Held(app.budget)
-        unread = 0
+        unread = _declared_length(self.headers)  # what is still coming, at most
         try:
             if urlsplit(self.path).path != "/v1/traces":
                 raise Rejected(None, 404, 5, f"no such path {self.path!r} (POST /v1/traces)",
                                close=True)
-            if not self._authorized(kind or "text"):
-                return
+            self._check_token()
             if kind is None:
                 raise Rejected("unsupported", 415, 3, f"unsupported Content-Type {ctype!r}: "
                                "expected application/x-protobuf or application/json", close=True)
-            length = self._content_length()
+            if unread is None:
+                raise Rejected("unsupported", 411, 3, "a Content-Length header (a number >= 0) "
+                               "is required", close=True)
+            length = unread
             enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
             if enc not in ("gzip", "identity"):
                 raise Rejected("unsupported", 415, 3, f"unsupported Content-Encoding {enc!r} "
                                "(gzip or none)", close=True)
             limit = app.limits.max_message_bytes
-            unread = length
             if length > limit:
                 raise Rejected("too_large", 413, 8, f"request of {length} bytes is over the "
                                f"limit of {limit} bytes (--max-message-bytes)", close=True)
@@ -328,42 +329,36 @@ class _Handler(BaseHTTPRequestHandler):
                 body = _inflate(body, limit, held)
                 held.give_back(length)  # the compressed body is gone
             held.take(parse_cost(kind, body), "the parsed request")
-            self._take_in(kind, body)
+            out = self._take_in(kind, body)
         except Rejected as r:
-            if r.reason is None:  # a wrong path: an answer, not a refusal
-                return self._error(r.status, r.grpc_code, kind or "text", r.message, True)
-            return self._reject(r, kind or "text", unread)
+            return self._reject(r, kind or "text", unread or 0)
         finally:
             held.release()
-
-    def _content_length(self) -> int:
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-            if length < 0:
-                raise ValueError(length)
-        except ValueError:
-            raise Rejected("unsupported", 411, 3, "a Content-Length header (a number >= 0) "
-                           "is required", close=True) from None
-        return length
+        self._reply(200, *out)
 
     def _read_body(self, length: int) -> bytearray:
         """Read ``length`` bytes in steps, against the request's deadline.
 
         Raises:
             TimeoutError: the request's time ran out (the connection is dropped).
-            Rejected: the body ended early (400).
+            Rejected: the client closed before the end (400, ``incomplete``).
         """
         body = bytearray()
         while len(body) < length:
             chunk = self.rfile.read1(min(length - len(body), _READ_STEP))
             if not chunk:
-                raise Rejected("malformed", 400, 3, f"body ended after {len(body)} of "
+                raise Rejected("incomplete", 400, 3, f"body ended after {len(body)} of "
                                f"{length} bytes (Content-Length)", close=True)
             body += chunk
         return body
 
-    def _take_in(self, kind: str, body: bytearray) -> None:
-        """Parse ``body`` and hand it to the store; answers 200 or raises :class:`Rejected`."""
+    def _take_in(self, kind: str, body: bytearray) -> tuple[bytes, str]:
+        """Parse ``body`` and hand it to the store; returns the 200 answer's body and type.
+
+        Raises:
+            Rejected: shutting down (503), not an ``ExportTraceServiceRequest`` (400), the
+                store refused it (503 / 400), or any other error (500, logged).
+        """
         app = self.server.app
         if not app.gate.enter():
             raise Rejected("unavailable", 503, 14, "shutting down", close=True, retry_after=1)
@@ -376,17 +371,22 @@ class _Handler(BaseHTTPRequestHandler):
                     raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not a "
                                    f"protobuf ExportTraceServiceRequest ({e})") from None
                 app.store.ingest_request(req, "otlp-http")
-                out = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-                return self._reply(200, out, "application/x-protobuf")
+                return (trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
+                        "application/x-protobuf")
             try:
-                app.store.ingest_json(json.loads(body), ("otlp-http", self.client_address[0]))
+                doc = json.loads(body)
             except (ValueError, RecursionError) as e:
+                raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not "
+                               f"JSON ({e})") from None
+            try:
+                app.store.ingest_json(doc, ("otlp-http", self.client_address[0]))
+            except ValueError as e:
                 raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not an "
                                f"OTLP JSON ExportTraceServiceRequest ({e})") from None
-            return self._reply(200, b"{}", "application/json")
+            return b"{}", "application/json"
         except Refused as e:
             raise Rejected.from_refused(e) from None
-        except (Rejected, OSError):
+        except Rejected:
             raise
         except Exception:
             _log.exception("goodput serve http: taking in a request from %s failed",
@@ -394,6 +394,15 @@ class _Handler(BaseHTTPRequestHandler):
             raise Rejected("internal", 500, 13, "internal error (logged)") from None
         finally:
             app.gate.leave()
+
+
+def _declared_length(headers) -> int | None:
+    """The ``Content-Length`` header as an int >= 0, or None (missing or not a number)."""
+    try:
+        n = int(headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+    return n if n >= 0 else None
 
 
 def _results_for(store: LiveStore, names: list[str]) -> list:
