@@ -12,6 +12,7 @@ import json
 import select
 import socket
 import sys
+import threading
 import time
 import tracemalloc
 import urllib.error
@@ -374,6 +375,40 @@ def test_store_refusals_map_to_retryable_and_permanent_statuses():
                 stats["refused_internal"]) == (2, 1, 1, 2)
         assert store.jobs() == ["other", "raw"] and srv.budget.used == 0
     finally:
+        srv.stop(5, final=False)
+
+
+class _BlockingStore(LiveStore):
+    """A real store whose gRPC ingests wait for :attr:`go` (to hold calls in flight)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.go, self.waiting = threading.Event(), 0
+
+    def ingest_request(self, req, *a, **kw):
+        with self._lock:
+            self.waiting += 1
+        self.go.wait(30)
+        return super().ingest_request(req, *a, **kw)
+
+
+def test_grpc_calls_in_flight_are_capped():
+    store = _BlockingStore(min_interval_s=0)
+    srv = _server(store, max_connections=2)
+    stub = trace_service_pb2_grpc.TraceServiceStub(grpc.insecure_channel(srv.addresses()["grpc"]))
+    try:
+        calls = [stub.Export.future(_req(f"held-{i}"), timeout=30) for i in range(2)]
+        assert _until(lambda: store.waiting == 2)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Export(_req("third"), timeout=20)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # the OTLP exporter retries
+        store.go.set()
+        for c in calls:
+            c.result(timeout=30)
+        stub.Export(_req("third"), timeout=20)
+        assert store.jobs() == ["held-0", "held-1", "third"]
+    finally:
+        store.go.set()
         srv.stop(5, final=False)
 
 
