@@ -323,12 +323,20 @@ class LiveStore:
         Raises:
             KeyError: ``job`` is given and has not been seen.
         """
-        names = self.jobs()
         if job is not None:
-            if job not in names:
+            with self._lock:
+                known = job in self._reader.jobs
+            if not known:
+                names = self.jobs()
                 raise KeyError(f"no job named {job!r} (jobs: {', '.join(names[:20]) or 'none'}"
                                f"{', ...' if len(names) > 20 else ''})")
-            names = [job]
+            return self.results_for([job], now_ns)
+        return self.results_for(self.jobs(), now_ns)
+
+    def results_for(self, names: list[str], now_ns: int | None = None) -> list[JobResult]:
+        """:meth:`results` of the jobs ``names`` only, in that order (one page of the
+        report: its cost follows the page, not the number of jobs). Names not (or no
+        longer) tracked are left out."""
         out = []
         for name in names:
             cached = self._cache.get(name)
