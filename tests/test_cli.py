@@ -65,7 +65,7 @@ def test_report_json(run_dir):
     assert job["async_work_s"] == {"checkpoint_save": 180}
     assert job["skipped"] == {
         "torn": 1, "malformed": 0, "invalid_span": 0, "duplicate": 0, "unknown": 0,
-        "unsupported_schema": 0,
+        "unsupported_schema": 0, "over_limit": 0,
     }
     assert job["recorder"] == {"errors": 0, "dropped": 0}
 

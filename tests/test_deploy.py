@@ -432,4 +432,4 @@ def test_deployment_doc_names_the_files_and_alerts():
         assert path in doc, path
     for alert in ALERTS:
         assert f"`{alert}`" in doc, alert
-    assert "see docs/serve.md, write-ahead log" in doc
+    assert "serve.md#write-ahead-log" in doc  # the disk sizing of the log

@@ -432,7 +432,7 @@ HTTP_CASES = [  # (id, body, headers, kwargs, http status, rpc code, message par
      {"Content-Type": PB}, {}, 400, 3, "not a protobuf", "malformed"),
     ("deep-nesting-pb", _deep_pb(200), {"Content-Type": PB}, {}, 400, 3, "not a protobuf",
      "malformed"),
-    ("invalid-json", b"{", {"Content-Type": JS}, {}, 400, 3, "not an OTLP JSON", "malformed"),
+    ("invalid-json", b"{", {"Content-Type": JS}, {}, 400, 3, "is not JSON", "malformed"),
     ("invalid-utf8-json", b'{"resourceSpans":"\xff"}', {"Content-Type": JS}, {}, 400, 3,
      "utf-8", "malformed"),
     ("deep-nesting-json", b'{"resourceSpans":' + b"[" * 5000 + b"]" * 5000 + b"}",
@@ -456,7 +456,7 @@ HTTP_CASES = [  # (id, body, headers, kwargs, http status, rpc code, message par
     ("negative-length", _GOOD, {"Content-Type": PB}, {"length": -1, "shut": True}, 411, 3,
      "Content-Length", "unsupported"),
     ("short-body", _GOOD[:10], {"Content-Type": PB}, {"length": len(_GOOD), "shut": True},
-     400, 3, f"ended after 10 of {len(_GOOD)} bytes", "malformed"),
+     400, 3, f"ended after 10 of {len(_GOOD)} bytes", "incomplete"),
 ]
 
 
