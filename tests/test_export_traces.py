@@ -134,7 +134,7 @@ def test_cloud_trace_gets_windows_as_traces_within_its_limits(tmp_path):
         a = s["attrs"]
         assert a[schema.RES_JOB_NAME] == "ct-job" and a[schema.RES_SERVICE_NAME] == "ct-job"
         assert a[schema.RES_ATTEMPT] == "0" and a[schema.RES_PROCESS_INDEX] == "0"
-        assert a[schema.RES_SCHEMA_VERSION] == "1.1" and "g.co/agent" in a
+        assert a[schema.RES_SCHEMA_VERSION] == schema.SCHEMA_VERSION and "g.co/agent" in a
     steps = sorted(s["attrs"][schema.ATTR_STEP] for s in flat
                    if s["name"] == schema.STEP and schema.ATTR_OPEN not in s["attrs"])
     assert steps == list(range(12))

@@ -84,7 +84,7 @@ def test_phases_become_spans_with_schema_attributes(memory):
     assert spans[schema.CUSTOM_BADPUT].attributes[schema.ATTR_BADPUT_TYPE] == "eval"
     res = spans[schema.STEP].resource.attributes
     assert res[schema.RES_JOB_NAME] == "unit" and res[schema.RES_SERVICE_NAME] == "unit"
-    assert res[schema.RES_ATTEMPT] == 0 and res[schema.RES_SCHEMA_VERSION] == "1.1"
+    assert res[schema.RES_ATTEMPT] == 0 and res[schema.RES_SCHEMA_VERSION] == schema.SCHEMA_VERSION
     # one trace per attempt
     assert len({s.context.trace_id for s in exporter.get_finished_spans()}) == 1
     # the spool holds the same spans, in OTLP JSON

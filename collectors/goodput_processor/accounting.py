@@ -19,6 +19,7 @@ from goodput import schema
 
 from .attempts import Attempt, build_attempts
 from .checks import file_warnings, job_warnings
+from .elastic import slice_efficiency, slice_records
 from .reader import read_run_dir
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
 from .stragglers import straggler_report
@@ -37,6 +38,8 @@ from .timeline import (
     K_CHECKPOINT_SAVE,
     K_CUSTOM_BADPUT,
     K_DATA_LOADING,
+    K_ELASTIC_REINIT,
+    K_ELASTIC_WAIT,
     K_PROGRAM_STARTUP,
     K_STEP,
     K_TRAINING_PREP,
@@ -44,6 +47,8 @@ from .timeline import (
     NONE,
     SKIP_REASONS,
     JobSpans,
+    as_of,
+    is_phase,
 )
 
 __all__ = ["AttemptResult", "JobResult", "StepArrays", "StepTimeSummary", "account",
@@ -58,12 +63,15 @@ _KIND_BUCKET = {
     K_DATA_LOADING: "data_loading",
     K_CHECKPOINT_SAVE: "checkpoint_save",
     K_CHECKPOINT_RESTORE: "checkpoint_restore",
+    K_ELASTIC_REINIT: "elastic_reinitialization",
     K_STEP: "step",
 }
 #: Priority order (highest first); "custom" expands to the custom types alphabetically.
-_PRIORITY = ("wasted_progress", "checkpoint_restore", "checkpoint_save", "custom",
-             "data_loading", "program_startup", "accelerator_init", "training_prep",
-             "process_startup", "step")
+#: The elastic levels (schema 1.2) are always there; their buckets appear in a result only
+#: for a job with elastic spans.
+_PRIORITY = ("wasted_progress", "elastic_slice_down", "elastic_scale_up", "checkpoint_restore",
+             "checkpoint_save", "custom", "elastic_reinitialization", "data_loading",
+             "program_startup", "accelerator_init", "training_prep", "process_startup", "step")
 #: Noise band floors (absolute ns, and relative to the ideal step time) and the
 #: normal-distribution constant of docs/accounting.md.
 _MIN_TOL_NS = 1_000
@@ -162,6 +170,30 @@ def _type_name(job: JobSpans, sidx) -> str:
     return job.strings[sidx] if sidx >= 0 else "unspecified"
 
 
+def _row_bucket(job: JobSpans, kind: int, sidx: int) -> str:
+    """Bucket name of one phase row: per type for custom badput and elastic waits."""
+    if kind == K_CUSTOM_BADPUT:
+        return schema.custom_bucket(_type_name(job, sidx))
+    if kind == K_ELASTIC_WAIT:
+        return schema.elastic_wait_bucket(job.strings[sidx] if sidx >= 0 else None)
+    return _KIND_BUCKET[kind]
+
+
+def _elastic_lost(d: np.ndarray, snum: np.ndarray, ss: np.ndarray) -> np.ndarray:
+    """Steps (numbers ``snum``, starts ``ss``) of one process's attempt that an elastic event
+    inside the attempt threw away: for each blocking ``goodput.elastic_wait`` span, the
+    training resumed after it from :func:`resume_step` of the rows that start after it; a
+    step that started before the wait with a higher number was lost (``docs/accounting.md``,
+    "Elastic training")."""
+    lost = np.zeros(len(ss), bool)
+    waits = (d[:, C_KIND] == K_ELASTIC_WAIT) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0)
+    for w in np.unique(d[waits, C_START]):
+        bound = resume_step(d[d[:, C_START] >= w])
+        if bound is not None:
+            lost |= (ss < w) & (snum != NONE) & (snum > bound)
+    return lost
+
+
 class _Acc:
     """Running totals of one job's accounting, per priority level (ns)."""
 
@@ -184,6 +216,8 @@ class _Acc:
         self.other = len(self.names)  # level of unowned segments
         self.ns = [0] * (self.other + 1)
         self.async_ns: dict[str, int] = {}
+        #: whether any attempt has elastic spans (their buckets go into the result)
+        self.elastic = False
         self.kept: list[tuple] = []  # per attempt: step numbers, attempt, starts, times
 
     def attempt(self, a: Attempt, bound: int | None, has_next: bool) -> tuple[int, int]:
@@ -191,21 +225,22 @@ class _Acc:
         d, a0, a1, job, level = a.primary.data, a.start_ns, a.end_ns, self.job, self.level
         kinds = d[:, C_KIND]
         s, e = np.clip(d[:, C_START], a0, a1), np.clip(d[:, C_END], a0, a1)
-        phase = kinds >= K_ACCELERATOR_INIT
+        phase = is_phase(kinds)
         blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
         for r in np.flatnonzero(phase & ~blocking):  # asynchronous work: reported, not badput
-            k = int(kinds[r])
-            key = (schema.custom_bucket(_type_name(job, d[r, C_SIDX]))
-                   if k == K_CUSTOM_BADPUT else _KIND_BUCKET[k])
+            key = _row_bucket(job, int(kinds[r]), int(d[r, C_SIDX]))
             self.async_ns[key] = self.async_ns.get(key, 0) + int(e[r] - s[r])
+        if ((kinds == K_ELASTIC_WAIT) | (kinds == K_ELASTIC_REINIT)).any():
+            self.elastic = True
         use = phase & blocking & (e > s)
         ps, pe, pk = s[use], e[use], kinds[use]
         lv = self.kind_level[pk]
-        cidx = np.flatnonzero(pk == K_CUSTOM_BADPUT)
-        if len(cidx):
-            sids = d[:, C_SIDX][use][cidx]
-            for sx in np.unique(sids):
-                lv[cidx[sids == sx]] = level[schema.custom_bucket(_type_name(job, sx))]
+        for typed in (K_CUSTOM_BADPUT, K_ELASTIC_WAIT):  # levels per type
+            cidx = np.flatnonzero(pk == typed)
+            if len(cidx):
+                sids = d[:, C_SIDX][use][cidx]
+                for sx in np.unique(sids):
+                    lv[cidx[sids == sx]] = level[_row_bucket(job, typed, int(sx))]
         is_step = pk == K_STEP
         order = np.argsort(ps[is_step], kind="stable")
         if len(order) > 1 and not np.diff(ps[is_step][order]).all():
@@ -216,6 +251,8 @@ class _Acc:
         snum = d[:, C_IVAL][use][is_step][order]
         scount = _step_counts(d[:, C_AUX][use][is_step][order])
         kept = np.ones(len(ss), bool) if bound is None else snum <= bound
+        if self.elastic:  # steps an elastic event inside this attempt threw away
+            kept &= ~_elastic_lost(d, snum, ss)
         # The wasted region: from the end of the last kept step (or of the blocking save of
         # checkpoint `bound`, if later; or the first step if none is kept) to the end.
         ws = None
@@ -370,6 +407,9 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
             buckets[name] = slowdown
         elif name == "infrastructure_recovery":
             buckets[name] = recovery_ns
+            if acc.elastic:
+                for e in schema.ELASTIC_BUCKETS:
+                    buckets[e] = level_ns[acc.level[e]]
         else:
             buckets[name] = level_ns[acc.level[name]]
     if sum(buckets.values()) != total_ns:  # pragma: no cover - a bug, never expected
@@ -380,6 +420,8 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     run = _run_attributes(attempts)
     mfu = _mfu(run, int(cnt.sum()), buckets[schema.PRODUCTIVE])
     goodput = buckets[schema.PRODUCTIVE] / total_ns if total_ns else 0.0
+    slices = slice_efficiency(slice_records(job, [p for a in attempts for p in a.processes]),
+                              attempts[0].start_ns, attempts[-1].end_ns) if attempts else None
     return JobResult(
         job=job.name,
         start_ns=attempts[0].start_ns if attempts else 0,
@@ -407,6 +449,7 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         run=run,
         mfu=mfu,
         useful_compute=None if mfu is None else goodput * mfu,
+        slice_efficiency=slices,
     )
 
 
@@ -449,10 +492,16 @@ def report_run_dir(
     ideal_step_time_s: float | None = None,
     now_ns: int | None = None,
     job: str | None = None,
+    *,
+    at_ns: int | None = None,
+    exclusions_ns=(),
 ) -> list[JobResult]:
     """Read ``path`` and account every job in it (or only ``job``), sorted by job name.
 
     Skips that cannot be tied to one job (rare) are added to every job's ``skipped``.
+    ``at_ns``: each job as it stood then (:func:`~goodput_processor.timeline.as_of`; pass
+    ``now_ns=at_ns`` too). ``exclusions_ns``: ``(start_ns, end_ns)`` pairs left out
+    (:func:`~goodput_processor.windows.account_excluding`).
 
     Raises:
         RunDirError, SpoolFormatError: see :func:`~goodput_processor.reader.read_run_dir`.
@@ -471,6 +520,13 @@ def report_run_dir(
         js = spans.jobs[name]
         js.skipped.update(spans.skipped)
         js.examples.extend(spans.examples[: max(0, 20 - len(js.examples))])
-        r = account(js, ideal_step_time_s, now_ns)
+        if at_ns is not None:
+            js = as_of(js, at_ns)
+        if exclusions_ns:
+            from .windows import account_excluding  # windows imports this module
+
+            r = account_excluding(js, exclusions_ns, ideal_step_time_s, now_ns)
+        else:
+            r = account(js, ideal_step_time_s, now_ns)
         results.append(replace(r, warnings=skipped_files + r.warnings) if skipped_files else r)
     return results

@@ -45,6 +45,7 @@ from .timeline import (
     C_KIND,
     C_SIDX,
     C_START,
+    F_ENDLESS,
     F_OPEN,
     K_HEARTBEAT,
     K_IDENTITY,
@@ -115,8 +116,9 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     span (same kind and start) is there; otherwise the phase ran until the process's last
     sign of life (the latest end of any of its rows), or until the next phase of the same
     kind began if one did (its end was recorded but lost, e.g. to a full disk): the record
-    is kept with that end and the open flag cleared. Of several open records of one phase,
-    one is kept.
+    is kept with that end, the open flag cleared and ``F_ENDLESS`` set (its end is inferred:
+    ``--definitions mgm`` does not take it for a recorded end). Of several open records of
+    one phase, one is kept.
     """
     flags = d[:, C_FLAGS]
     is_open = (flags & F_OPEN) != 0
@@ -145,7 +147,7 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
         has = pos < len(later)
         end[rows[has]] = np.minimum(end[rows[has]], later[pos[has]])
     op[:, C_END] = np.maximum(op[:, C_END], end)
-    op[:, C_FLAGS] &= ~F_OPEN
+    op[:, C_FLAGS] = (op[:, C_FLAGS] & ~F_OPEN) | F_ENDLESS
     return np.concatenate((closed, op)) if len(op) else closed
 
 

@@ -1,7 +1,8 @@
 """The ``goodput`` command line.
 
 ``goodput report RUN_DIR [--format table|json] [--ideal-step-time SECONDS] [--job NAME]
-[--definitions goodput|mgm|resiliency] [--html PATH]`` prints the goodput report of every
+[--definitions goodput|mgm|resiliency] [--at TIME] [--exclude START,END]... [--html PATH]``
+prints the goodput report of every
 job in a run directory, by this project's model or another tool's definitions
 (``docs/definitions.md``); ``--html`` also writes the HTML report (``docs/html-report.md``).
 ``goodput serve [...]`` runs the processor as a live service
@@ -52,11 +53,58 @@ def _ideal_step_time(text: str) -> float:
     return value
 
 
+def parse_time_ns(text: str, what: str) -> int:
+    """A moment on the command line -> ns since the epoch: an ISO 8601 date and time
+    (``2026-03-01T08:00:00Z``, ``2026-03-01 08:00:00.5+01:00``; without a zone it is UTC) or
+    seconds since the epoch (``1772352000.5``).
+
+    Raises:
+        UsageError: neither (the message names ``what`` and the text).
+    """
+    import datetime as dt
+
+    t = text.strip()
+    try:
+        sec = float(t)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(sec) and sec >= 0:
+            return round(sec * 1e9) if "." in t or "e" in t.lower() else int(t) * 10**9
+        raise UsageError(f"{what} must be a time (ISO 8601 or seconds since the epoch), "
+                         f"got {text!r}")
+    try:
+        when = dt.datetime.fromisoformat(t.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{what} must be a time (ISO 8601 or seconds since the epoch), "
+                         f"got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    return (delta.days * 86_400 + delta.seconds) * 10**9 + delta.microseconds * 1000
+
+
+def _exclusion(text: str) -> tuple[int, int]:
+    start, sep, end = text.partition(",")
+    if not sep:
+        raise UsageError(f"--exclude must be START,END, got {text!r}")
+    a, b = parse_time_ns(start, "--exclude START"), parse_time_ns(end, "--exclude END")
+    if b <= a:
+        raise UsageError(f"--exclude {text!r}: END is not after START")
+    return a, b
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Run ``goodput report``; returns the exit status."""
     from . import definitions
 
     ideal = None if args.ideal_step_time is None else _ideal_step_time(args.ideal_step_time)
+    at_ns = None if args.at is None else parse_time_ns(args.at, "--at")
+    exclusions = [_exclusion(x) for x in args.exclude or ()]
+    if exclusions and args.definitions == "resiliency":
+        raise UsageError("--exclude is not defined for --definitions resiliency")
+    if args.html is not None and (at_ns is not None or exclusions):
+        raise UsageError("--html cannot be combined with --at or --exclude")
     if args.definitions == "resiliency" and ideal is None:
         raise UsageError("--definitions resiliency needs --ideal-step-time SECONDS (the "
                          "resiliency calculator's --reference-step-time)")
@@ -70,7 +118,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"{PROG}: wrote {args.html}", file=sys.stderr)
         else:
             results = definitions.report(args.run_dir, args.definitions,
-                                         ideal_step_time_s=ideal, job=args.job)
+                                         ideal_step_time_s=ideal, job=args.job, at_ns=at_ns,
+                                         exclusions_ns=exclusions)
     except ImportError as e:
         if args.html is None:
             raise
@@ -117,6 +166,15 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="PATH", default=None,
                    help="also write a self-contained HTML report (timeline, goodput over time, "
                    "step times) to PATH; needs plotly (docs/html-report.md)")
+    p.add_argument("--at", metavar="TIME", default=None,
+                   help="account each job as it stood at TIME (ISO 8601, UTC unless a zone is "
+                   "given, or seconds since the epoch): later spans are left out, a job still "
+                   "running then is measured up to TIME (with --definitions mgm: the "
+                   "numbers ml-goodput-measurement gave when queried at TIME)")
+    p.add_argument("--exclude", metavar="START,END", action="append", default=None,
+                   help="leave the time from START to END out of the total and the buckets "
+                   "(repeatable; times as for --at); with --definitions mgm: "
+                   "ml-goodput-measurement's get_job_goodput_with_exclusions (docs/definitions.md)")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 3 when the report has warnings (what the input "
                    "could not settle: docs/accounting.md, Warnings), e.g. in CI")

@@ -68,7 +68,12 @@ _KIND_ATTRS: tuple[dict[str, int], ...] = (
     {schema.ATTR_STEP: 0, schema.ATTR_STEP_COUNT: 1, **_BLOCKING},
     {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING}, {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING},
     {schema.ATTR_BADPUT_TYPE: 2, **_BLOCKING},
+    {schema.ATTR_ELASTIC_EVENT_TYPE: 2, **_BLOCKING}, _BLOCKING,
+    # elastic_slices: the available count goes to the string slot (see timeline.COLUMNS)
+    {schema.ATTR_SLICES_ACTIVE: 0, schema.ATTR_SLICES_TOTAL: 1,
+     schema.ATTR_SLICES_AVAILABLE: 2},
 )
+assert len(_KIND_ATTRS) == len(tl.KIND_NAMES)
 
 
 def flag_bit(slot: int, value) -> int:

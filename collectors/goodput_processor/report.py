@@ -59,6 +59,11 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
                                                  # time, 0..1 (needs ml.flops_per_step,
                                                  # ml.device.peak_flops, ml.device.count)
           "useful_compute": float | null,        # goodput x mfu
+          "slice_efficiency": null | {           # elastic jobs (goodput.elastic_slices):
+            "stepping": float,                   # time-weighted stepping / total slices
+            "available": float},                 # and available / total slices, 0..1
+          "excluded_time_s": float,              # report --exclude: seconds taken out of
+                                                 # the total and the buckets (0 without)
           "stragglers": null | {                 # per-host step times (stragglers.py);
                                                  # null with fewer than 2 host processes
             "hosts": int,                        # host processes with kept steps
@@ -91,6 +96,7 @@ from goodput import schema
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from .elastic import SliceEfficiency
     from .stragglers import StragglerReport
 
 __all__ = ["REPORT_SCHEMA", "AttemptResult", "JobResult", "ReportWarning", "StepArrays",
@@ -225,6 +231,12 @@ class JobResult:
     #: Why the job could not be accounted (``goodput serve`` isolates such a job and
     #: reports it with zero time and this message); None when it was.
     error: str | None = None
+    #: Stepping and available slice efficiency of an elastic job (:mod:`.elastic`); None
+    #: without slice-count records.
+    slice_efficiency: SliceEfficiency | None = None
+    #: Seconds taken out of the total and the buckets by exclusion intervals
+    #: (:func:`~goodput_processor.windows.account_excluding`); 0 without.
+    excluded_time_s: float = 0.0
 
 
 def format_duration(seconds: float | None) -> str:
@@ -309,6 +321,9 @@ def job_to_dict(r: JobResult) -> dict:
         "run": {k: v for k, v in r.run.items()},
         "mfu": r.mfu,
         "useful_compute": r.useful_compute,
+        "slice_efficiency": (None if r.slice_efficiency is None
+                             else r.slice_efficiency.to_json_dict()),
+        "excluded_time_s": r.excluded_time_s,
         "stragglers": _stragglers_dict(r.stragglers),  # --- stragglers
         "warnings": [{"code": w.code, "message": w.message, "attempt": w.attempt,
                       "process": w.process, "file": w.file} for w in r.warnings],
@@ -421,6 +436,12 @@ def render_job(r: JobResult, console: Console) -> None:
             markup=False,
         )
     _render_stragglers(r.stragglers, console)  # --- stragglers
+    if r.slice_efficiency is not None:
+        console.print(f"slice efficiency: stepping {r.slice_efficiency.stepping * 100:.2f} %, "
+                      f"available {r.slice_efficiency.available * 100:.2f} %", markup=False)
+    if r.excluded_time_s:
+        console.print(f"excluded: {format_duration(r.excluded_time_s)} (not in the total)",
+                      markup=False)
 
     attempts = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     for col in ("attempt", "start", "duration", "end", "procs", "hosts", "resume",

@@ -14,35 +14,51 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from goodput import schema
 
 __all__ = ["COLUMNS", "KIND_NAMES", "NONE", "RUN_ATTRIBUTES", "SKIP_REASONS",
-           "JobSpans", "ProcessSpans", "SpanSet", "drop_duplicates"]
+           "JobSpans", "ProcessSpans", "SpanSet", "as_of", "drop_duplicates", "is_phase"]
 
 #: Span kind codes (column ``kind``) are indexes into this tuple.
-#: Markers come first: a code >= ``K_ACCELERATOR_INIT`` is a phase.
+#: Markers come first: a code >= ``K_ACCELERATOR_INIT`` is a phase, except
+#: ``K_ELASTIC_SLICES`` (a marker of schema 1.2, appended last so that earlier codes keep
+#: their values; :func:`is_phase` tells them apart).
 KIND_NAMES = (schema.JOB_START, schema.JOB_END, schema.HEARTBEAT, schema.IDENTITY,
               schema.ACCELERATOR_INIT, schema.TRAINING_PREP, schema.PROGRAM_STARTUP,
               schema.DATA_LOADING, schema.STEP, schema.CHECKPOINT_SAVE,
-              schema.CHECKPOINT_RESTORE, schema.CUSTOM_BADPUT)
+              schema.CHECKPOINT_RESTORE, schema.CUSTOM_BADPUT, schema.ELASTIC_WAIT,
+              schema.ELASTIC_REINIT, schema.ELASTIC_SLICES)
 (K_JOB_START, K_JOB_END, K_HEARTBEAT, K_IDENTITY, K_ACCELERATOR_INIT, K_TRAINING_PREP,
  K_PROGRAM_STARTUP, K_DATA_LOADING, K_STEP, K_CHECKPOINT_SAVE, K_CHECKPOINT_RESTORE,
- K_CUSTOM_BADPUT) = range(12)
+ K_CUSTOM_BADPUT, K_ELASTIC_WAIT, K_ELASTIC_REINIT, K_ELASTIC_SLICES) = range(15)
+
+
+def is_phase(kinds: np.ndarray) -> np.ndarray:
+    """Bool mask of the phase kinds in ``kinds`` (an int array of kind codes)."""
+    return (kinds >= K_ACCELERATOR_INIT) & (kinds != K_ELASTIC_SLICES)
+
 
 #: Columns of a span record, all int64. ``start``/``end``: ns since the Unix epoch.
 #: ``ival``: ``goodput.step`` (step), ``goodput.checkpoint.step`` (save, restore),
 #: ``goodput.heartbeat.interval_ms`` (job_start), ``goodput.recorder.errors`` (job_end,
-#: heartbeat), ``goodput.process.index`` (identity). ``aux``: ``goodput.recorder.dropped``
+#: heartbeat), ``goodput.process.index`` (identity), ``goodput.elastic.slices.active``
+#: (elastic_slices). ``aux``: ``goodput.recorder.dropped``
 #: (job_end, heartbeat), ``goodput.step.count`` (step; absent = 1),
-#: ``goodput.process.count`` (identity). ``flags``: bit 0
+#: ``goodput.process.count`` (identity), ``goodput.elastic.slices.total`` (elastic_slices).
+#: ``flags``: bit 0
 #: set = ``goodput.blocking`` false, bit 1 set = status ERROR, bit 2 set = ``goodput.open``
-#: (a phase still in flight when written). ``sidx``: index into
-#: :attr:`SpanSet.strings` of ``goodput.badput.type`` (custom) or ``goodput.end.reason``
-#: (job_end). ``tidx``: index of the trace id. ``sid``: the 64-bit span id (as signed).
+#: (a phase still in flight when written), bit 3 set (:data:`F_ENDLESS`, set by
+#: :func:`~goodput_processor.attempts.resolve_open`) = the phase's end was never recorded
+#: and is inferred. ``sidx``: index into
+#: :attr:`SpanSet.strings` of ``goodput.badput.type`` (custom), ``goodput.end.reason``
+#: (job_end), ``goodput.elastic.event_type`` (elastic_wait) or the decimal text of
+#: ``goodput.elastic.slices.available`` (elastic_slices: the two int columns are taken, and
+#: the readers of ``goodput report`` and ``goodput serve`` share the string slot).
+#: ``tidx``: index of the trace id. ``sid``: the 64-bit span id (as signed).
 #: Absent integer attributes are :data:`NONE`.
 COLUMNS = ("start", "end", "kind", "ival", "aux", "flags", "sidx", "tidx", "sid")
 C_START, C_END, C_KIND, C_IVAL, C_AUX, C_FLAGS, C_SIDX, C_TIDX, C_SID = range(len(COLUMNS))
@@ -52,6 +68,7 @@ NONE = -(2**63)
 F_NONBLOCKING = 1
 F_ERROR = 2
 F_OPEN = 4
+F_ENDLESS = 8
 #: Resource attributes of an ML run (``goodput.diagnostics``) kept per process.
 RUN_ATTRIBUTES = (schema.RES_RUN_NAME, schema.RES_RUN_GROUP, schema.RES_FLOPS_PER_STEP,
                   schema.RES_PEAK_FLOPS, schema.RES_DEVICE_COUNT)
@@ -160,3 +177,34 @@ def drop_duplicates(data: np.ndarray) -> tuple[np.ndarray, int]:
     keep = np.ones(len(data), bool)
     keep[order[1:][dup]] = False
     return data[keep], ndup
+
+
+def as_of(job: JobSpans, at_ns: int) -> JobSpans:
+    """``job`` as a reader would have seen it at ``at_ns`` (ns since the epoch), for a report
+    "as of" that moment (``goodput report --at``).
+
+    Spans that start after ``at_ns`` are dropped; a span that started before and ends after
+    it was in flight then: its end becomes ``at_ns`` and, if it is a phase, it is flagged
+    ``F_OPEN``, as the
+    recorder writes a phase in flight (:func:`~goodput_processor.attempts.resolve_open`
+    then takes it as running until the process's last sign of life, at most ``at_ns``).
+    Processes left with no span are dropped. The spans are copied; ``job`` is unchanged.
+    Times in the future of ``at_ns`` are a recorder's back-filled times: they are treated
+    the same way (what a recorder writes with an explicit time is at that time).
+    """
+    at = int(at_ns)
+    out = JobSpans(job.name, skipped=Counter(job.skipped), examples=list(job.examples),
+                   strings=job.strings, schema_versions=set(job.schema_versions),
+                   over_limit=Counter(job.over_limit), custom_sids=set(job.custom_sids))
+    for key, proc in job.processes.items():
+        d = proc.data
+        d = d[d[:, C_START] <= at]
+        if not len(d):
+            continue
+        late = d[:, C_END] > at
+        if late.any():
+            d = d.copy()
+            d[late, C_END] = at
+            d[late & is_phase(d[:, C_KIND]), C_FLAGS] |= F_OPEN
+        out.processes[key] = replace(proc, data=d, _buf=array("q"))
+    return out

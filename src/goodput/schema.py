@@ -17,7 +17,7 @@ import re
 #: Version of this schema, written as the ``goodput.schema.version`` resource
 #: attribute. Bump the major number on any change that an older processor
 #: would misread.
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 #: Instrumentation scope name of the tracer that emits goodput spans.
 SCOPE_NAME = "goodput"
@@ -57,6 +57,16 @@ STEP = "goodput.step"
 CHECKPOINT_SAVE = "goodput.checkpoint_save"
 CHECKPOINT_RESTORE = "goodput.checkpoint_restore"
 CUSTOM_BADPUT = "goodput.custom_badput"
+#: Elastic training (schema 1.2): waiting for slices after an elastic event (a slice went
+#: down, or new slices came up: ``goodput.elastic.event_type``), and re-initialising the
+#: training on the new set of slices after that wait (mesh, compilation, restore).
+ELASTIC_WAIT = "goodput.elastic_wait"
+ELASTIC_REINIT = "goodput.elastic_reinit"
+#: Zero-length marker (schema 1.2): the job's slice counts changed (or were read) at this
+#: moment: attributes :data:`ATTR_SLICES_ACTIVE`, :data:`ATTR_SLICES_AVAILABLE`,
+#: :data:`ATTR_SLICES_TOTAL` (ints). Not a phase: it carries the counts that stepping and
+#: available slice efficiency are computed from.
+ELASTIC_SLICES = "goodput.elastic_slices"
 
 #: Phase spans (each covers a stretch of wall-clock time of one process).
 PHASES = (
@@ -69,13 +79,15 @@ PHASES = (
     CHECKPOINT_RESTORE,
     CUSTOM_BADPUT,
 )
+#: Phase spans of elastic training (schema 1.2), accounted like the phases above.
+ELASTIC_PHASES = (ELASTIC_WAIT, ELASTIC_REINIT)
 #: Spans that only give traces their shape or carry run information: the processor
 #: reads past them (no time accounting, not counted as unknown).
 STRUCTURE = (WINDOW, RUN_CONFIG)
 #: Markers (lifecycle of an attempt of one process, and trace structure).
-MARKERS = (JOB_START, JOB_END, HEARTBEAT, IDENTITY) + STRUCTURE
+MARKERS = (JOB_START, JOB_END, HEARTBEAT, IDENTITY, ELASTIC_SLICES) + STRUCTURE
 #: Every span name of this schema.
-SPAN_NAMES = PHASES + MARKERS
+SPAN_NAMES = PHASES + ELASTIC_PHASES + MARKERS
 
 # --- span attributes --------------------------------------------------------
 
@@ -87,6 +99,15 @@ ATTR_STEP_COUNT = "goodput.step.count"
 ATTR_CHECKPOINT_STEP = "goodput.checkpoint.step"  # int: step of the checkpoint saved / restored
 ATTR_BLOCKING = "goodput.blocking"  # bool: False = async work overlapping training, not badput
 ATTR_BADPUT_TYPE = "goodput.badput.type"  # str: CUSTOM_BADPUT type, e.g. "eval", "sdc_check"
+#: str on ELASTIC_WAIT: what the job waits for, as the recorder was told, e.g.
+#: ``elastic_slice_down`` or ``elastic_scale_up`` (a type containing ``scale_up`` is a
+#: scale-up, any other a slice-down; see ELASTIC_BUCKETS)
+ATTR_ELASTIC_EVENT_TYPE = "goodput.elastic.event_type"
+#: ints on ELASTIC_SLICES: slices stepping (running the training), available (healthy), and
+#: in the job (total)
+ATTR_SLICES_ACTIVE = "goodput.elastic.slices.active"
+ATTR_SLICES_AVAILABLE = "goodput.elastic.slices.available"
+ATTR_SLICES_TOTAL = "goodput.elastic.slices.total"
 ATTR_END_REASON = "goodput.end.reason"  # str on JOB_END: one of END_REASONS
 ATTR_HEARTBEAT_INTERVAL_MS = "goodput.heartbeat.interval_ms"  # int on JOB_START
 ATTR_RECORDER_ERRORS = "goodput.recorder.errors"  # int on JOB_END/HEARTBEAT: failures so far
@@ -190,6 +211,16 @@ BADPUT_BUCKETS = (
     "other",
 )
 CUSTOM_PREFIX = "custom:"
+#: Elastic badput buckets (schema 1.2), in report order after ``infrastructure_recovery``;
+#: present in a job's result only when it has ELASTIC_WAIT or ELASTIC_REINIT spans.
+ELASTIC_BUCKETS = ("elastic_slice_down", "elastic_scale_up", "elastic_reinitialization")
+
+
+def elastic_wait_bucket(event_type: str | None) -> str:
+    """Bucket of an ELASTIC_WAIT span: ``elastic_scale_up`` when its event type contains
+    ``scale_up`` (any case), else ``elastic_slice_down`` (the rule of ml-goodput-measurement
+    0.2.3's ``ElasticGoodputCalculator``)."""
+    return ELASTIC_BUCKETS[1] if "scale_up" in (event_type or "").lower() else ELASTIC_BUCKETS[0]
 
 
 def custom_bucket(badput_type: str) -> str:

@@ -43,8 +43,20 @@ def report(
     ideal_step_time_s: float | None = None,
     now_ns: int | None = None,
     job: str | None = None,
+    *,
+    at_ns: int | None = None,
+    exclusions_ns=(),
 ) -> list:
     """Results of every job in run directory ``path`` (or only ``job``) under ``definitions``.
+
+    ``at_ns`` (ns since the epoch): account each job as it stood then (``goodput report
+    --at``): spans after it are left out, those in flight at it end there
+    (:func:`~goodput_processor.timeline.as_of`), and *now* is ``at_ns`` (``now_ns`` wins when
+    both are given); under ``mgm`` a job with no job end by then is measured up to ``at_ns``,
+    as mgm's calculator queried at that moment does. ``exclusions_ns``: ``(start_ns, end_ns)``
+    pairs to leave out (``goodput report --exclude``): this project's semantics
+    (:func:`~goodput_processor.windows.account_excluding`) or mgm's
+    ``get_job_goodput_with_exclusions`` (:mod:`.mgm_exclusion`).
 
     Returns a list sorted by job name of :class:`~goodput_processor.report.JobResult`
     (``goodput``), :class:`.mgm.MgmResult` (``mgm``; ``ideal_step_time_s`` is its configured
@@ -54,7 +66,8 @@ def report(
 
     Raises:
         ValueError: unknown ``definitions`` (the message lists the names), bad or (for
-            ``resiliency``) missing ``ideal_step_time_s``.
+            ``resiliency``) missing ``ideal_step_time_s``, exclusions with ``resiliency``
+            (which has no such notion), an exclusion whose end is not after its start.
         KeyError: ``job`` is not in the run directory.
         ReadError: see :func:`~goodput_processor.reader.read_run_dir`.
     """
@@ -62,11 +75,21 @@ def report(
         raise ValueError(
             f"unknown definitions {definitions!r}; choose one of {', '.join(DEFINITIONS)}"
         )
+    exclusions_ns = [(int(a), int(b)) for a, b in exclusions_ns]
+    for a, b in exclusions_ns:
+        if b <= a:
+            raise ValueError(f"exclusion [{a}, {b}] ns: its end is not after its start")
+    if exclusions_ns and definitions == "resiliency":
+        raise ValueError("exclusions are not defined for --definitions resiliency")
+    if now_ns is None:
+        now_ns = at_ns
     if definitions == "goodput":
         from ..accounting import report_run_dir
 
-        return report_run_dir(path, ideal_step_time_s=ideal_step_time_s, now_ns=now_ns, job=job)
+        return report_run_dir(path, ideal_step_time_s=ideal_step_time_s, now_ns=now_ns, job=job,
+                              at_ns=at_ns, exclusions_ns=exclusions_ns)
     from ..reader import read_run_dir
+    from ..timeline import as_of
 
     if definitions == "resiliency":
         from .resiliency import account_resiliency
@@ -75,9 +98,13 @@ def report(
             return account_resiliency(js, ideal_step_time_s, now_ns=now_ns)
     else:
         from .mgm import account_mgm
+        from .mgm_exclusion import account_mgm_excluding
 
         def one(js):
             try:
+                if exclusions_ns:
+                    return account_mgm_excluding(js, exclusions_ns, now_ns=now_ns,
+                                                 ideal_step_time_s=ideal_step_time_s)
                 return account_mgm(js, now_ns=now_ns, ideal_step_time_s=ideal_step_time_s)
             except ValueError as e:  # mgm's own "cannot compute" cases
                 return NoResult(js.name, "mgm", str(e))
@@ -88,7 +115,9 @@ def report(
         if job not in spans.jobs:
             raise KeyError(f"no job named {job!r} in {spans.path} (jobs: {', '.join(names)})")
         names = [job]
-    return [one(spans.jobs[n]) for n in names]
+    if at_ns is None:
+        return [one(spans.jobs[n]) for n in names]
+    return [one(as_of(spans.jobs[n], at_ns)) for n in names]
 
 
 def to_json(definitions: str, results: Sequence, indent: int | None = 2) -> str:

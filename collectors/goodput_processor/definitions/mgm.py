@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..attempts import build_attempts
+from ..elastic import slice_efficiency, slice_records
 from ..report import format_duration, make_console
 from ..timeline import (
     C_END,
@@ -68,12 +69,15 @@ from ..timeline import (
     C_KIND,
     C_SIDX,
     C_START,
+    F_ENDLESS,
     F_NONBLOCKING,
     K_ACCELERATOR_INIT,
     K_CHECKPOINT_RESTORE,
     K_CHECKPOINT_SAVE,
     K_CUSTOM_BADPUT,
     K_DATA_LOADING,
+    K_ELASTIC_REINIT,
+    K_ELASTIC_WAIT,
     K_STEP,
     K_TRAINING_PREP,
     NONE,
@@ -83,8 +87,8 @@ from ..timeline import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["BADPUT_TYPES", "MGM_VERSION", "MgmResult", "account_mgm", "compute_ideal_step_time",
-           "render_mgm"]
+__all__ = ["BADPUT_TYPES", "ELASTIC_TYPES", "MGM_VERSION", "MgmResult", "account_mgm",
+           "compute_ideal_step_time", "render_mgm"]
 
 #: The ml-goodput-measurement release whose definitions this module reproduces.
 MGM_VERSION = "0.2.3"
@@ -102,6 +106,9 @@ BADPUT_TYPES = (
     "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
     "OTHER",
 )
+#: The badput types of mgm's ``ElasticGoodputCalculator`` (``goodput_elastic.py``), in the
+#: order its breakdown adds them; in :attr:`MgmResult.badput_s` for elastic results only.
+ELASTIC_TYPES = ("ELASTIC_SLICE_DOWN", "ELASTIC_SCALE_UP", "ELASTIC_REINITIALIZATION")
 #: Key order of mgm's ``_get_job_badput_breakdown`` (percentages).
 _BREAKDOWN_ORDER = (
     "TPU_INITIALIZATION",
@@ -124,13 +131,16 @@ _EPS_S = 1e-9
 
 # Event kinds of the mgm stream.
 (E_JOB_START, E_JOB_END, E_STEP, E_TPU_START, E_TPU_END, E_PREP_START, E_PREP_END,
- E_DL_START, E_DL_END, E_CUSTOM_START, E_CUSTOM_END, E_SAVE, E_RESTORE) = range(13)
+ E_DL_START, E_DL_END, E_CUSTOM_START, E_CUSTOM_END, E_SAVE, E_RESTORE, E_WAIT_START,
+ E_WAIT_END, E_REINIT_START, E_REINIT_END) = range(17)
 #: Span kind -> (start event, end event) for the paired phases.
 _PAIRED = {
     K_ACCELERATOR_INIT: (E_TPU_START, E_TPU_END),
     K_TRAINING_PREP: (E_PREP_START, E_PREP_END),
     K_DATA_LOADING: (E_DL_START, E_DL_END),
     K_CUSTOM_BADPUT: (E_CUSTOM_START, E_CUSTOM_END),
+    K_ELASTIC_WAIT: (E_WAIT_START, E_WAIT_END),
+    K_ELASTIC_REINIT: (E_REINIT_START, E_REINIT_END),
 }
 # Order of events at equal times (the order the recorder writes them).
 _R_JOB_START, _R_END, _R_STEP, _R_START, _R_END_ZERO, _R_JOB_END = range(6)
@@ -154,6 +164,16 @@ class MgmResult:
     ``|step time - ideal|`` in seconds (empty without an ideal step time). ``interval``:
     None for the whole job, else the effective ``(start_ns, end_ns)`` (ns since the epoch)
     the interval total was measured over.
+
+    Elastic results (mgm's ``ElasticGoodputCalculator``; ``elastic``) also hold
+    :data:`ELASTIC_TYPES` in ``badput_s`` and, after ``OTHER``, in ``badput_percent``.
+    ``badput_keys``: the names mgm's own dict of seconds holds (its
+    ``get_job_goodput_details()["badput_time"]``: a bucket that never came up is not a
+    key there), ``OTHER`` and ``CUSTOM_BADPUT_EVENTS`` included. ``slice_efficiency``:
+    ``(stepping, available)`` fractions (mgm's ``stepping_slice_efficiency`` and
+    ``available_slice_efficiency``; None without slice-count records or for non-elastic
+    results). ``excluded_time_s``: mgm's ``total_excluded_time`` of an exclusion query
+    (:func:`~.mgm_exclusion.account_mgm_excluding`; 0 otherwise).
     """
 
     job: str
@@ -169,6 +189,10 @@ class MgmResult:
     ideal_step_time_s: float | None
     step_deviation_s: dict[int, float]
     interval: tuple[int, int] | None = None
+    elastic: bool = False
+    badput_keys: tuple[str, ...] = ()
+    slice_efficiency: tuple[float, float] | None = None
+    excluded_time_s: float = 0.0
 
     @property
     def goodput_percent(self) -> float:
@@ -195,6 +219,11 @@ class MgmResult:
             "disruptions": self.disruptions,
             "ideal_step_time_s": self.ideal_step_time_s,
             "step_deviation_s": {str(k): v for k, v in self.step_deviation_s.items()},
+            "elastic": self.elastic,
+            "slice_efficiency": None if self.slice_efficiency is None else {
+                "stepping": self.slice_efficiency[0],
+                "available": self.slice_efficiency[1]},
+            "excluded_time_s": self.excluded_time_s,
         }
 
 
@@ -204,25 +233,29 @@ class MgmResult:
 @dataclass(frozen=True)
 class _Events:
     """mgm events in stream order: time (ns), kind (``E_*``), value (step number for
-    steps, checkpoint step for save/restore, index into ``types`` for custom badput),
-    duration (ns, save/restore only). ``types``: upper-cased custom badput types."""
+    steps, checkpoint step for save/restore, index into ``types`` for custom badput and
+    into ``wait_types`` for elastic waits), duration (ns, save/restore only). ``types``:
+    upper-cased custom badput types; ``wait_types``: elastic wait event types as written."""
 
     t: np.ndarray
     kind: np.ndarray
     val: np.ndarray
     dur: np.ndarray
     types: tuple[str, ...]
+    wait_types: tuple[str, ...] = ()
 
     def subset(self, mask: np.ndarray) -> _Events:
         return _Events(self.t[mask], self.kind[mask], self.val[mask], self.dur[mask],
-                       self.types)
+                       self.types, self.wait_types)
 
 
-def _events(job: JobSpans, now_ns: int | None) -> tuple[_Events, int | None]:
-    """The mgm event stream of ``job`` (see the module docstring) and the end of its last
-    attempt (ns; None without attempts)."""
+def _events(job: JobSpans, now_ns: int | None) -> tuple[_Events, int | None, np.ndarray]:
+    """The mgm event stream of ``job`` (see the module docstring), the end of its last
+    attempt (ns; None without attempts) and the slice-count records of the attempts'
+    primary processes (:func:`~goodput_processor.elastic.slice_records`)."""
     attempts = build_attempts(job, now_ns)
     types: dict[str, int] = {}
+    wait_types: dict[str, int] = {}
     cols: list[tuple] = []  # (t, rank, kind, val, dur) arrays per chunk
 
     def add(t, rank, kind, val=None, dur=None):
@@ -238,6 +271,8 @@ def _events(job: JobSpans, now_ns: int | None) -> tuple[_Events, int | None]:
         d = a.primary.data
         kinds, start, end, ival = d[:, C_KIND], d[:, C_START], d[:, C_END], d[:, C_IVAL]
         blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
+        # a phase whose end is inferred (in flight at a kill, or at --at) logged its start only
+        recorded_end = (d[:, C_FLAGS] & F_ENDLESS) == 0
         sel = (kinds == K_STEP) & (ival != NONE)
         add(start[sel], _R_STEP, E_STEP, ival[sel])
         for k, (ek_start, ek_end) in _PAIRED.items():
@@ -249,22 +284,32 @@ def _events(job: JobSpans, now_ns: int | None) -> tuple[_Events, int | None]:
                 names = [(job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE).upper()
                          for s in d[sel, C_SIDX]]
                 val = np.array([types.setdefault(n, len(types)) for n in names], np.int64)
+            elif k == K_ELASTIC_WAIT:  # mgm's ElasticGoodputRecorder default: 'unknown'
+                names = [job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE
+                         for s in d[sel, C_SIDX]]
+                val = np.array([wait_types.setdefault(n, len(wait_types)) for n in names],
+                               np.int64)
             s, e = start[sel], end[sel]
             # A span's start and end interleave so that pairing sees them in write order.
             add(s, _R_START, ek_start, val)
-            add(e, np.where(e > s, _R_END, _R_END_ZERO).astype(np.int8), ek_end, val)
+            ended = recorded_end[sel]
+            add(e[ended], np.where(e > s, _R_END, _R_END_ZERO).astype(np.int8)[ended], ek_end,
+                None if val is None else val[ended])
         for k, ek in ((K_CHECKPOINT_SAVE, E_SAVE), (K_CHECKPOINT_RESTORE, E_RESTORE)):
-            sel = (kinds == k) & blocking
+            # Orbax logs a checkpoint's statistics once it is done: not for one in flight
+            sel = (kinds == k) & blocking & recorded_end
             add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
         if a.end_reason not in ("killed", "running", "restart"):
             add(a.end_ns, _R_JOB_END, E_JOB_END)
+    slices = slice_records(job, [a.primary for a in attempts])
     if not cols:
         z = np.zeros(0, np.int64)
-        return _Events(z, z.astype(np.int8), z, z, ()), None
+        return _Events(z, z.astype(np.int8), z, z, ()), None, slices
     t, rank, kind, val, dur = (np.concatenate(c) for c in zip(*cols, strict=True))
     order = np.lexsort((np.arange(len(t)), rank, t))
-    ev = _Events(t[order], kind[order], val[order], dur[order], tuple(types))
-    return ev, attempts[-1].end_ns
+    ev = _Events(t[order], kind[order], val[order], dur[order], tuple(types),
+                 tuple(wait_types))
+    return ev, attempts[-1].end_ns, slices
 
 
 def _pairs(ev: _Events, k_start: int, k_end: int, by_val: bool = False):
@@ -305,6 +350,7 @@ class _Segment:
     wasted_ns: int = 0
     custom_ns: dict[int, int] = field(default_factory=dict)  # custom type index -> ns
     max_productive_step: int = 0
+    counted: bool = False  # a consecutive delta counted (mgm then has its three keys)
 
 
 def _contained(p: np.ndarray, c: np.ndarray, cs: np.ndarray, ce: np.ndarray):
@@ -356,6 +402,7 @@ def _segment(num, t, bound: int, custom) -> _Segment | None:
     idx = np.flatnonzero(counted)
     if not len(idx):
         return seg
+    seg.counted = True
     sync = np.zeros(len(idx), np.int64)
     cs, ce, cv = custom
     di, ci = _contained(pt[idx], ct[idx], cs, ce)
@@ -404,9 +451,51 @@ class _Core:
     max_productive_step: int
     last_step: int
     disruptions: int
+    #: the badput names mgm's own dict would hold (``get_job_goodput_details``), OTHER
+    #: excepted, CUSTOM_BADPUT_EVENTS included
+    present: frozenset = frozenset()
 
 
-def _calculate(ev: _Events) -> _Core:
+def _overlap_ns(a_s, a_e, b_s, b_e) -> int:
+    """Sum over every pair (interval of a, interval of b) of their positive overlap (ns)."""
+    total = 0
+    for s0, e0 in zip(a_s.tolist(), a_e.tolist(), strict=True):
+        for s1, e1 in zip(b_s.tolist(), b_e.tolist(), strict=True):
+            total += max(0, min(e0, e1) - max(s0, s1))
+    return total
+
+
+def _elastic(ev: _Events, unprod: dict[str, float], present: set) -> None:
+    """mgm 0.2.3 ``ElasticGoodputCalculator._get_current_productive_and_unproductive_time``
+    on top of the base rules: each elastic wait (paired per event type, kept if start <
+    end) is ELASTIC_SCALE_UP when its type contains ``scale_up`` (any case), else
+    ELASTIC_SLICE_DOWN; each reinitialisation pair (start < end) is ELASTIC_REINITIALIZATION;
+    with any reinitialisation, TPU_INITIALIZATION and TRAINING_PREP lose their overlap with
+    the reinitialisation intervals (at least 0)."""
+    ws, we, wv, _ = _pairs(ev, E_WAIT_START, E_WAIT_END, by_val=True)
+    for s, e, v in zip(ws.tolist(), we.tolist(), wv.tolist(), strict=True):
+        if s < e:
+            name = ("ELASTIC_SCALE_UP" if "scale_up" in ev.wait_types[v].lower()
+                    else "ELASTIC_SLICE_DOWN")
+            unprod[name] += (e - s) / _NS
+            present.add(name)
+    rs, re_, _, _ = _pairs(ev, E_REINIT_START, E_REINIT_END)
+    keep = rs < re_
+    rs, re_ = rs[keep], re_[keep]
+    if not len(rs):
+        return
+    unprod["ELASTIC_REINITIALIZATION"] += int((re_ - rs).sum()) / _NS
+    present.add("ELASTIC_REINITIALIZATION")
+    for name, (k0, k1) in (("TPU_INITIALIZATION", (E_TPU_START, E_TPU_END)),
+                           ("TRAINING_PREP", (E_PREP_START, E_PREP_END))):
+        s, e, _, _ = _pairs(ev, k0, k1)
+        ok = s < e
+        overlap = _overlap_ns(s[ok], e[ok], rs, re_)
+        if overlap > 0:
+            unprod[name] = max(0.0, unprod[name] - overlap / _NS)
+
+
+def _calculate(ev: _Events, elastic: bool = False) -> _Core:
     """mgm 0.2.3 ``_get_current_productive_and_unproductive_time`` on the event stream.
 
     Rules (seconds; all from that function and its helpers unless named):
@@ -429,10 +518,13 @@ def _calculate(ev: _Events) -> _Core:
     - Blocking checkpoint save time is subtracted from productive time (only when there
       are steps at all).
     - Last recorded step: the largest step number of the last segment (0 without steps).
+    - ``elastic``: the rules of mgm's ``ElasticGoodputCalculator`` on top (:func:`_elastic`).
     """
-    unprod = dict.fromkeys(BADPUT_TYPES, 0.0)
+    unprod = dict.fromkeys(BADPUT_TYPES + (ELASTIC_TYPES if elastic else ()), 0.0)
     del unprod["OTHER"]
     custom_ns: dict[int, int] = {}
+    present = {"TPU_INITIALIZATION", "TRAINING_PREP", "DATA_LOADING_ASYNC",
+               "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME", "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"}
 
     step_pos = np.flatnonzero(ev.kind == E_STEP)
     num, st = ev.val[step_pos], ev.t[step_pos]
@@ -458,6 +550,9 @@ def _calculate(ev: _Events) -> _Core:
         nonlocal productive_s, wasted_ns, startup_s
         if seg is None:
             return
+        present.add("WASTED_PROGRESS_FROM_DISRUPTION")
+        if seg.counted:
+            present.update(("CUSTOM_BADPUT_EVENTS", "PROGRAM_STARTUP"))
         productive_s += seg.productive_s
         wasted_ns += seg.wasted_ns
         startup_s += seg.startup_s
@@ -474,6 +569,7 @@ def _calculate(ev: _Events) -> _Core:
         k = np.searchsorted(js_pos, step_pos[i], side="left") - 1
         if k >= 0 and ev.t[js_pos[k]] > st[i - 1]:
             recovery_ns += int(ev.t[js_pos[k]] - st[i - 1])
+            present.add("INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION")
         begin = i
 
     # Phases. DATA_LOADING_SYNC: the first data loading after the start and after each
@@ -500,6 +596,8 @@ def _calculate(ev: _Events) -> _Core:
                 sync_ns += x
                 armed = False
     unprod["DATA_LOADING_SYNC"] = sync_ns / _NS
+    if len(dl):
+        present.add("DATA_LOADING_SYNC")
     unprod["DATA_LOADING_ASYNC"] = (int(dl.sum()) - sync_ns) / _NS
     save_s = _checkpoint_total_s(ev, E_SAVE)
     unprod["UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"] = save_s
@@ -525,6 +623,8 @@ def _calculate(ev: _Events) -> _Core:
         productive_s -= save_s
     unprod["PROGRAM_STARTUP"] = startup_s
     unprod["WASTED_PROGRESS_FROM_DISRUPTION"] = wasted_ns / _NS
+    if elastic:
+        _elastic(ev, unprod, present)
     return _Core(
         productive_s=productive_s,
         unproductive=unprod,
@@ -532,6 +632,7 @@ def _calculate(ev: _Events) -> _Core:
         max_productive_step=max_productive,
         last_step=last_step,
         disruptions=len(cuts),
+        present=frozenset(present),
     )
 
 
@@ -565,13 +666,15 @@ def _step_times(ev: _Events) -> dict[int, float]:
     return out
 
 
-def _finish(job: str, ev: _Events, total_ns: int, ideal_step_time_s, interval) -> MgmResult:
+def _finish(job: str, ev: _Events, total_ns: int, ideal_step_time_s, interval,
+            elastic: bool = False, slices=None) -> MgmResult:
     """Validity checks, sanitising, OTHER and percentages as mgm 0.2.3 ``get_job_goodput``
-    / ``_compute_job_goodput_interval_metrics`` do."""
+    / ``_compute_job_goodput_interval_metrics`` do (``elastic``: with the rules and the
+    breakdown of ``ElasticGoodputCalculator``; ``slices``: its slice efficiencies)."""
     if total_ns == 0:
         raise ValueError(f"job {job!r}: total job time is zero, mgm cannot compute goodput")
     total = total_ns / _NS
-    core = _calculate(ev)
+    core = _calculate(ev, elastic)
     # Our inputs are integer ns: a difference under 1 ns is float rounding of an equality
     # (mgm's own float noise may go either way there; we take it as equal).
     if core.productive_s < -_EPS_S or core.productive_s > total + _EPS_S:
@@ -585,13 +688,13 @@ def _finish(job: str, ev: _Events, total_ns: int, ideal_step_time_s, interval) -
     known = sum(v for k, v in unprod.items() if k != "DATA_LOADING_ASYNC") + sum(
         custom.values())
     unprod["OTHER"] = max(0.0, total - core.productive_s - known)
-    badput_s = {k: unprod[k] for k in BADPUT_TYPES}
+    badput_s = {k: unprod[k] for k in BADPUT_TYPES + (ELASTIC_TYPES if elastic else ())}
 
     def pct(v: float) -> float:  # _get_job_badput_breakdown: 0 unless 0 < v < total
         return v / total * 100 if 0 < v < total else 0.0
 
     percent: dict[str, float | dict[str, float]] = {}
-    for name in _BREAKDOWN_ORDER:
+    for name in _BREAKDOWN_ORDER + (ELASTIC_TYPES if elastic else ()):
         percent[name] = ({k: pct(v) for k, v in custom.items()}
                          if name == "CUSTOM_BADPUT_EVENTS" else pct(badput_s[name]))
     step_times = _step_times(ev)
@@ -613,6 +716,11 @@ def _finish(job: str, ev: _Events, total_ns: int, ideal_step_time_s, interval) -
         ideal_step_time_s=None if ideal is None else float(ideal),
         step_deviation_s=deviation,
         interval=interval,
+        elastic=elastic,
+        badput_keys=tuple(k for k in BADPUT_TYPES[:-1] + ("CUSTOM_BADPUT_EVENTS",)
+                          + (ELASTIC_TYPES if elastic else ()) if k in core.present)
+        + ("OTHER",),
+        slice_efficiency=slices,
     )
 
 
@@ -622,6 +730,7 @@ def account_mgm(
     interval_ns: tuple[int, int] | None = None,
     now_ns: int | None = None,
     ideal_step_time_s: float | None = None,
+    elastic: bool | None = None,
 ) -> MgmResult:
     """What ml-goodput-measurement 0.2.3's ``GoodputCalculator`` returns for ``job``.
 
@@ -640,9 +749,16 @@ def account_mgm(
             wall-clock time of the query).
         ideal_step_time_s: mgm's ``configured_ideal_step_time`` in seconds; None: mgm's
             :func:`compute_ideal_step_time` of the step times.
+        elastic: answer as mgm's ``ElasticGoodputCalculator`` (``goodput_elastic.py``:
+            elastic wait and reinitialisation badput, slice efficiency) or as its base
+            ``GoodputCalculator``, which leaves elastic entries out (their time is OTHER);
+            None (default): elastic when the job has elastic spans or slice counts.
 
     Returns:
-        An :class:`MgmResult`.
+        An :class:`MgmResult`. Its ``slice_efficiency`` is mgm's for ``get_job_goodput_
+        details`` (the whole job: from the first job start over the total time) or
+        ``get_interval_metric_details`` (an interval: records within it, over the
+        requested interval).
 
     Raises:
         ValueError: ``ideal_step_time_s`` is not a finite number > 0; the job has no
@@ -656,7 +772,10 @@ def account_mgm(
         math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
     ):
         raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
-    ev, last_end = _events(job, now_ns)
+    ev, last_end, slices = _events(job, now_ns)
+    if elastic is None:
+        elastic = bool(len(slices)) or bool(
+            np.isin(ev.kind, (E_WAIT_START, E_WAIT_END, E_REINIT_START, E_REINIT_END)).any())
     if interval_ns is None:
         js = ev.t[ev.kind == E_JOB_START]
         if not len(js):
@@ -666,7 +785,11 @@ def account_mgm(
             end = int(je[-1])
         else:
             end = int(now_ns) if now_ns is not None else int(last_end)
-        return _finish(job.name, ev, end - int(js[0]), ideal_step_time_s, None)
+        eff = None
+        if elastic:
+            e = slice_efficiency(slices, int(js[0]), end, mgm=True)
+            eff = None if e is None else (e.stepping, e.available)
+        return _finish(job.name, ev, end - int(js[0]), ideal_step_time_s, None, elastic, eff)
 
     start, end = (int(x) for x in interval_ns)
     if start >= end:
@@ -680,7 +803,12 @@ def account_mgm(
         raise ValueError(
             f"job {job.name!r}: the events within the interval ({start}, {end}] ns span no "
             "time (mgm: 'Start time is on or after end time')")
-    return _finish(job.name, sub, hi - lo, ideal_step_time_s, (lo, hi))
+    eff = None
+    if elastic:
+        inside = slices[(slices[:, 0] > start) & (slices[:, 0] <= end)]
+        e = slice_efficiency(inside, start, end, mgm=True)
+        eff = None if e is None else (e.stepping, e.available)
+    return _finish(job.name, sub, hi - lo, ideal_step_time_s, (lo, hi), elastic, eff)
 
 
 # --- table ---------------------------------------------------------------------------

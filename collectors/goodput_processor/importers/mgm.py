@@ -19,7 +19,12 @@ order):
   ``custom_badput_event``) -> spans; an end closes the latest open start of the same kind
   (and custom type) in its attempt;
 - Orbax ``save`` -> blocking ``goodput.checkpoint_save`` over [start, start + duration];
-  ``restore`` / ``emergency_restore`` -> ``goodput.checkpoint_restore``.
+  ``restore`` / ``emergency_restore`` -> ``goodput.checkpoint_restore``;
+- ``ElasticGoodputRecorder``'s entries: ``elastic_wait_start_time`` / ``_end_time`` pairs
+  (per ``elastic_wait_event_type``, ``unknown`` when absent) -> ``goodput.elastic_wait``;
+  ``elastic_reinit_start_time`` / ``_end_time`` -> ``goodput.elastic_reinit``;
+  ``elastic_slice_counts_timestamp`` (with ``active_slices``, ``available_slices``,
+  ``total_slices``) -> a ``goodput.elastic_slices`` marker.
 
 Problems (counted by reason in :class:`~.common.Problems`, never dropped silently):
 ``not JSON``, ``not an object``, ``unknown payload``, ``wrong type``, ``missing field``,
@@ -41,6 +46,9 @@ from .writer import (
     K_CHECKPOINT_SAVE,
     K_CUSTOM_BADPUT,
     K_DATA_LOADING,
+    K_ELASTIC_REINIT,
+    K_ELASTIC_SLICES,
+    K_ELASTIC_WAIT,
     K_JOB_END,
     K_JOB_START,
     K_STEP,
@@ -53,7 +61,8 @@ __all__ = ["MGM_KEYS", "ORBAX_EVENTS", "MgmResult", "convert", "is_mgm_payload"]
 
 # Entry kinds (internal).
 (E_JOB_START, E_JOB_END, E_STEP, E_TPU_S, E_TPU_E, E_PREP_S, E_PREP_E, E_DL_S, E_DL_E,
- E_CB_S, E_CB_E, E_SAVE, E_RESTORE) = range(13)
+ E_CB_S, E_CB_E, E_SAVE, E_RESTORE, E_WAIT_S, E_WAIT_E, E_REINIT_S, E_REINIT_E,
+ E_SLICES) = range(18)
 #: mgm recorder payload key (a POSIX time in seconds) -> entry kind.
 _TIME_KEYS = {
     "job_start_time": E_JOB_START,
@@ -67,6 +76,11 @@ _TIME_KEYS = {
     "data_loading_end_time": E_DL_E,
     "custom_badput_event_start_time": E_CB_S,
     "custom_badput_event_end_time": E_CB_E,
+    "elastic_wait_start_time": E_WAIT_S,
+    "elastic_wait_end_time": E_WAIT_E,
+    "elastic_reinit_start_time": E_REINIT_S,
+    "elastic_reinit_end_time": E_REINIT_E,
+    "elastic_slice_counts_timestamp": E_SLICES,
 }
 MGM_KEYS = frozenset(_TIME_KEYS)
 #: Orbax checkpoint-logger ``event_type`` values -> entry kind.
@@ -77,6 +91,8 @@ _PAIRS = {
     E_PREP_S: (K_TRAINING_PREP, "training_prep"),
     E_DL_S: (K_DATA_LOADING, "data_loading"),
     E_CB_S: (K_CUSTOM_BADPUT, "custom_badput_event"),
+    E_WAIT_S: (K_ELASTIC_WAIT, "elastic_wait"),
+    E_REINIT_S: (K_ELASTIC_REINIT, "elastic_reinit"),
 }
 _STARTS = frozenset(_PAIRS)
 #: (start key, duration keys in order of preference) per Orbax operation.
@@ -119,8 +135,9 @@ class _Rows:
         self.t = array("d")  # POSIX seconds
         self.job = array("q")  # index into jobs; -1 = no job name
         self.ival = array("q")  # step (steps, Orbax), else NONE
-        self.dur = array("d")  # Orbax duration in seconds (-1: none)
-        self.sidx = array("q")  # custom badput type (index into types), else -1
+        self.dur = array("d")  # Orbax duration in seconds (-1: none); total slices
+        self.sidx = array("q")  # custom badput / elastic wait type, available slices (index
+        #                          into types of their text), else -1
         self.ts: list = []  # LogEntry timestamp string or None
         self.file = array("q")  # where the entry is: file index, line, array element
         self.line = array("q")
@@ -189,21 +206,36 @@ def _read(paths: list[str], problems: Problems, progress) -> tuple[_Rows, int]:
                                  f"integer, got {payload.get('step_count')!r:.40}")
                     continue
                 ival = step
-            elif kind == E_CB_S or kind == E_CB_E:
-                btype = payload.get("custom_badput_event_type", _UNKNOWN_TYPE)
+            elif kind in (E_CB_S, E_CB_E, E_WAIT_S, E_WAIT_E):
+                tkey = ("custom_badput_event_type" if kind in (E_CB_S, E_CB_E)
+                        else "elastic_wait_event_type")
+                btype = payload.get(tkey, _UNKNOWN_TYPE)
                 if type(btype) is not str:
                     problems.add(where(path, line, element), "wrong type",
-                                 f"custom_badput_event_type must be a string, got "
-                                 f"{btype!r:.40}")
+                                 f"{tkey} must be a string, got {btype!r:.40}")
                     continue
                 sidx = types.get(btype)
                 if sidx is None:
                     sidx = types[btype] = len(types)
+            dur = -1.0
+            if kind == E_SLICES:
+                counts = [as_int(payload.get(k, 0)) for k in
+                          ("active_slices", "total_slices", "available_slices")]
+                if None in counts:
+                    problems.add(where(path, line, element), "wrong type",
+                                 "active_slices, total_slices and available_slices must be "
+                                 "integers")
+                    continue
+                ival, dur = counts[0], float(counts[1])
+                text = str(counts[2])
+                sidx = types.get(text)
+                if sidx is None:
+                    sidx = types[text] = len(types)
             kinds(kind)
             ts_(v)
             jobs_(j)
             ival_(ival)
-            dur_(-1.0)
+            dur_(dur)
             sidx_(sidx)
             tss(logts)
             file_(fi)
@@ -332,9 +364,9 @@ def _tie_keys(t: np.ndarray, kind: np.ndarray, job: np.ndarray, ts: list) -> np.
     whose payload time ties with another such entry of the same job and family (steps;
     one start/end kind), else 0."""
     family = np.where(kind == E_STEP, E_STEP, -1)
-    pair = (kind >= E_TPU_S) & (kind <= E_CB_E)
+    pair = ((kind >= E_TPU_S) & (kind <= E_CB_E)) | ((kind >= E_WAIT_S) & (kind <= E_REINIT_E))
     family[pair] = kind[pair] - (kind[pair] - E_TPU_S) % 2  # the start kind
-    family[family >= 0] += job[family >= 0] * 16
+    family[family >= 0] += job[family >= 0] * 32
     keys = np.zeros(len(t), np.int64)
     order = np.lexsort((family, t))
     st, sf = t[order], family[order]
@@ -392,7 +424,8 @@ def _job_spans(sel, t, ties, kind, ival, dur, sidx, rows: _Rows, types, paths,
         table.add_many(sa, 0, K_STEP, ss, ends, ival=ival[is_step])
 
     # Start/end pairs: an end closes the latest open start of its kind (and type).
-    paired = np.flatnonzero((kind >= E_TPU_S) & (kind <= E_CB_E))
+    paired = np.flatnonzero(((kind >= E_TPU_S) & (kind <= E_CB_E))
+                            | ((kind >= E_WAIT_S) & (kind <= E_REINIT_E)))
     open_: dict[tuple, list[int]] = {}
     out: dict[tuple, tuple[list, list, list]] = {}
     for k, e, a, s in zip(paired.tolist(), kind[paired].tolist(), att[paired].tolist(),
@@ -425,4 +458,11 @@ def _job_spans(sel, t, ties, kind, ival, dur, sidx, rows: _Rows, types, paths,
         if m.any():
             d = np.rint(dur[m] * 1e9).astype(np.int64)
             table.add_many(att[m], 0, span_kind, tns[m], tns[m] + d, ival=ival[m])
+
+    # Elastic slice counts: zero-length markers (total in dur, available in sidx).
+    m = np.flatnonzero(kind == E_SLICES)
+    if len(m):
+        table.add_many(att[m], 0, K_ELASTIC_SLICES, tns[m], tns[m], ival=ival[m],
+                       aux=dur[m].astype(np.int64),
+                       sidx=[table.string(types[x]) for x in sidx[m].tolist()])
     return table

@@ -34,13 +34,16 @@ __all__ = ["COLUMNS", "KINDS", "NONE", "SpanTable", "SpanWriter", "WrittenJob", 
 #: Span kinds a table holds (its ``kind`` column indexes this tuple).
 KINDS = (schema.JOB_START, schema.JOB_END, schema.ACCELERATOR_INIT, schema.TRAINING_PREP,
          schema.DATA_LOADING, schema.STEP, schema.CHECKPOINT_SAVE, schema.CHECKPOINT_RESTORE,
-         schema.CUSTOM_BADPUT)
+         schema.CUSTOM_BADPUT, schema.ELASTIC_WAIT, schema.ELASTIC_REINIT, schema.ELASTIC_SLICES)
 (K_JOB_START, K_JOB_END, K_ACCELERATOR_INIT, K_TRAINING_PREP, K_DATA_LOADING, K_STEP,
- K_CHECKPOINT_SAVE, K_CHECKPOINT_RESTORE, K_CUSTOM_BADPUT) = range(len(KINDS))
+ K_CHECKPOINT_SAVE, K_CHECKPOINT_RESTORE, K_CUSTOM_BADPUT, K_ELASTIC_WAIT, K_ELASTIC_REINIT,
+ K_ELASTIC_SLICES) = range(len(KINDS))
 #: Columns of a span row. ``start``/``end``: ns since the Unix epoch. ``ival``: step
-#: (step spans) or checkpoint step (save, restore). ``aux``: ``goodput.step.count`` (step).
-#: ``sidx``: index into :attr:`SpanTable.strings` of the badput type (custom badput) or
-#: end reason (job_end), -1 = none.
+#: (step spans), checkpoint step (save, restore) or stepping slices (elastic_slices).
+#: ``aux``: ``goodput.step.count`` (step) or total slices (elastic_slices).
+#: ``sidx``: index into :attr:`SpanTable.strings` of the badput type (custom badput), the
+#: event type (elastic_wait), the end reason (job_end) or the decimal text of the available
+#: slices (elastic_slices, written as an int attribute), -1 = none.
 COLUMNS = ("attempt", "process", "kind", "start", "end", "ival", "aux", "sidx")
 NCOLS = len(COLUMNS)
 C_ATTEMPT, C_PROCESS, C_KIND, C_START, C_END, C_IVAL, C_AUX, C_SIDX = range(NCOLS)
@@ -140,12 +143,19 @@ def _templates() -> list[str]:
 
     ival_kv = {K_STEP: kv(schema.ATTR_STEP, '{"intValue":"%d"}'),
                K_CHECKPOINT_SAVE: kv(schema.ATTR_CHECKPOINT_STEP, '{"intValue":"%d"}'),
-               K_CHECKPOINT_RESTORE: kv(schema.ATTR_CHECKPOINT_STEP, '{"intValue":"%d"}')}
-    aux_kv = {K_STEP: kv(schema.ATTR_STEP_COUNT, '{"intValue":"%d"}')}
+               K_CHECKPOINT_RESTORE: kv(schema.ATTR_CHECKPOINT_STEP, '{"intValue":"%d"}'),
+               K_ELASTIC_SLICES: kv(schema.ATTR_SLICES_ACTIVE, '{"intValue":"%d"}')}
+    aux_kv = {K_STEP: kv(schema.ATTR_STEP_COUNT, '{"intValue":"%d"}'),
+              K_ELASTIC_SLICES: kv(schema.ATTR_SLICES_TOTAL, '{"intValue":"%d"}')}
     str_kv = {K_CUSTOM_BADPUT: kv(schema.ATTR_BADPUT_TYPE, '{"stringValue":%s}'),
-              K_JOB_END: kv(schema.ATTR_END_REASON, '{"stringValue":%s}')}
+              K_JOB_END: kv(schema.ATTR_END_REASON, '{"stringValue":%s}'),
+              K_ELASTIC_WAIT: kv(schema.ATTR_ELASTIC_EVENT_TYPE, '{"stringValue":%s}'),
+              # the JSON string of a decimal number: an OTLP JSON int64
+              K_ELASTIC_SLICES: kv(schema.ATTR_SLICES_AVAILABLE, '{"intValue":%s}')}
     always = {K_CHECKPOINT_SAVE: _kv(schema.ATTR_BLOCKING, True),
-              K_CUSTOM_BADPUT: _kv(schema.ATTR_BLOCKING, True)}
+              K_CUSTOM_BADPUT: _kv(schema.ATTR_BLOCKING, True),
+              K_ELASTIC_WAIT: _kv(schema.ATTR_BLOCKING, True),
+              K_ELASTIC_REINIT: _kv(schema.ATTR_BLOCKING, True)}
     out = []
     for kind, name in enumerate(KINDS):
         base = ('{"traceId":"%s","spanId":"%016x","name":' + json.dumps(name)
