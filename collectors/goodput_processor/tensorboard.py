@@ -25,7 +25,8 @@ from goodput import schema
 from .report import JobResult
 from .timeline import NONE
 
-__all__ = ["TAG_BADPUT", "TAG_GOODPUT", "TAG_STEP_DEVIATION", "TensorBoardWriter", "badput_tag"]
+__all__ = ["TAG_BADPUT", "TAG_GOODPUT", "TAG_STEP_DEVIATION", "ScalarWriter", "TensorBoardWriter",
+           "badput_tag", "mgm_badput_scalars"]
 
 TAG_GOODPUT = "goodput/goodput"
 TAG_BADPUT = "badput"
@@ -107,3 +108,64 @@ class TensorBoardWriter:
         if not self._closed:
             self._closed = True
             self._writer.close()
+
+
+class ScalarWriter:
+    """Writes plain scalar events (``simple_value``) to an event file under ``logdir``, as
+    ``tensorboardX.SummaryWriter.add_scalar`` does (the writer of ml-goodput-measurement's
+    monitor); read them back with ``EventAccumulator(...).Scalars(tag)``. Uses TensorBoard's
+    own event file writer (no TensorFlow, no PyTorch). Not thread-safe.
+
+    Args:
+        logdir: directory for the event file (created if missing).
+
+    Raises:
+        OSError: ``logdir`` cannot be created.
+    """
+
+    def __init__(self, logdir: str | os.PathLike):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self.logdir = os.fspath(logdir)
+        os.makedirs(self.logdir, exist_ok=True)
+        self._writer = EventFileWriter(self.logdir)
+        self._closed = False
+
+    def add_scalar(self, tag: str, value: float, step: int, display_name: str = "",
+                   wall_time: float | None = None) -> None:
+        """One point of ``tag`` at ``step`` (``display_name``: the plot's title, stored in
+        the summary metadata as tensorboardX stores it)."""
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        v = summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+        if display_name:
+            v.metadata.CopyFrom(summary_pb2.SummaryMetadata(display_name=display_name))
+        self._writer.add_event(event_pb2.Event(
+            wall_time=time.time() if wall_time is None else wall_time, step=int(step),
+            summary=summary_pb2.Summary(value=[v])))
+
+    def flush(self) -> None:
+        """Write what was added to the file."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
+
+
+def mgm_badput_scalars(prefix: str, data: dict) -> list[tuple[str, float, str]]:
+    """``(tag, value, display name)`` of ml-goodput-measurement's
+    ``monitoring._log_tensorboard_scalars(writer, prefix, data, step)``: ``prefix/name``
+    for a value (name lower-cased), ``prefix/name/sub`` (all lower-cased) for each entry of
+    a nested dict, e.g. ``badput/tpu_initialization``,
+    ``badput/custom_badput_events/eval_step``; the display name is the last part."""
+    out = []
+    for name, value in data.items():
+        if isinstance(value, dict):
+            for sub, x in value.items():
+                out.append((f"{prefix}/{name}/{sub}".lower(), float(x), sub.lower()))
+        else:
+            out.append((f"{prefix}/{name.lower()}", float(value), name.lower()))
+    return out

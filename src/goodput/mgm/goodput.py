@@ -1,0 +1,526 @@
+"""``ml_goodput_measurement.goodput`` (0.2.3): ``GoodputRecorder`` and ``GoodputCalculator``.
+
+Code written for the incumbent switches by changing its import::
+
+    from goodput.mgm import goodput          # was: from ml_goodput_measurement import goodput
+
+    recorder = goodput.GoodputRecorder(job_name=run_name, logger_name=f"goodput_{run_name}",
+                                       logging_enabled=(jax.process_index() == 0))
+    recorder.record_job_start_time(datetime.datetime.now())
+    ...
+    calculator = goodput.GoodputCalculator(job_name=run_name, logger_name=f"goodput_{run_name}")
+    percent, badput, last_step = calculator.get_job_goodput(include_badput_breakdown=True)
+
+Same class names, positional and keyword arguments, defaults, method names and return
+shapes (percentages 0..100, :class:`BadputType` keys with ``CUSTOM_BADPUT_EVENTS`` nested
+by upper-cased type, seconds in the details). What differs is where the data lives: the
+recorder writes spans (the local spool, any configured exporter) instead of Cloud Logging
+entries, and the calculator reads them.
+
+**Where ``logger_name`` points.** The incumbent's log is named by ``logger_name`` (and the
+job by ``job_name``). Here the log is the job's *run directory*: ``run_dir=`` (keyword, on
+both classes) if given, else ``GOODPUT_RUN_DIR``, else ``goodput-runs/<job_name>``
+(:func:`goodput.schema.default_run_dir`). ``logger_name`` is accepted and kept but picks
+nothing: recorder, calculator and monitor find the same directory from the job name,
+without configuration, as the incumbent's do from ``logger_name``.
+
+The calculator's numbers are this project's model (``definitions="goodput"``, the default:
+its breakdown has one key more, ``BadputType.TRAINING_SLOWDOWN``) or the incumbent's own
+definitions (``definitions="mgm"``), which ``goodput report --definitions mgm`` also gives
+(``docs/definitions.md``). The processor (``goodput_processor``) does the accounting; it is
+imported when a calculator is first queried, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+from typing import Union
+
+from goodput import api, phases, schema
+from goodput.mgm import goodput_utils
+
+__all__ = [
+    "BadputType", "GoodputCalculator", "GoodputInfo", "GoodputRecorder", "GoodputType",
+    "IntervalMetricType", "IntervalWorkloadMetricDetails", "MetricType", "StepInfo",
+    "UnproductiveTimeDict", "WorkloadMetricDetails", "compute_ideal_step_time",
+    "get_extra_time_from_anomalous_steps", "get_timestamp_from_log_entry",
+]
+
+log = logging.getLogger(__name__)
+
+BadputType = goodput_utils.BadputType
+GoodputType = goodput_utils.GoodputType
+GoodputInfo = goodput_utils.GoodputInfo
+MetricType = goodput_utils.MetricType
+IntervalMetricType = goodput_utils.IntervalMetricType
+StepInfo = goodput_utils.StepInfo
+WorkloadMetricDetails = goodput_utils.WorkloadMetricDetails
+IntervalWorkloadMetricDetails = goodput_utils.IntervalWorkloadMetricDetails
+get_timestamp_from_log_entry = goodput_utils.get_timestamp_from_log_entry
+get_extra_time_from_anomalous_steps = goodput_utils.get_extra_time_from_anomalous_steps
+compute_ideal_step_time = goodput_utils.compute_ideal_step_time
+#: ``{BadputType: seconds or percent}``, ``CUSTOM_BADPUT_EVENTS`` -> ``{TYPE: value}``.
+UnproductiveTimeDict = dict[BadputType, Union[float, dict[str, float]]]  # noqa: UP007
+
+_NS = 1_000_000_000
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
+def run_dir_of(job_name: str, run_dir=None) -> str:
+    """The run directory a recorder, calculator or monitor of ``job_name`` uses: ``run_dir``,
+    else ``GOODPUT_RUN_DIR``, else ``goodput-runs/<job_name>`` (module docstring)."""
+    if run_dir is not None:
+        return os.fspath(run_dir)
+    return os.environ.get("GOODPUT_RUN_DIR") or schema.default_run_dir(job_name)
+
+
+# --- recorder ---------------------------------------------------------------------------------
+
+
+class GoodputRecorder:
+    """Drop-in for ``ml_goodput_measurement.goodput.GoodputRecorder``.
+
+    Args:
+        job_name: the job (run) name.
+        logger_name: the incumbent's Cloud Logging log name: accepted, kept, not used to
+            pick the run directory (module docstring).
+        logging_enabled: record only if True (default False, as the incumbent: set it on the
+            process that should write, e.g. ``jax.process_index() == 0``).
+        cloud_logger: accepted for compatibility; unused.
+        background_grace_period_s, background_batch_size, background_max_latency_s: the
+            incumbent's Cloud Logging transport settings: accepted, unused (the spool is
+            written by the recorder's own background thread every ``flush_interval_s``).
+        **configure_kwargs: passed to :func:`goodput.configure` (``run_dir``,
+            ``flush_interval_s``, ``traces_exporter``, ...).
+
+    A second recorder of the same job and run directory in one process (MaxText creates
+    one per elastic retry) shares the process's recorder instead of starting over. Every
+    ``record_*`` method takes the incumbent's optional ``datetime`` (default now) and never
+    raises into the training loop: a bad time is logged and counted.
+    """
+
+    def __init__(self, job_name: str, logger_name: str | None = None, logging_enabled=False,
+                 cloud_logger=None, *, background_grace_period_s: float = 5.0,
+                 background_batch_size: int = 100, background_max_latency_s: float = 2.0,
+                 **configure_kwargs):
+        self.job_name = job_name
+        self.logger_name = logger_name
+        self.logging_enabled = bool(logging_enabled)
+        self._open: dict[tuple, phases.Phase] = {}
+        if not self.logging_enabled:
+            return
+        try:
+            rec = api.current_recorder()
+            run_dir = configure_kwargs.get("run_dir")
+            same = (rec is not None and not rec._shut and rec.job_name == job_name
+                    and (run_dir is None or rec.run_dir == os.fspath(run_dir)))
+            if not same:
+                api.configure(job_name, start=False, **configure_kwargs)
+        except Exception as e:  # never into the training program
+            self.logging_enabled = False
+            log.error("goodput: recorder for job %r not configured: %s", job_name, e)
+
+    def _begin(self, key, name, attrs, when) -> None:
+        if self.logging_enabled:
+            self._open[key] = phases.Phase(name, attrs).begin(when)
+
+    def _finish(self, key, when) -> None:
+        if not self.logging_enabled:
+            return
+        phase = self._open.pop(key, None)
+        if phase is None:
+            api.get_recorder().error("%s end recorded without a start: ignored", key[0])
+            return
+        phase.finish(when)
+
+    def flush(self) -> None:
+        """Write everything recorded so far to the spool now (the incumbent's fence)."""
+        if self.logging_enabled:
+            api.flush()
+
+    def record_checkpoint_progress(self, step, checkpoint_start_time) -> None:
+        """A no-op, as in the incumbent (0.2.3 records nothing here)."""
+
+    def record_job_start_time(self, start_time=None) -> None:
+        """Begin a new attempt of the job at ``start_time`` (default now)."""
+        if self.logging_enabled:
+            api.job_start(start_time)
+
+    def record_job_end_time(self, end_time=None) -> None:
+        """End the current attempt at ``end_time`` (default now)."""
+        if self.logging_enabled:
+            api.job_end(end_time)
+
+    def record_step_start_time(self, step: int, start_time=None) -> None:
+        """Step ``step`` starts (step time is measured between step starts)."""
+        if self.logging_enabled:
+            try:
+                step = int(step)
+            except (TypeError, ValueError) as e:
+                api.get_recorder().error("step %r not recorded: %s", step, e)
+                return
+            api.step_start(step, start_time)
+
+    def record_tpu_init_start_time(self, start_time=None) -> None:
+        """Accelerator initialisation starts."""
+        self._begin(("tpu_init",), schema.ACCELERATOR_INIT, None, start_time)
+
+    def record_tpu_init_end_time(self, end_time=None) -> None:
+        """Accelerator initialisation ends."""
+        self._finish(("tpu_init",), end_time)
+
+    def record_training_preparation_start_time(self, start_time=None) -> None:
+        """Training preparation starts."""
+        self._begin(("training_prep",), schema.TRAINING_PREP, None, start_time)
+
+    def record_training_preparation_end_time(self, end_time=None) -> None:
+        """Training preparation ends."""
+        self._finish(("training_prep",), end_time)
+
+    def record_data_loading_start_time(self, start_time=None) -> None:
+        """Data loading (blocking) starts."""
+        self._begin(("data_loading",), schema.DATA_LOADING, None, start_time)
+
+    def record_data_loading_end_time(self, end_time=None) -> None:
+        """Data loading ends."""
+        self._finish(("data_loading",), end_time)
+
+    def record_custom_badput_event_start_time(
+        self, start_time=None, custom_badput_event_type: str = "unknown"
+    ) -> None:
+        """A custom badput event of ``custom_badput_event_type`` (e.g. ``"eval_step"``) starts."""
+        attrs = {schema.ATTR_BADPUT_TYPE: str(custom_badput_event_type)}
+        self._begin(("custom", custom_badput_event_type), schema.CUSTOM_BADPUT, attrs, start_time)
+
+    def record_custom_badput_event_end_time(
+        self, end_time=None, custom_badput_event_type: str = "unknown"
+    ) -> None:
+        """The custom badput event of ``custom_badput_event_type`` ends."""
+        self._finish(("custom", custom_badput_event_type), end_time)
+
+
+# --- calculator -------------------------------------------------------------------------------
+
+
+def to_ns(t) -> int:
+    """A datetime (naive = UTC, as the incumbent's queries take it) or POSIX seconds -> ns.
+
+    Raises:
+        TypeError: neither (the message names the value).
+    """
+    if isinstance(t, _dt.datetime):
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=_dt.timezone.utc)
+        d = t - _EPOCH
+        return (d.days * 86_400 + d.seconds) * _NS + d.microseconds * 1000
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return round(t * _NS)
+    raise TypeError(f"expected a datetime or POSIX seconds, got {type(t).__name__}: {t!r}")
+
+
+def _enum_badput(d: dict) -> dict:
+    """Name-keyed badput (``goodput_processor.workload``) -> ``{BadputType: ...}``."""
+    return {BadputType[k]: (dict(v) if isinstance(v, dict) else float(v)) for k, v in d.items()}
+
+
+class GoodputCalculator:
+    """Drop-in for ``ml_goodput_measurement.goodput.GoodputCalculator`` (0.2.3 signatures),
+    over the job's run directory.
+
+    Args:
+        job_name: the job (run) name, as given to the recorder.
+        logger_name, cloud_logger, max_logs_retention_period, gcs_path, cache_dir: accepted
+            for compatibility; unused (no Cloud Logging, no cache files).
+        using_pathways: kept as the attribute of that name. The incumbent's 0.2.3 calculator
+            stores it and computes nothing differently with it; neither does this one (its
+            anomalous-step discount for Pathways went away in 0.1; this project counts slow
+            steps as ``training_slowdown`` for every job, in the goodput model).
+        run_dir: the run directory (default: see the module docstring).
+        definitions: ``"goodput"`` (this project's model, default) or ``"mgm"`` (the
+            incumbent's rules on the same spans).
+        query_time: answer as of this moment: a datetime (naive = UTC), POSIX seconds, or a
+            callable returning one, called at each query (None: the spans as they are). As
+            ``goodput report --at``: later spans are left out and, with ``"mgm"``, a job
+            without ``job_end_time`` is measured up to it (the incumbent's "now"; without
+            ``query_time`` it is measured up to the last moment it was seen alive).
+
+    Each query reads only what the recorder appended since the last one.
+
+    Raises:
+        ValueError: unknown ``definitions``.
+    """
+
+    #: ``ElasticGoodputCalculator`` answers with the incumbent's elastic rules.
+    _elastic = False
+
+    def __init__(self, job_name: str, logger_name: str | None = None, cloud_logger=None,
+                 using_pathways: bool = False, max_logs_retention_period=None,
+                 gcs_path: str | None = None, cache_dir: str = "/tmp", *,
+                 run_dir: str | os.PathLike | None = None, definitions: str = "goodput",
+                 query_time=None):
+        if definitions not in ("goodput", "mgm"):
+            raise ValueError(f"definitions must be 'goodput' or 'mgm', got {definitions!r}")
+        self.job_name = job_name
+        self.logger_name = logger_name
+        self.using_pathways = using_pathways
+        self.definitions = definitions
+        self.query_time = query_time
+        self.run_dir = run_dir_of(job_name, run_dir)
+        self._store = self._tailer = None
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def _query_ns(self) -> int | None:
+        q = self.query_time() if callable(self.query_time) else self.query_time
+        return None if q is None else to_ns(q)
+
+    def _job(self):
+        """``(job spans, query time ns or None)``: reads what was appended since the last
+        query, then takes the job as of the query time."""
+        if self._tailer is None:
+            from goodput_processor.serve.store import LiveStore
+            from goodput_processor.serve.tail import SpoolTailer
+
+            self._store = LiveStore()
+            self._tailer = SpoolTailer(self._store, [self.run_dir])
+        self._tailer.poll()
+        if self.job_name not in self._store.jobs():
+            known = ", ".join(self._store.jobs()) or "none"
+            raise ValueError(
+                f"no spans of job {self.job_name!r} in {self.run_dir} (jobs there: {known}); "
+                "pass run_dir= the directory given to goodput.configure(run_dir=...)")
+        js = self._store.snapshot(self.job_name)
+        at = self._query_ns()
+        if at is not None:
+            from goodput_processor.timeline import as_of
+
+            js = as_of(js, at)
+        return js, at
+
+    def _mgm(self, interval_ns=None, ideal_s=None):
+        from goodput_processor.definitions.mgm import account_mgm
+
+        js, at = self._job()
+        return account_mgm(js, interval_ns=interval_ns, now_ns=at, ideal_step_time_s=ideal_s,
+                           elastic=self._elastic)
+
+    def _account(self, ideal_s=None):
+        from goodput_processor.accounting import account
+
+        js, at = self._job()
+        return account(js, ideal_step_time_s=ideal_s, now_ns=at)
+
+    # --- the incumbent's API --------------------------------------------------------------
+
+    def get_job_goodput(self, include_badput_breakdown: bool = False,
+                        configured_ideal_step_time: float | None = None):
+        """Cumulative goodput of the job so far.
+
+        Returns:
+            ``(goodput_percent, badput_breakdown, last_step)``: goodput in percent of the
+            total time, ``{BadputType: percent}`` (``{}`` unless
+            ``include_badput_breakdown``; ``CUSTOM_BADPUT_EVENTS`` maps upper-cased custom
+            types to percent) and the highest productive step (0 if none).
+
+        Raises:
+            ValueError: no spans of the job in the run directory, total time zero, or (with
+                ``"mgm"``) the incumbent's own "productive training time is invalid".
+        """
+        if self.definitions == "mgm":
+            m = self._mgm(ideal_s=configured_ideal_step_time)
+            breakdown = _enum_badput(m.badput_percent) if include_badput_breakdown else {}
+            return m.goodput_percent, breakdown, int(m.max_productive_step or 0)
+        from goodput_processor.workload import native_breakdown
+
+        r = self._account(configured_ideal_step_time)
+        if not r.total_ns:
+            raise ValueError(f"total time of job {self.job_name!r} is zero: no attempt spans")
+        breakdown = (_enum_badput(native_breakdown(r.buckets_ns, r.async_work_s,
+                                                   100 / r.total_ns))
+                     if include_badput_breakdown else {})
+        return r.goodput * 100, breakdown, int(r.max_productive_step or 0)
+
+    def get_job_goodput_interval(self, interval_start, interval_end):
+        """Goodput of the job within ``[interval_start, interval_end]``.
+
+        Args:
+            interval_start, interval_end: datetimes (naive ones are UTC) or POSIX seconds.
+
+        Returns:
+            ``(goodput_percent, badput_breakdown_percent, last_step, total_time_s,
+            disruptions)``: percentages of the interval's time (the part of it the job ran),
+            the highest productive step (this project: started before the interval's end),
+            the interval's time in seconds, and the number of restarts within it.
+
+        Raises:
+            ValueError: the interval does not overlap the job, or no spans of the job.
+        """
+        start_ns, end_ns = to_ns(interval_start), to_ns(interval_end)
+        if self.definitions == "mgm":
+            m = self._mgm(interval_ns=(start_ns, end_ns))
+            return (m.goodput_percent, _enum_badput(m.badput_percent),
+                    int(m.max_productive_step or 0), m.total_time_s, m.disruptions)
+        from goodput_processor.timeline import NONE
+        from goodput_processor.windows import account_interval
+        from goodput_processor.workload import native_breakdown
+
+        js, at = self._job()
+        r, w = account_interval(js, start_ns, end_ns, now_ns=at)
+        st = r.steps
+        sel = (st.start_ns < w.end_ns) & (st.step != NONE)
+        last = int(st.step[sel].max()) if sel.any() else 0
+        restarts = sum(1 for a in r.attempts[1:] if w.start_ns < a.start_ns <= w.end_ns)
+        # asynchronous work is not clipped to intervals: left out here
+        breakdown = _enum_badput(native_breakdown(w.buckets_ns, {}, 100 / w.total_ns))
+        return w.goodput * 100, breakdown, last, w.total_ns / _NS, restarts
+
+    def get_step_deviation(self, configured_ideal_step_time: float | None = None
+                           ) -> dict[int, float]:
+        """``{step: |step time - ideal step time|}`` in seconds, for every kept step.
+
+        The ideal step time is ``configured_ideal_step_time`` (seconds) or estimated (this
+        project: median of kept step times; ``"mgm"``: the incumbent's estimate, which
+        ignores steps shorter than 1 s).
+
+        Raises:
+            ValueError: no step times, or no ideal step time can be estimated.
+        """
+        if self.definitions == "mgm":
+            m = self._mgm(ideal_s=configured_ideal_step_time)
+            if not m.step_deviation_s:
+                raise ValueError(
+                    f"no step time deviation for job {self.job_name!r}: no consecutive steps, "
+                    "or no ideal step time (the mgm estimate ignores steps shorter than 1 s)")
+            return dict(m.step_deviation_s)
+        from goodput_processor.workload import details
+
+        d = details(self._account(configured_ideal_step_time))["step_time_deviation"]
+        if not d:
+            raise ValueError(f"no step times for job {self.job_name!r}")
+        return d
+
+    def _details(self, result) -> dict:
+        from goodput_processor.workload import details
+
+        d = details(result)
+        if not self._elastic:  # the incumbent's base calculator has no slice efficiency
+            d.pop("stepping_slice_efficiency", None)
+            d.pop("available_slice_efficiency", None)
+        d["goodput_time"] = {GoodputType.TOTAL: d["goodput_time"]["TOTAL"]}
+        d["badput_time"] = _enum_badput(d["badput_time"])
+        return d
+
+    def get_job_goodput_details(self) -> WorkloadMetricDetails:
+        """The incumbent's ``WorkloadMetricDetails`` (what its monitor uploads): productive
+        time ``{GoodputType.TOTAL: seconds}``, badput ``{BadputType: seconds}``, max
+        productive step, total elapsed seconds, disruptions, step deviations (seconds),
+        ideal step time (seconds, 0.0 if unknown), excluded time (0.0); for an elastic
+        calculator also the two slice efficiencies (fractions) when slice counts were
+        recorded. As the incumbent, the zero details when nothing can be computed (no
+        spans yet: logged)."""
+        try:
+            if self.definitions == "mgm":
+                result = self._mgm()
+            else:
+                result = self._account()
+            return self._details(result)
+        except ValueError as e:
+            log.warning("goodput information unavailable: %s", e)
+            return {MetricType.GOODPUT_TIME.value: {}, MetricType.BADPUT_TIME.value: {},
+                    MetricType.MAX_PRODUCTIVE_STEP.value: 0,
+                    MetricType.TOTAL_ELAPSED_TIME.value: 0.0,
+                    MetricType.DISRUPTION_COUNT.value: 0,
+                    MetricType.STEP_TIME_DEVIATION.value: {},
+                    MetricType.IDEAL_STEP_TIME.value: 0.0,
+                    MetricType.TOTAL_EXCLUDED_TIME.value: 0.0}
+
+    def get_interval_metric_details(self, interval_start, interval_end
+                                    ) -> IntervalWorkloadMetricDetails:
+        """The incumbent's ``IntervalWorkloadMetricDetails`` for the interval: goodput
+        ``{GoodputType.TOTAL: percent}``, badput ``{BadputType: percent}`` and the interval
+        size in whole seconds (empty dicts when the interval has no number); for an elastic
+        calculator also the slice efficiencies over the interval."""
+        from goodput_processor.workload import interval_details
+
+        start_ns, end_ns = to_ns(interval_start), to_ns(interval_end)
+        size = int((end_ns - start_ns) // _NS)
+        try:
+            if self.definitions == "mgm":
+                d = interval_details(self._mgm(interval_ns=(start_ns, end_ns)), size)
+            else:
+                from goodput_processor.windows import account_interval
+
+                js, at = self._job()
+                d = interval_details(account_interval(js, start_ns, end_ns, now_ns=at)[1],
+                                     size)
+        except ValueError as e:
+            log.warning("failed to get interval metric details: %s", e)
+            d = interval_details(None, size)
+        if not self._elastic:
+            d.pop("stepping_slice_efficiency", None)
+            d.pop("available_slice_efficiency", None)
+        if d["interval_goodput"]:
+            d["interval_goodput"] = {GoodputType.TOTAL: d["interval_goodput"]["TOTAL"]}
+            d["interval_badput"] = _enum_badput(d["interval_badput"])
+        return d
+
+    def get_job_goodput_with_exclusions(self, exclusion_intervals,
+                                        include_badput_breakdown: bool = False,
+                                        configured_ideal_step_time: float | None = None):
+        """Goodput with the time of ``exclusion_intervals`` left out.
+
+        Args:
+            exclusion_intervals: ``[(start, end), ...]`` UTC datetimes; as the incumbent, an
+                interval whose times are not ``datetime.timezone.utc``-aware, or whose start
+                is not before its end, is skipped (and logged).
+            include_badput_breakdown, configured_ideal_step_time: as for
+                :meth:`get_job_goodput`.
+
+        Returns:
+            ``(goodput_percent, badput_breakdown, max_productive_step,
+            total_excluded_time_s)``. With ``"mgm"``, the incumbent's own exclusion rules
+            (``docs/definitions.md``: its excluded time is the overlap of every measured
+            time difference with the intervals); with ``"goodput"``, the intervals' instants
+            leave the total and the buckets (``docs/accounting.md``, "Exclusions").
+
+        Raises:
+            ValueError: no spans of the job.
+        """
+        spans = []
+        for start, end in exclusion_intervals:
+            if (getattr(start, "tzinfo", None) is not _dt.timezone.utc
+                    or getattr(end, "tzinfo", None) is not _dt.timezone.utc):
+                log.warning("Skipping interval [%s , %s]: Timezone is not UTC", start, end)
+                continue
+            if start >= end:
+                log.warning("Skipping interval [%s , %s]: Start time is after or equal to "
+                            "End time.", start, end)
+                continue
+            spans.append((to_ns(start), to_ns(end)))
+        ideal = configured_ideal_step_time
+        if self.definitions == "mgm":
+            from goodput_processor.definitions.mgm_exclusion import account_mgm_excluding
+
+            js, at = self._job()
+            m = account_mgm_excluding(js, spans, now_ns=at, ideal_step_time_s=ideal,
+                                      elastic=self._elastic)
+            breakdown = (_enum_badput(m.badput_percent)
+                         if include_badput_breakdown and m.total_time_s else {})
+            return m.goodput_percent, breakdown, int(m.max_productive_step), m.excluded_time_s
+        from goodput_processor.windows import account_excluding
+        from goodput_processor.workload import native_breakdown
+
+        js, at = self._job()
+        r = account_excluding(js, spans, ideal, at)
+        if not r.total_ns:
+            return 0.0, {}, int(r.max_productive_step or 0), r.excluded_time_s
+        breakdown = (_enum_badput(native_breakdown(r.buckets_ns, r.async_work_s,
+                                                   100 / r.total_ns))
+                     if include_badput_breakdown else {})
+        return (r.goodput * 100, breakdown, int(r.max_productive_step or 0),
+                r.excluded_time_s)
+
+    def sync_to_gcs(self) -> None:
+        """A no-op: there is no cache file to copy (the spool is the record)."""
