@@ -1,5 +1,7 @@
-"""Child process of ``tests/test_compat_recorder_kills.py``: one OS process of a training job
-that makes ``goodput.compat.GoodputRecorder`` calls, then exits or waits to be killed.
+"""Child process of ``tests/test_compat_recorder_kills.py`` and ``tests/test_mgm_scenarios.py``:
+one OS process of a training job that makes ``goodput.mgm`` recorder calls
+(``ElasticGoodputRecorder``: the plain recorder's and the elastic ones), then exits or waits
+to be killed.
 
 Usage: ``python compat_recorder_child.py RUN_DIR JOB FLUSH_INTERVAL_S``; the first line on
 stdin is a JSON object ``{"calls": [...], "end": "exit" | "hang"}``. Each call is
@@ -17,7 +19,7 @@ import json
 import sys
 import time
 
-from goodput.compat import GoodputRecorder
+from goodput.mgm.goodput_elastic import ElasticGoodputRecorder
 
 _TIMED = {  # method -> index of its time argument in the args
     "record_job_start_time": 0,
@@ -31,6 +33,11 @@ _TIMED = {  # method -> index of its time argument in the args
     "record_data_loading_end_time": 0,
     "record_custom_badput_event_start_time": 0,
     "record_custom_badput_event_end_time": 0,
+    "record_elastic_slice_counts": 3,
+    "record_elastic_wait_start_time": 1,
+    "record_elastic_wait_end_time": 1,
+    "record_elastic_reinit_start_time": 0,
+    "record_elastic_reinit_end_time": 0,
 }
 
 
@@ -45,8 +52,9 @@ def as_datetime(us: int | None) -> datetime.datetime | None:
 def main() -> int:
     run_dir, job, flush = sys.argv[1], sys.argv[2], float(sys.argv[3])
     plan = json.loads(sys.stdin.readline())
-    recorder = GoodputRecorder(job, f"goodput_{job}", logging_enabled=True, run_dir=run_dir,
-                               flush_interval_s=flush)
+    # the elastic recorder is the plain one plus the record_elastic_* calls
+    recorder = ElasticGoodputRecorder(job, f"goodput_{job}", logging_enabled=True,
+                                      run_dir=run_dir, flush_interval_s=flush)
     for method, *args in plan["calls"]:
         if method == "pause":
             print("PAUSED", flush=True)
@@ -56,7 +64,8 @@ def main() -> int:
             time.sleep(args[0])
             continue
         i = _TIMED[method]
-        args[i] = as_datetime(args[i])
+        if i < len(args):
+            args[i] = as_datetime(args[i])
         getattr(recorder, method)(*args)
     if plan["end"] == "hang":
         print("READY", flush=True)
