@@ -58,8 +58,9 @@ import threading
 
 from goodput.mgm import goodput, goodput_utils
 
-__all__ = ["GCPOptions", "GoodputCalculator", "GoodputMonitor", "MetricType",
-           "IntervalMetricType", "BadputType", "MonitoringWindowType"]
+__all__ = ["ACTIVITY_EXCLUSION_LIST", "BadputType", "GCPOptions", "GoodputCalculator",
+           "GoodputMonitor", "IntervalMetricType", "IntervalWorkloadMetricDetails", "MetricType",
+           "MonitoringWindowType", "UnproductiveTimeDict", "WorkloadMetricDetails"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ BadputType = goodput_utils.BadputType
 GCPOptions = goodput_utils.GCPOptions
 GoodputCalculator = goodput.GoodputCalculator
 IntervalMetricType = goodput_utils.IntervalMetricType
+IntervalWorkloadMetricDetails = goodput_utils.IntervalWorkloadMetricDetails
 MetricType = goodput_utils.MetricType
 MonitoringWindowType = goodput_utils.MonitoringWindowType
 UnproductiveTimeDict = goodput.UnproductiveTimeDict
