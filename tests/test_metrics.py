@@ -37,10 +37,13 @@ MIN = 60 * 10**9
 #: Every metric but the MFU pair, which needs the run's FLOPs attributes (test_mfu_gauges),
 #: the straggler gauge, which needs several host processes (test_stragglers.py), the
 #: warnings gauge, which needs a job with warnings (test_warnings.py), and the over-limit
-#: gauge, which needs goodput serve's limits (test_serve_limits.py).
+#: gauge, which needs goodput serve's limits (test_serve_limits.py), and the slice
+#: efficiencies, which need an elastic job (test_mgm_native.py).
 EXPORTED = set(METRIC_NAMES) - {"goodput.mfu", "goodput.useful_compute",
                                 "goodput.straggler.step_time_ratio", "goodput.warnings",
-                                "goodput.job.over_limit"}
+                                "goodput.job.over_limit",
+                                "goodput.elastic.stepping_slice_efficiency",
+                                "goodput.elastic.available_slice_efficiency"}
 
 
 def _job(tmp_path, *tls, name="job"):

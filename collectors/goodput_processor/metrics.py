@@ -86,6 +86,12 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
                          "input could not settle (docs/accounting.md, Warnings)"),
     "goodput.job.over_limit": ("1", "Values of the job past a limit of goodput serve, per "
                                "limit (custom_types, attribute_bytes); absent when none"),
+    # --- elastic jobs (slice counts, goodput_processor.elastic)
+    "goodput.elastic.stepping_slice_efficiency": (
+        "1", "Time-weighted stepping slices / total slices of an elastic job (0..1)"),
+    "goodput.elastic.available_slice_efficiency": (
+        "1", "Time-weighted available slices / total slices of an elastic job (0..1)"),
+    # --- end elastic
     "goodput.window.goodput": ("1", "Goodput over the last W seconds of the job"),
     "goodput.window.productive_time": ("s", "Productive time in the last W seconds"),
     "goodput.window.badput_time": ("s", "Badput time per bucket in the last W seconds"),
@@ -212,6 +218,8 @@ class GoodputMetrics:
             "goodput.window.productive_time": self._obs_w_productive,
             "goodput.window.badput_time": self._obs_w_badput,
             "goodput.straggler.step_time_ratio": self._obs_straggler,  # --- stragglers
+            "goodput.elastic.stepping_slice_efficiency": self._obs_stepping,  # --- elastic
+            "goodput.elastic.available_slice_efficiency": self._obs_available,
         }
         first = True
         for name, fn in observers.items():
@@ -366,6 +374,18 @@ class GoodputMetrics:
                                       ATTR_RANK: rank})
                 for rank, h in enumerate(st.slowest, 1)]
     # --- end stragglers
+
+    # --- elastic: absent without slice-count records
+    @staticmethod
+    def _obs_stepping(s, a):
+        e = getattr(s.result, "slice_efficiency", None)
+        return [] if e is None else [Observation(e.stepping, a)]
+
+    @staticmethod
+    def _obs_available(s, a):
+        e = getattr(s.result, "slice_efficiency", None)
+        return [] if e is None else [Observation(e.available, a)]
+    # --- end elastic
 
     @staticmethod
     def _obs_w_goodput(s, a):

@@ -63,10 +63,18 @@ class GoodputMonitor:
         ideal_step_time_s: ideal step time (None: median of kept steps).
         job: monitor only this job (None: every job in the run directory).
         include_badput, include_step_deviation: TensorBoard tags to write.
+        workload: also write ml-goodput-measurement's Cloud Monitoring series
+            (``compute.googleapis.com/workload/*`` on ``compute.googleapis.com/Workload``,
+            :mod:`.workload`) for every job, each cycle, to this project and location (a
+            :class:`~.workload.WorkloadOptions`); the native metrics are unaffected.
+        workload_definitions: the numbers of those series: ``"mgm"`` (default, the
+            incumbent's definitions, as its dashboards had them) or ``"goodput"``.
+        workload_client: the ``MetricServiceClient`` to send them with (default: one made
+            with Application Default Credentials).
 
     Raises:
         ValueError: a bad interval, window or ideal step time; both ``meter_provider`` and
-            ``metric_readers`` given.
+            ``metric_readers`` given; ``workload_definitions`` not ``"mgm"`` or ``"goodput"``.
     """
 
     def __init__(
@@ -82,6 +90,9 @@ class GoodputMonitor:
         job: str | None = None,
         include_badput: bool = True,
         include_step_deviation: bool = True,
+        workload=None,
+        workload_definitions: str = "mgm",
+        workload_client=None,
     ):
         self.run_dir = os.fspath(run_dir)
         self.windows_s = check_windows(windows_s)
@@ -106,6 +117,16 @@ class GoodputMonitor:
         self._tb_opts = dict(include_badput=include_badput,
                              include_step_deviation=include_step_deviation)
         self._tb: dict[str, object] = {}
+        if workload_definitions not in ("mgm", "goodput"):
+            raise ValueError(f"workload_definitions must be 'mgm' or 'goodput', got "
+                             f"{workload_definitions!r}")
+        self._workload = workload
+        self._workload_definitions = workload_definitions
+        self._sender = None
+        if workload is not None:
+            from .workload import WorkloadSender
+
+            self._sender = WorkloadSender(workload.project_id, workload_client)
         self._snaps: list[JobSnapshot] = []
         # Spool lines are read once: each cycle takes in only what is new.
         self._store = LiveStore(ideal_step_time_s)
@@ -229,9 +250,42 @@ class GoodputMonitor:
                     ok = False
                     self.errors += 1
                     log.exception("goodput monitor: TensorBoard write failed")
+        if self._sender is not None:
+            for s in snaps:
+                try:
+                    self._send_workload(s)
+                except Exception:
+                    ok = False
+                    self.errors += 1
+                    log.exception("goodput monitor: Cloud Monitoring (workload) upload failed")
         self.cycles += 1
         self.last_cycle_s = time.perf_counter() - t0
         return ok
+
+    def _send_workload(self, s: JobSnapshot) -> None:
+        """ml-goodput-measurement's series of one job: cumulative, then each window."""
+        from . import workload as wl
+
+        job = s.result.job
+        if self._workload_definitions == "mgm":
+            from .definitions.mgm import account_mgm
+
+            spans = self._store.snapshot(job)
+            d = wl.details(account_mgm(spans, ideal_step_time_s=self._ideal))
+            windows = []
+            for w in s.windows:
+                try:
+                    m = account_mgm(spans, interval_ns=(w.start_ns, w.end_ns))
+                except ValueError:
+                    m = None
+                windows.append(wl.interval_details(m, int(w.window_s)))
+        else:
+            d = wl.details(s.result)
+            windows = [wl.interval_details(w, int(w.window_s)) for w in s.windows]
+        series = wl.cumulative_series(job, d, self._workload)
+        for w in windows:
+            series += wl.interval_series(job, w, self._workload)
+        self._sender.send(series)
 
     def _writer(self, job: str):
         w = self._tb.get(job)
