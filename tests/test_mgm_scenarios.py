@@ -538,3 +538,53 @@ def test_sample_program_scenario_is_the_one_excluded_over(tmp_path):
     assert (starts[0], ends[0]) == EXCLUSIONS["test_exclusion_with_multiple_steps_and_badput"][
         1][0][0]
     assert us(ends[0]) - us(starts[0]) == 10_000_000
+
+
+def _checkpoint_badput_calls() -> tuple[list, int]:
+    """BadputTest.test_badput_calculator_checkpoint_badput (its base time fixed): TPU init,
+    training preparation, data loading, steps 0-4 (the first 5 s longer), a restart 5 s
+    later from step 2 with the same phases; no job end. Also returns where the Orbax save
+    statistics entry goes (after step 4)."""
+    s = Script()
+    t = _TEST_JOB_START_TIME
+    s.record_job_start_time(t)
+    s.record_tpu_init_start_time(t)
+    s.record_tpu_init_end_time(t + SEC)
+    s.record_training_preparation_start_time(t + SEC)
+    s.record_training_preparation_end_time(t + 3 * SEC)
+    s.record_data_loading_start_time(t + 3 * SEC)
+    s.record_data_loading_end_time(t + 5 * SEC)
+    step_t = t + 5 * SEC
+    for step in range(5):
+        s.record_step_start_time(step, step_t)
+        step_t += 3 * SEC + (5 * SEC if step == 0 else 0 * SEC)
+    where = len(s.calls)
+    restart = step_t + 5 * SEC
+    s.record_job_start_time(restart)
+    step_t = restart + 5 * SEC
+    for step in range(2, 5):
+        s.record_step_start_time(step, step_t)
+        step_t += 3 * SEC + (5 * SEC if step == 2 else 0 * SEC)
+    return s.calls, where
+
+
+def test_checkpoint_badput_by_import(tmp_path, oracle, capsys):
+    """BadputTest.test_badput_calculator_checkpoint_badput: its Orbax save statistics are
+    written straight to the log (no recorder call), so this one goes through ``goodput
+    import`` only (its times, 10 s after the epoch, included)."""
+    calls, where = _checkpoint_badput_calls()
+    entries = mgm_log(calls[:where])
+    entries.append({  # the test's MockSaveStepStatistics, as asdict() gives it
+        "step": 1, "event_type": "save", "directory": "gs://bucket/path",
+        "wait_for_prev_start_time": 10.0, "wait_for_prev_duration_secs": 1.0,
+        "checkpointer_blocking_start_time": 12.0, "checkpointer_blocking_duration_secs": 2.0,
+        "get_old_steps_start_time": 13.0, "get_old_steps_duration_secs": 3.0,
+        "checkpoint_manager_blocking_start_time": 10.0,
+        "checkpoint_manager_blocking_duration_secs": 6.0, "reached_preemption": True,
+        "preemption_received_at": 10.0, "synchronous": True})
+    entries += mgm_log(calls[where:])  # the statistics entry names no job: it is the job's
+    at = last_time(entries) + 2 * SEC
+    theirs = answers(oracle(entries, at))
+    saves = {k.name: v for k, v in theirs["details"]["badput_time"].items()}
+    assert saves["UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"] == 6.0
+    same_report(report(imported(entries, tmp_path, capsys), at, capsys), theirs)
