@@ -27,7 +27,6 @@ from goodput.api import (
     shutdown,
     step_start,
 )
-from goodput.compat import GoodputRecorder
 from goodput.phases import (
     Phase,
     accelerator_init,
@@ -40,6 +39,17 @@ from goodput.phases import (
     training_prep,
 )
 from goodput.recorder import Recorder
+
+
+def __getattr__(name: str):
+    """``goodput.GoodputRecorder``: ml-goodput-measurement's recorder
+    (:class:`goodput.mgm.goodput.GoodputRecorder`), imported on first use so that
+    ``import goodput`` does not pay for the compatibility package."""
+    if name == "GoodputRecorder":
+        from goodput.mgm.goodput import GoodputRecorder
+
+        return GoodputRecorder
+    raise AttributeError(f"module 'goodput' has no attribute {name!r}")
 
 
 def instrument(frameworks=None, **kwargs) -> list[str]:

@@ -27,8 +27,6 @@ import datetime
 import enum
 import logging
 import statistics
-import urllib.error
-import urllib.request
 from typing import Any, TypedDict
 
 __all__ = [
@@ -272,6 +270,9 @@ def get_timestamp_from_log_entry(entry: dict[str, Any]) -> datetime.datetime | N
 def get_gcp_metadata(category: str, attribute: str, timeout=5, retries=3) -> str | None:
     """``attribute`` of ``category`` from the GCE metadata server, or None (off Google
     Cloud, or after ``retries`` failures; the failure is logged)."""
+    import urllib.error  # only here: importing goodput stays fast
+    import urllib.request
+
     url = f"{_METADATA_SERVER_URL}{category}/{attribute}"
     last = None
     for _ in range(max(1, int(retries))):
