@@ -21,10 +21,6 @@ from goodput_processor.metrics import GoodputMetrics
 NS = 1_000_000_000
 
 
-def at(t: float) -> int:  # noqa: D103
-    return T0_NS + round(t * NS)
-
-
 def elastic_job() -> Timeline:
     """Seconds: 4 slices; steps 1-5 of 10 s from 0; step 6 starts at 50, a slice goes down at
     56 (wait until 86, slice down), reinitialisation 86-126 with TPU init 88-96, training

@@ -31,7 +31,17 @@ attempt end, unless ``killed``/``running``/      ``job_end_time`` (a job_end mar
                                                 span length, at the span start
 ``goodput.checkpoint_restore`` (blocking)       Orbax restore statistics: duration = span
                                                 length, at the span start
+``goodput.elastic_wait``                        ``elastic_wait_start_time`` / ``..._end_time``
+                                                with its ``elastic_wait_event_type``
+``goodput.elastic_reinit``                      ``elastic_reinit_start_time`` / ``..._end_time``
+``goodput.elastic_slices``                      ``elastic_slice_counts_timestamp`` (slice
+                                                counts, read apart for slice efficiency)
 ==============================================  ============================================
+
+A phase whose end is inferred (``F_ENDLESS``: in flight when its process died, or at
+``--at``) contributes its start only, and a checkpoint save or restore in flight none (Orbax
+logs its statistics when done). Jobs with elastic spans follow mgm's
+``ElasticGoodputCalculator`` (``elastic=None``, the default of :func:`account_mgm`).
 
 Non-blocking spans (``goodput.blocking = false``), ``goodput.program_startup`` spans,
 heartbeats and step spans without a step number are not mgm events (mgm derives program
@@ -61,7 +71,6 @@ import numpy as np
 
 from ..attempts import build_attempts
 from ..elastic import slice_efficiency, slice_records
-from ..report import format_duration, make_console
 from ..timeline import (
     C_END,
     C_FLAGS,
@@ -814,61 +823,9 @@ def account_mgm(
 # --- table ---------------------------------------------------------------------------
 
 
-def _sec(x: float) -> str:
-    return f"{x:.3f}" if abs(x) >= 1 or x == 0 else f"{x:.6f}"
-
-
 def render_mgm(results, console: Console | None = None) -> None:
     """Print each :class:`MgmResult` as a table (in the style of ``report.render_table``)
-    to ``console`` (a ``rich.console.Console``; default stdout)."""
-    from rich.table import Table
-    from rich.text import Text
+    to ``console`` (a ``rich.console.Console``; default stdout); see :mod:`.mgm_render`."""
+    from .mgm_render import render
 
-    if console is None:
-        console = make_console()
-    for i, r in enumerate(results):
-        if i:
-            console.print()
-        total = r.total_time_s
-        head = Text()
-        head.append(f"Job {r.job}", style="bold")
-        if r.interval is not None:
-            head.append(f"   interval {r.interval[0]}..{r.interval[1]} ns")
-        head.append(f"   total {format_duration(total)}")
-        head.append(f"   goodput {r.goodput_percent:.2f} %", style="bold green")
-        console.print(head)
-        console.print(
-            f"ml-goodput-measurement {MGM_VERSION} definitions (see docs/definitions.md); "
-            "percentages as mgm reports them",
-            style="dim", markup=False, highlight=False,
-        )
-        table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        table.add_column("bucket")
-        table.add_column("seconds", justify="right")
-        table.add_column("duration", justify="right")
-        table.add_column("%", justify="right")
-        rows = [("PRODUCTIVE", r.productive_time_s, r.goodput_percent)]
-        for name in BADPUT_TYPES:
-            if name == "OTHER":
-                for t, sec in r.custom_badput_s.items():
-                    rows.append((f"CUSTOM_BADPUT_EVENTS/{t}", sec,
-                                 r.badput_percent["CUSTOM_BADPUT_EVENTS"][t]))
-            label = name + (" (not badput)" if name == "DATA_LOADING_ASYNC" else "")
-            rows.append((label, r.badput_s[name], r.badput_percent[name]))
-        for name, sec, pct in rows:
-            style = "green" if name == "PRODUCTIVE" else ("dim" if sec == 0 else None)
-            table.add_row(Text(name), _sec(sec), format_duration(sec), f"{pct:.2f}",
-                          style=style)
-        table.add_row("total", _sec(total), format_duration(total), "100.00", style="bold")
-        console.print(table)
-        console.print(
-            f"disruptions: {r.disruptions}   max productive step: {r.max_productive_step}   "
-            f"last recorded step: {r.last_recorded_step}",
-            markup=False,
-        )
-        ideal = "-" if r.ideal_step_time_s is None else f"{_sec(r.ideal_step_time_s)} s"
-        dev = r.step_deviation_s
-        worst = (f", max {format_duration(max(dev.values()))} (step "
-                 f"{max(dev, key=dev.get)})") if dev else ""
-        console.print(f"ideal step time: {ideal}   step deviation: {len(dev)} steps{worst}",
-                      markup=False)
+    render(results, console)
