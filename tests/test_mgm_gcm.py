@@ -179,3 +179,42 @@ def test_no_project_no_series_and_the_job_is_not_held(tmp_path):
     monitor.start_goodput_uploader()
     monitor.stop_goodput_uploader()
     assert monitor.errors >= 1  # each cycle logged "no spans", none raised
+
+
+def test_a_hung_upload_does_not_hold_up_the_job(tmp_path):
+    """Cloud Monitoring stops answering (a MetricService whose CreateTimeSeries blocks):
+    ``stop_goodput_uploader`` still returns, after ``final_flush_timeout_seconds``,
+    abandoning the stuck final upload on its daemon thread."""
+    import threading
+
+    from test_compat_recorder_kills import SCENARIOS
+
+    from goodput.mgm.monitoring import GoodputMonitor
+
+    calls = SCENARIOS["GoodputTest.test_goodput_calculator"].calls
+    run_dir = recorded(calls, tmp_path)
+    release = threading.Event()
+    with FakeCloudMonitoring() as fake:
+        original = fake._record
+
+        def blocking(req):
+            original(req)
+            release.wait(60)  # the server holds the request: the client waits
+
+        fake._record = blocking
+        monitor = GoodputMonitor(JOB, f"goodput_{JOB}", str(tmp_path / "tb"), 3600, True,
+                                 gcp_options=goodput_utils.GCPOptions(**OPTIONS),
+                                 final_flush_timeout_seconds=1, run_dir=run_dir,
+                                 gcp_client=fake.client())
+        monitor.start_goodput_uploader()
+        uploader = monitor._uploaders["goodput"]
+        monitor.stop_goodput_uploader()  # returns although the upload is stuck
+        assert fake.wait_for(lambda reqs: len(reqs) == 1, 10)
+        assert uploader.alive()  # abandoned, not waited for
+        release.set()
+        uploader._thread.join(30)
+        assert not uploader.alive()
+    # the TensorBoard part of that final cycle was written before the upload
+    from test_maxtext_integration import _last_points
+
+    assert "goodput/goodput" in _last_points(tmp_path / "tb" / "goodput")
