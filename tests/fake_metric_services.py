@@ -141,6 +141,18 @@ class FakeCloudMonitoring(_Fake):
         channel = grpc.insecure_channel(self.address)
         return MetricServiceClient(transport=MetricServiceGrpcTransport(channel=channel))
 
+    def resource_series(self) -> list[tuple[str, dict, dict, float]]:
+        """Every received point: ``(metric type, metric labels, resource labels, value)``."""
+        out = []
+        for req in list(self.requests):
+            for ts in req.time_series:
+                for p in ts.points:
+                    v = p.value
+                    value = v.double_value if "double_value" in v else v.int64_value
+                    out.append((ts.metric.type, dict(ts.metric.labels),
+                                dict(ts.resource.labels), value))
+        return out
+
     def series(self) -> list[tuple[str, dict, float]]:
         """Every received point: ``(metric type, metric labels, value)``."""
         out = []

@@ -266,26 +266,10 @@ class GoodputMonitor:
         """ml-goodput-measurement's series of one job: cumulative, then each window."""
         from . import workload as wl
 
-        job = s.result.job
-        if self._workload_definitions == "mgm":
-            from .definitions.mgm import account_mgm
-
-            spans = self._store.snapshot(job)
-            d = wl.details(account_mgm(spans, ideal_step_time_s=self._ideal))
-            windows = []
-            for w in s.windows:
-                try:
-                    m = account_mgm(spans, interval_ns=(w.start_ns, w.end_ns))
-                except ValueError:
-                    m = None
-                windows.append(wl.interval_details(m, int(w.window_s)))
-        else:
-            d = wl.details(s.result)
-            windows = [wl.interval_details(w, int(w.window_s)) for w in s.windows]
-        series = wl.cumulative_series(job, d, self._workload)
-        for w in windows:
-            series += wl.interval_series(job, w, self._workload)
-        self._sender.send(series)
+        spans = self._store.snapshot(s.result.job) if self._workload_definitions == "mgm" \
+            else None
+        self._sender.send(wl.job_series(s, self._workload, self._workload_definitions,
+                                        spans=spans, ideal_step_time_s=self._ideal))
 
     def _writer(self, job: str):
         w = self._tb.get(job)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from goodput import schema
 
 __all__ = ["BUCKET_NAMES", "METRIC_PREFIX", "RESOURCE_TYPE", "WorkloadOptions",
-           "WorkloadSender", "cumulative_series", "details", "interval_details",
+           "WorkloadSender", "cumulative_series", "details", "interval_details", "job_series",
            "interval_series", "native_breakdown", "percentile", "step_deviation_from_baseline",
            "step_deviation_series"]
 
@@ -328,6 +328,44 @@ def step_deviation_series(job: str, deviations: dict[int, float],
     if math.isnan(mean):
         return []
     return [_series(opts, job, "performance", mean, "double")]
+
+
+def job_series(snap, opts: WorkloadOptions, definitions: str = "mgm", *, spans=None,
+               ideal_step_time_s: float | None = None) -> list[dict]:
+    """Every series mgm uploads for one job: cumulative, then each rolling window.
+
+    ``snap``: the job's :class:`~goodput_processor.metrics.JobSnapshot` (result and
+    windows, this project's model); ``definitions``: ``"mgm"`` (the numbers from mgm's
+    definitions, computed on ``spans``, the job's :class:`~.timeline.JobSpans`, required
+    then) or ``"goodput"`` (the snapshot's own numbers, buckets named by
+    :data:`BUCKET_NAMES`).
+
+    Raises:
+        ValueError: ``definitions`` is neither, or ``"mgm"`` without ``spans``.
+    """
+    job = snap.result.job
+    if definitions == "mgm":
+        if spans is None:
+            raise ValueError("definitions='mgm' needs the job's spans")
+        from .definitions.mgm import account_mgm
+
+        d = details(account_mgm(spans, ideal_step_time_s=ideal_step_time_s))
+        windows = []
+        for w in snap.windows:
+            try:
+                m = account_mgm(spans, interval_ns=(w.start_ns, w.end_ns))
+            except ValueError:
+                m = None
+            windows.append(interval_details(m, int(w.window_s)))
+    elif definitions == "goodput":
+        d = details(snap.result)
+        windows = [interval_details(w, int(w.window_s)) for w in snap.windows]
+    else:
+        raise ValueError(f"definitions must be 'mgm' or 'goodput', got {definitions!r}")
+    series = cumulative_series(job, d, opts)
+    for w in windows:
+        series += interval_series(job, w, opts)
+    return series
 
 
 class WorkloadSender:

@@ -145,6 +145,26 @@ def _limits(args):
         raise UsageError(str(e)) from e
 
 
+def _workload(args, store, windows):
+    """The publisher of mgm's Cloud Monitoring series asked for (None without a project)."""
+    from ..cli import UsageError
+
+    if not args.workload_project:
+        return None
+    if not args.workload_location:
+        raise UsageError("--workload-project needs --workload-location (the Workload "
+                         "resource's location label, e.g. us-central2-b)")
+    from ..workload import WorkloadOptions
+    from .gcm import WorkloadPublisher
+
+    opts = WorkloadOptions(args.workload_project, args.workload_location,
+                           args.workload_replica_id, args.workload_accelerator_type,
+                           args.workload_cluster_name)
+    return WorkloadPublisher(store, opts, interval_s=_number(args.workload_interval,
+                                                             "--workload-interval"),
+                             windows_s=windows, definitions=args.workload_definitions)
+
+
 def _wal(args, receivers_on: bool):
     """The write-ahead log asked for (None with ``--wal-dir off`` or no receiver)."""
     from ..cli import UsageError
@@ -216,6 +236,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             prom.shutdown()
         raise UsageError(f"cannot start: {e}") from e
     holder.append(server)
+    windows = tuple(_number(w, "--windows", 0) for w in args.windows.split(",") if w.strip())
+    try:
+        publisher = _workload(args, store, windows)
+    except BaseException:
+        server.stop(1.0, final=False)
+        raise
+    if publisher is not None:
+        publisher.start()
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -240,6 +268,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if publisher is not None:
+            publisher.stop(timeout / 4)
         final = server.stop(timeout)
         if final is not None:
             try:
@@ -325,5 +355,24 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="OTLP metric export interval (default 60)")
     p.add_argument("--windows", default="60,300,900", metavar="S,S,...",
                    help="rolling windows in seconds for the metrics (default 60,300,900)")
+    gcm = p.add_argument_group(
+        "ml-goodput-measurement's Cloud Monitoring series (compute.googleapis.com/workload/*, "
+        "docs/metrics.md): existing dashboards keep working")
+    gcm.add_argument("--workload-project", metavar="PROJECT", default=None,
+                     help="write them to this Google Cloud project (Application Default "
+                     "Credentials); off without it")
+    gcm.add_argument("--workload-location", metavar="ZONE", default=None,
+                     help="the Workload resource's location label (GCPOptions' location)")
+    gcm.add_argument("--workload-replica-id", default="0", metavar="ID",
+                     help="the Workload resource's replica_id label (default 0)")
+    gcm.add_argument("--workload-accelerator-type", default=None, metavar="TYPE",
+                     help="the accelerator_type label (GCPOptions' acc_type)")
+    gcm.add_argument("--workload-cluster-name", default=None, metavar="NAME",
+                     help="a cluster_name label on every series")
+    gcm.add_argument("--workload-definitions", choices=("mgm", "goodput"), default="mgm",
+                     help="their numbers: ml-goodput-measurement's (default) or this "
+                     "project's")
+    gcm.add_argument("--workload-interval", default="60", metavar="SECONDS",
+                     help="seconds between uploads (default 60)")
     p.set_defaults(func=cmd_serve)
     return p
