@@ -1,9 +1,11 @@
 """Read a run directory of OTLP JSON lines spool files into compact per-process columns.
 
 The training side writes ``RUN_DIR/spans-p<index>-a<attempt>-<pid>-<id>.jsonl`` files, one OTLP JSON
-``ExportTraceServiceRequest`` per line (see ``docs/span-schema.md``). :func:`read_run_dir`
-streams every ``*.jsonl`` file under the directory (recursively, in sorted order; not the
-``metrics-*.jsonl`` files of :mod:`goodput.diagnostics`) line by line and keeps, per
+``ExportTraceServiceRequest`` per line (see ``docs/span-schema.md``), and compacts closed
+segments of them into ``*.jsonl.gz`` files (gzip-compressed OTLP JSON lines). :func:`read_run_dir`
+streams every ``*.jsonl`` and ``*.jsonl.gz`` file under the directory (recursively, in sorted
+order; not the ``metrics-*.jsonl`` files of :mod:`goodput.diagnostics`, and not a ``X.jsonl``
+next to its compacted ``X.jsonl.gz``) line by line and keeps, per
 (job, attempt, process index), one ``int64`` record per span
 (:data:`~goodput_processor.timeline.COLUMNS`): a million spans take about 70 MB and no
 parsed JSON is retained. On Linux, inputs of 64 MiB or more are split at line boundaries
@@ -31,11 +33,13 @@ Nothing is dropped silently: every skipped line or span is counted by reason in
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import multiprocessing
 import os
 import sys
+import zlib
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -203,7 +207,7 @@ class _Reader:
         left = -1 if end is None else end - start
         stats = self.file_stats.setdefault(path, [0, 0, None])
         try:
-            with open(path, "rb") as f:
+            with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
                 f.seek(start)
                 for lineno, line in enumerate(f, 1):
                     self.nlines = lineno
@@ -240,8 +244,8 @@ class _Reader:
                         last_job = self._request(req, where) or last_job
                     except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
                         self._skip_line(last_job, "malformed", where, f"bad OTLP structure ({e!r})")
-        except OSError as e:
-            self.unreadable[path] = f"cannot read it: {e.strerror or e}"
+        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            self.unreadable[path] = f"cannot read it: {getattr(e, 'strerror', None) or e}"
         self.last_job = last_job.name if last_job else None
 
     def _skip_line(self, job: JobSpans | None, reason: str, where, why: str) -> None:
@@ -489,18 +493,21 @@ class _Reader:
         return total
 
 
-def _read_unit(unit: tuple[str, int, int]) -> _Reader:
+def _read_unit(unit: tuple[str, int, int | None]) -> _Reader:
     """Worker: read one line-aligned byte range of a file."""
     reader = _Reader()
     reader.read_range(*unit)
     return reader
 
 
-def _units(files: list[Path]) -> list[tuple[str, int, int]]:
+def _units(files: list[Path]) -> list[tuple[str, int, int | None]]:
     """Split files into line-aligned byte ranges of about ``_UNIT_BYTES``."""
     units = []
     for p in files:
         size = p.stat().st_size
+        if p.name.endswith(".gz"):  # compressed: read whole
+            units.append((str(p), 0, None))
+            continue
         cuts = [0]
         with open(p, "rb") as f:
             for b in range(_UNIT_BYTES, size, _UNIT_BYTES):
@@ -544,8 +551,20 @@ def _read_parallel(files: list[Path], workers: int) -> _Reader:
     return reader
 
 
+_GZ_RATIO = 10  # about how much a compacted segment's lines are bigger than its file
+
+
+def span_files(root: Path) -> list[Path]:
+    """The span files under ``root``, sorted: ``*.jsonl`` and ``*.jsonl.gz`` (not the
+    ``metrics-*`` ones), without a ``X.jsonl`` whose compacted ``X.jsonl.gz`` is there."""
+    found = [p for pattern in ("*.jsonl", "*.jsonl.gz") for p in root.rglob(pattern)
+             if p.is_file() and not p.name.startswith(schema.METRICS_SPOOL_PREFIX)]
+    names = {str(p) for p in found}
+    return sorted(p for p in found if str(p) + ".gz" not in names)
+
+
 def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet:
-    """Read every ``*.jsonl`` file under ``path`` (recursively, sorted by path).
+    """Read every span file under ``path`` (:func:`span_files`: recursively, sorted by path).
 
     Args:
         path: the run directory.
@@ -572,9 +591,9 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet
     if not os.access(root, os.R_OK | os.X_OK):
         raise RunDirError(f"run directory {str(root)!r} is not readable")
     try:
-        files = sorted(p for p in root.rglob("*.jsonl")
-                       if p.is_file() and not p.name.startswith(schema.METRICS_SPOOL_PREFIX))
-        nbytes = sum(p.stat().st_size for p in files)
+        files = span_files(root)
+        nbytes = sum(p.stat().st_size * (_GZ_RATIO if p.name.endswith(".gz") else 1)
+                     for p in files)
     except OSError as e:
         raise RunDirError(f"cannot list run directory {str(root)!r}: {e.strerror or e}") from e
     if not files:
