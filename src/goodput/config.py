@@ -16,6 +16,8 @@ Environment variables (arguments of :func:`goodput.configure` win over them):
   ``none`` or unset means the spool only. See :mod:`goodput.export`.
 - ``GOODPUT_TRACE_WINDOW_S`` (default 60) and ``GOODPUT_TRACE_WINDOW_SPANS``
   (default 500): a new trace (window) after this many seconds or child spans.
+- ``GOODPUT_SPOOL_SEGMENT_MB`` (default 16): a spool segment closes, and is compacted,
+  once its journal holds this many MiB; ``0``: one uncompacted file per attempt.
 - ``OTEL_RESOURCE_ATTRIBUTES``: more resource attributes, kept as they are.
 """
 
@@ -181,6 +183,23 @@ def spool_enabled(explicit: bool | None) -> bool:
     if explicit is not None:
         return bool(explicit)
     return os.environ.get("GOODPUT_SPOOL", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+DEFAULT_SPOOL_SEGMENT_MB = 16
+
+
+def spool_segment_bytes() -> int | None:
+    """Journal bytes after which a spool segment closes and is compacted
+    (``GOODPUT_SPOOL_SEGMENT_MB``, default 16 MiB); None (``0``): never."""
+    raw = os.environ.get("GOODPUT_SPOOL_SEGMENT_MB", "").strip()
+    try:
+        mb = float(raw) if raw else DEFAULT_SPOOL_SEGMENT_MB
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0:
+        _log.warning("goodput: ignoring GOODPUT_SPOOL_SEGMENT_MB=%r: not a number >= 0", raw)
+        mb = DEFAULT_SPOOL_SEGMENT_MB
+    return int(mb * (1 << 20)) or None
 
 
 def spool_path(directory: str, index: int, attempt: int, instance: str) -> str:

@@ -1,10 +1,12 @@
 """Remote exporters fed from the durable spool, so an outage loses nothing.
 
 Each exporter named by ``traces_exporter`` (or passed in ``exporters=``) gets a
-:class:`Forwarder`: a background thread that reads this process's spool files
-(``spans-p<index>-a<attempt>-<pid>-<id>.jsonl``, written by the recorder) from a committed byte
-offset, turns each OTLP JSON line back into SDK spans and exports them, up to 512 spans
-a call. After a successful export the offset is written to a small sidecar file
+:class:`Forwarder`: a background thread that reads this process's spool journal files
+(``spans-p<index>-a<attempt>-<pid>-<id>.jsonl`` and its later segments ``...-<id>.s<n>.jsonl``,
+written by the recorder, see :mod:`goodput.segments`; a journal whose segment was compacted
+is deleted only once every forwarder has sent it) from a committed byte offset, turns
+each OTLP JSON line back into SDK spans and exports them, up to 512 spans a call. After
+a successful export the offset is written to a small sidecar file
 ``<spool file>.<exporter key>.offset`` (atomically, by rename). While the endpoint is
 down, slow or answering errors, the forwarder retries the same batch with exponential
 backoff; the spool keeps growing on disk and nothing is dropped. When the endpoint
@@ -35,7 +37,7 @@ import time
 from collections import deque
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -270,6 +272,19 @@ class Forwarder:
         with self._cond:
             return self._cond.wait_for(done, max(timeout_s, 0))
 
+    def sent_all(self, path: str) -> bool:
+        """Whether the closed spool file ``path`` is sent to its end (or was never ours)."""
+        with self._lock:
+            f = self._files.get(os.fspath(path))
+        if f is None:
+            return True
+        if f.open:
+            return False
+        try:
+            return f.offset >= os.path.getsize(f.path)
+        except OSError:
+            return True
+
     def pending_bytes(self) -> int:
         """Spool bytes not yet sent (0 without a spool)."""
         total = 0
@@ -493,26 +508,6 @@ class Forwarder:
 # --- all exporters of a recorder ---------------------------------------------------------
 
 
-class _QueueProcessor(SpanProcessor):
-    """Without a spool: ended spans go to the forwarders' memory queues."""
-
-    def __init__(self, forwarding: Forwarding):
-        self.forwarding = forwarding
-        self._pending: list = []
-
-    def on_end(self, span) -> None:
-        self._pending.append(span)
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        pending, self._pending = self._pending, []
-        if pending:
-            self.forwarding.hold(pending)
-        return True
-
-    def shutdown(self) -> None:
-        self.force_flush()
-
-
 class Forwarding:
     """The forwarders of one recorder (one per exporter).
 
@@ -544,10 +539,6 @@ class Forwarding:
         """Spans really lost: ``lost`` plus the forwarders' dropped (memory queue full)."""
         return self.lost + sum(f.dropped for f in self.forwarders)
 
-    def processor(self) -> SpanProcessor | None:
-        """The span processor to add when there is no spool (None without exporters)."""
-        return _QueueProcessor(self) if self.forwarders else None
-
     def attach(self, path: str) -> None:
         for f in self.forwarders:
             f.attach(path)
@@ -559,6 +550,20 @@ class Forwarding:
     def notify(self) -> None:
         for f in self.forwarders:
             f.notify()
+
+    def sent(self, path: str) -> bool:
+        """Whether every exporter has sent all of the closed spool file ``path``."""
+        return all(f.sent_all(path) for f in self.forwarders)
+
+    def forget(self, path: str) -> None:
+        """``path`` was deleted (a compacted segment's journal): drop its offset sidecars."""
+        for f in self.forwarders:
+            with f._lock:
+                f._files.pop(os.fspath(path), None)
+            try:
+                os.remove(f"{path}.{f.key}.offset")
+            except OSError:
+                pass
 
     def hold(self, spans) -> None:
         """Spans in memory for every exporter (no spool)."""

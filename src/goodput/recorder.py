@@ -1,17 +1,18 @@
-"""The recorder: a cheap hot path on the training thread, spans built off it.
+"""The recorder: a cheap hot path on the training thread, spans encoded off it.
 
 The training thread only reads the clock and appends a tuple to a deque
 (``collections.deque.append`` is thread-safe). A background thread drains the
-deque every flush interval (or at once after a checkpoint save), turns the
-records into OpenTelemetry SDK spans and hands them to the exporters. Lifecycle
+deque every flush interval (or at once after a checkpoint save), encodes the
+records as OpenTelemetry spans in OTLP/JSON text (:mod:`goodput.encode`; no SDK span
+objects) and appends them to the spool (:mod:`goodput.segments`). Lifecycle
 records (attempt start and end, step starts) go through the same deque, so
-their order with the phases is kept.
+their order with the phases is kept. Exporters other than the spool read the spool
+and get SDK ``ReadableSpan`` objects decoded from its lines (:mod:`goodput.forward`).
 
-Each attempt has its own ``TracerProvider`` (its resource carries the attempt
-number) and its own spool file; its spans are grouped into traces by
-:mod:`goodput.traces` (a window root per trace). Every failure is counted in
-:meth:`Recorder.stats` and written on the next heartbeat or end marker; nothing
-raises into training.
+Each attempt has its own resource (it carries the attempt number) and its own spool
+files; its spans are grouped into traces by :mod:`goodput.traces` (a window root per
+trace). Every failure is counted in :meth:`Recorder.stats` and written on the next
+heartbeat or end marker; nothing raises into training.
 
 The recorder installs no signal handler: a Python handler runs only when the main thread
 is back in the interpreter, so one would keep a rank blocked in native code (a
@@ -30,11 +31,9 @@ import threading
 import time
 from collections import deque
 
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-
 from goodput import config, export, forward, schema
-from goodput.spool import SpoolSpanExporter
+from goodput.encode import Encoder
+from goodput.segments import MemorySink, SpoolWriter
 from goodput.traces import AttemptIds, TraceWindows
 
 _log = logging.getLogger(__name__)
@@ -44,35 +43,7 @@ _START = "<job_start>"
 _END = "<job_end>"
 _STEP_START = "<step_start>"
 _SYNC = "<sync>"
-_EXPORT_BATCH = 512
 _VERSION = "0.1.0"
-
-
-class _SpoolProcessor(SpanProcessor):
-    """Collects ended spans; :meth:`force_flush` writes them in lines of up to 512."""
-
-    def __init__(self, exporter: SpoolSpanExporter, on_failure=None):
-        self.exporter = exporter
-        self.on_failure = on_failure  # gets the spans a write failed for
-        self._pending: list = []
-
-    def on_end(self, span) -> None:
-        self._pending.append(span)
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        pending, self._pending = self._pending, []
-        ok = True
-        for i in range(0, len(pending), _EXPORT_BATCH):
-            batch = pending[i : i + _EXPORT_BATCH]
-            if self.exporter.export(batch).value != 0:
-                ok = False
-                if self.on_failure is not None:
-                    self.on_failure(batch)
-        return ok
-
-    def shutdown(self) -> None:
-        self.force_flush()
-        self.exporter.shutdown()
 
 
 class Recorder:
@@ -148,11 +119,11 @@ class Recorder:
         self.attempt: int | None = None  # current attempt, None when none is open
         self._next_attempt: int | None = None
         self._attempt_source = "process"
-        self._provider: TracerProvider | None = None
-        self._tracer = None
+        self._resource = None  # of the open attempt (an SDK Resource)
         self._windows: TraceWindows | None = None  # of the open attempt
-        self._spool: SpoolSpanExporter | None = None
+        self._sink: SpoolWriter | MemorySink | None = None  # where its spans go
         self._spool_failures_counted = 0  # of the current attempt's spool file
+        self._compact_failures = 0  # of the attempts closed
         self._pending_step: tuple[int, int] | None = None
         self._last_tick = time.time_ns()
         self._sync_requested = False
@@ -270,13 +241,18 @@ class Recorder:
 
     def stats(self) -> dict:
         """Counters: ``recorded`` phases, ``spans`` exported, ``errors``, ``dropped``,
-        ``export_failures``; plus ``attempt``, ``spool_path`` and ``exporters`` (per
-        exporter: ``sent``, ``failures``, ``dropped``, ``bad_lines``, ``pending_bytes``)."""
+        ``export_failures``; plus ``attempt``, ``spool_path`` (the journal segment being
+        written), ``compact_failures`` (spool segments left uncompacted, nothing lost) and
+        ``exporters`` (per exporter: ``sent``, ``failures``, ``dropped``, ``bad_lines``,
+        ``pending_bytes``)."""
         out = dict(self._counts)
         out["dropped"] += self._forward.dropped
         out["exporters"] = self._forward.stats()
         out["attempt"] = self.attempt
-        out["spool_path"] = self._spool.path if self._spool else None
+        sink = self._sink
+        out["spool_path"] = sink.path if sink is not None else None
+        out["compact_failures"] = self._compact_failures + (sink.compact_failures if sink
+                                                            is not None else 0)
         return out
 
     def start(self) -> None:
@@ -314,7 +290,7 @@ class Recorder:
         try:
             drained = self._drain()
             now = time.time_ns()
-            if self._tracer is not None:
+            if self._windows is not None:
                 self._write_identity(now)
                 written = self._write_open(now)
                 if heartbeat and drained == 0 and not written:  # a sign of life each flush
@@ -344,7 +320,7 @@ class Recorder:
                     self._close_attempt(t0, attrs)
                 elif name is _SYNC:
                     self._sync_requested = True
-                elif self._tracer is None:
+                elif self._windows is None:
                     self._counts["dropped"] += 1
                     self.error("%s recorded while no attempt is open: dropped", name)
                 else:
@@ -353,8 +329,8 @@ class Recorder:
             except Exception as exc:
                 self.error("cannot record %s: %s", name, exc)
 
-    def _emit(self, name, t0, t1, attrs=None, err=None) -> None:
-        self._windows.emit(name, t0, t1, attrs, err)
+    def _emit(self, name, t0, t1, attrs=None, err=None, is_open=False) -> None:
+        self._windows.emit(name, t0, t1, attrs, err, is_open)
         self._counts["spans"] += 1
 
     def _write_open(self, now: int) -> int:
@@ -371,7 +347,7 @@ class Recorder:
             key = (name, t0)
             self._open_written[key] = True
             if key not in before and t0 <= now:
-                self._emit(name, t0, now, {**(attrs or {}), schema.ATTR_OPEN: True})
+                self._emit(name, t0, now, {**(attrs or {}), schema.ATTR_OPEN: True}, None, True)
                 n += 1
         return n
 
@@ -395,7 +371,7 @@ class Recorder:
         self._sync_requested = True
 
     def _on_step_start(self, step: int, at: int) -> None:
-        if self._tracer is None:
+        if self._windows is None:
             self._counts["dropped"] += 1
             self.error("step_start(%s) while no attempt is open: dropped", step)
             return
@@ -418,11 +394,10 @@ class Recorder:
     @property
     def resource(self):
         """The OpenTelemetry ``Resource`` of the open attempt (None when none is open)."""
-        provider = self._provider
-        return provider.resource if provider is not None else None
+        return self._resource
 
     def _open_attempt(self, at: int) -> None:
-        if self._tracer is not None:
+        if self._windows is not None:
             self._close_attempt(at, "restart")
         if self._next_attempt is None:
             self._next_attempt, self._attempt_source = config.attempt_hint()
@@ -433,25 +408,23 @@ class Recorder:
             self._resource_extra, attempt_source=self._attempt_source,
             index_source=self._index_source,
         )
-        ids = AttemptIds()
-        provider = TracerProvider(
-            resource=resource,
-            sampler=ALWAYS_ON,
-            id_generator=ids,
-            shutdown_on_exit=False,  # we end the attempt at exit ourselves, in order
-        )
-        if self.spool:
+        encoder = Encoder(resource.attributes, schema.SCOPE_NAME, _VERSION)
+        if config.sdk_disabled():  # the SDK's tracers would record nothing: neither do we
+            self._sink = MemorySink(encoder)
+        elif self.spool:
             path = config.spool_path(self.run_dir, self.process_index, self.attempt,
                                      resource.attributes[schema.RES_SERVICE_INSTANCE_ID])
-            self._spool = SpoolSpanExporter(path)
-            self._spool_failures_counted = 0
-            provider.add_span_processor(_SpoolProcessor(self._spool, self._forward.spool_failed))
+            self._sink = SpoolWriter(path, encoder, config.spool_segment_bytes(),
+                                     on_segment=self._forward.attach,
+                                     on_failed=self._spool_line_failed)
             self._forward.attach(path)
-        elif (queue := self._forward.processor()) is not None:
-            provider.add_span_processor(queue)
-        self._provider = provider
-        self._tracer = provider.get_tracer(schema.SCOPE_NAME, _VERSION)
-        self._windows = TraceWindows(self._tracer, ids, self._window_ns, self._window_spans)
+        else:
+            self._sink = MemorySink(encoder, self._hold_line if self._forward.forwarders
+                                    else None)
+        self._spool_failures_counted = 0
+        self._resource = resource
+        self._windows = TraceWindows(encoder, AttemptIds(), self._window_ns,
+                                     self._window_spans, self._sink)
         interval_ms = int(self.flush_interval_s * 1000)
         self._emit(schema.JOB_START, at, at, {schema.ATTR_HEARTBEAT_INTERVAL_MS: interval_ms})
         now = time.time_ns()
@@ -462,38 +435,57 @@ class Recorder:
         self._write_identity(at)
         self._sync_requested = True
 
+    def _spool_line_failed(self, line: str) -> None:
+        """A spool line could not be written: its spans go to the exporters' memory queues
+        (or are counted as lost)."""
+        try:
+            self._forward.spool_failed(forward.decode_line(line))
+        except ValueError as exc:
+            self.error("spans of a failed spool write lost: %s", exc)
+
+    def _hold_line(self, line: str) -> None:
+        """No spool: a line's spans go to the exporters' memory queues."""
+        try:
+            self._forward.hold(forward.decode_line(line))
+        except ValueError as exc:
+            self.error("spans for the exporters lost: %s", exc)
+
     def _close_attempt(self, at: int, reason: str) -> None:
-        if self._tracer is None:
+        if self._windows is None:
             return
         self._close_pending_step(at)
         attrs = {schema.ATTR_END_REASON: reason, **self._health()}
         self._emit(schema.JOB_END, at, at, attrs)
         self._windows.close()
         self._write()
-        provider, self._provider, self._tracer = self._provider, None, None
         self._windows = None
-        provider.shutdown()  # syncs and closes the spool file
+        self._sink.close()  # syncs and closes the spool file
         self._forward.detach()
         self._count_spool_failures()
-        self._spool = None
+        self._compact_failures += self._sink.compact_failures
+        self._sink = None
+        self._resource = None
         self.attempt = None
 
     def _write(self) -> None:
-        if self._provider is None:
+        sink = self._sink
+        if sink is None:
             return
-        self._provider.force_flush()
+        sink.flush()
         self._forward.notify()
-        if self._spool is not None and self._sync_requested:
-            self._spool.sync()
+        if self._sync_requested:
+            sink.sync()
         self._count_spool_failures()
         self._sync_requested = False
+        if sink.retired:
+            sink.reap(time.time_ns(), self._forward.sent, self._forward.forget)
 
     def _count_spool_failures(self) -> None:
         """Add the current spool file's new write failures to the counters."""
-        if self._spool is None:
+        if self._sink is None:
             return
-        new = self._spool.failures - self._spool_failures_counted
+        new = self._sink.failures - self._spool_failures_counted
         if new:
             self._counts["export_failures"] += new
             self._counts["errors"] += new
-        self._spool_failures_counted = self._spool.failures
+        self._spool_failures_counted = self._sink.failures

@@ -1,11 +1,16 @@
-"""The default exporter: a durable spool of OTLP JSON lines.
+"""OTLP JSON lines of SDK spans: the attribute encoding, and a file exporter.
 
-Each call to :meth:`SpoolSpanExporter.export` appends one line holding one OTLP
-``ExportTraceServiceRequest`` in the OTLP/JSON encoding (the format of the
-OpenTelemetry Collector's ``file`` exporter, readable by its ``otlpjsonfile``
-receiver): ``traceId``/``spanId`` as lowercase hex, 64-bit integers as decimal
-strings, enums as integers. Only the standard library is used, so the training
+The spool format: one OTLP ``ExportTraceServiceRequest`` per line in the OTLP/JSON
+encoding (the format of the OpenTelemetry Collector's ``file`` exporter, readable by its
+``otlpjsonfile`` receiver): ``traceId``/``spanId`` as lowercase hex, 64-bit integers as
+decimal strings, enums as integers. Only the standard library is used, so the training
 side needs no protobuf.
+
+The recorder no longer builds SDK spans: it encodes its records straight to this format
+(:mod:`goodput.encode`) and writes its spool with :mod:`goodput.segments`.
+:class:`SpoolSpanExporter` remains an SDK ``SpanExporter`` that writes SDK spans as such
+lines (one line per export call), for a tracer of one's own; :func:`encode_value` and
+:func:`encode_attributes` are the attribute encoding both use.
 """
 
 from __future__ import annotations
