@@ -1,14 +1,21 @@
-"""`goodput report` wall time and peak memory for synthetic jobs of 10^4, 10^5, 10^6 steps.
+"""Spools the real recorder writes, and `goodput report` wall time and peak memory on them.
 
-Each job has 3 restarts (with redone steps), a blocking checkpoint save every
-1,000 steps, an `eval` custom badput every 5,000 steps and a data-loading span
-per step. The report runs as its own OS process (`python -m
-goodput_processor.cli report DIR --format json`); peak memory is that process's
-maximum resident set size (`wait4`).
+The recorder records the job of ``benchmarks/recorded_job.py`` (3 restarts with redone
+steps, a data-loading phase before every 0.5 s step, a 2 s checkpoint save every 1,000
+steps, a 5 s ``eval`` every 5,000) on a simulated clock, flushing at every 1 s (the
+default interval) of simulated time: one journal line per flush, a ``goodput.open``
+record for the phase in flight at each flush, segments compacted as they close. With
+``--baseline-src`` the same job is also recorded by another checkout's recorder (e.g.
+``git worktree add /tmp/old <commit>``), and both spools are read by this checkout's
+``goodput report``.
 
-    python benchmarks/bench_report.py [--sizes 10000 100000 1000000]
+Each report runs as its own OS process (``python -m goodput_processor.cli report DIR
+--format json``, with ``--definitions mgm`` too); peak memory is that process's maximum
+resident set size (``wait4``).
 
-Targets: 10^6 steps in under 5 s and 500 MB.
+    python benchmarks/bench_report.py [--steps 1000000] [--baseline-src /tmp/old/src]
+
+Target (issue 17): a 10^6-step job makes a spool under 500 MB.
 """
 
 from __future__ import annotations
@@ -22,12 +29,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import synth  # noqa: E402
+import recorded_job  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(run_dir: str) -> tuple[float, float]:
+def measure(run_dir: str, definitions: str) -> tuple[float, float]:
     """(wall seconds, peak RSS in MB) of one `goodput report --format json` process."""
-    cmd = [sys.executable, "-m", "goodput_processor.cli", "report", run_dir, "--format", "json"]
+    cmd = [sys.executable, "-m", "goodput_processor.cli", "report", run_dir, "--format",
+           "json", "--definitions", definitions]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -37,25 +47,57 @@ def measure(run_dir: str) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
+def spool_sizes(run_dir: str) -> dict:
+    """Bytes on disk by kind of file, and the spans a reader reads (window roots included)."""
+    from goodput_processor.reader import span_files
+
+    files = [p for p in Path(run_dir).iterdir() if p.is_file()]
+    out = {"files": len(files), "total": sum(p.stat().st_size for p in files),
+           "journal": sum(p.stat().st_size for p in files if p.name.endswith(".jsonl")),
+           "compacted": sum(p.stat().st_size for p in files if p.name.endswith(".jsonl.gz")),
+           "spans": 0, "lines_bytes": 0}
+    import gzip
+
+    for p in span_files(Path(run_dir)):
+        with (gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")) as f:
+            while chunk := f.read(1 << 24):
+                out["lines_bytes"] += len(chunk)
+                out["spans"] += chunk.count(b'"name":"goodput.')
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    ap.add_argument("--repeat", type=int, default=3, help="runs per size")
+    ap.add_argument("--steps", type=int, nargs="+", default=[1_000_000])
+    ap.add_argument("--baseline-src", help="another checkout's src/ (today's recorder)")
+    ap.add_argument("--repeat", type=int, default=1, help="reports per spool and definition")
+    ap.add_argument("--keep", help="record into this directory and keep the spools")
     args = ap.parse_args(argv)
-    print(f"{'steps':>10} {'spans':>10} {'spool MB':>9} {'wall s best':>12} {'worst':>6} "
-          f"{'peak MB':>8}")
+    here = os.pathsep.join([str(ROOT / "src"), str(ROOT / "collectors")])
+    recorders = {"this": here}
+    if args.baseline_src:
+        recorders["baseline"] = os.pathsep.join([args.baseline_src, str(ROOT / "collectors")])
+    print(f"{'recorder':<9} {'steps':>9} {'spans read':>11} {'files':>6} {'spool MB':>9} "
+          f"{'journal':>8} {'compact':>8} {'read MB':>8} {'rec s':>6} {'defs':>8} "
+          f"{'report s':>9} {'peak MB':>8}")
     with tempfile.TemporaryDirectory() as tmp:
-        for steps in args.sizes:
-            d = os.path.join(tmp, f"job{steps}")
-            synth.write_job(d, steps)
-            size = sum(p.stat().st_size for p in Path(d).glob("*.jsonl")) / 2**20
-            spans = sum(line.count('"spanId"') for p in Path(d).glob("*.jsonl")
-                        for line in open(p, encoding="utf-8"))
-            runs = [measure(d) for _ in range(args.repeat)]
-            best, worst = min(r[0] for r in runs), max(r[0] for r in runs)
-            peak = max(r[1] for r in runs)
-            print(f"{steps:>10,} {spans:>10,} {size:>9.1f} {best:>12.2f} {worst:>6.2f} "
-                  f"{peak:>8.0f}", flush=True)
+        base = args.keep or tmp
+        for steps in args.steps:
+            for name, path in recorders.items():
+                d = os.path.join(base, f"{name}-{steps}")
+                env = {**os.environ, "PYTHONPATH": path}
+                info = recorded_job.write_job(d, steps, env=env)
+                s = spool_sizes(d)
+                for defs in ("goodput", "mgm"):
+                    runs = [measure(d, defs) for _ in range(args.repeat)]
+                    wall, peak = min(r[0] for r in runs), max(r[1] for r in runs)
+                    print(f"{name:<9} {steps:>9,} {s['spans']:>11,} {s['files']:>6} "
+                          f"{s['total'] / 1e6:>9.1f} {s['journal'] / 1e6:>8.1f} "
+                          f"{s['compacted'] / 1e6:>8.1f} {s['lines_bytes'] / 1e6:>8.1f} "
+                          f"{info['seconds']:>6.1f} {defs:>8} {wall:>9.2f} {peak:>8.0f}",
+                          flush=True)
+    print("spool MB: every file on disk; journal: *.jsonl (plain); compact: *.jsonl.gz; "
+          "read MB: the OTLP JSON a report parses (decompressed)")
     return 0
 
 

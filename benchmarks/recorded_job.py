@@ -1,0 +1,164 @@
+"""A job of N steps written by the real recorder, on a simulated clock, in seconds.
+
+The recorder (``goodput.recorder.Recorder``, whichever version ``PYTHONPATH`` points
+at) records the job of ``benchmarks/synth.py``: 3 restarts that redo the steps after
+the last checkpoint, a data-loading phase before every step, a 2 s blocking checkpoint
+save every 1,000 steps and a 5 s ``eval`` every 5,000, steps of ``--step-s`` (0.5 s,
+jitter +-5 %). The clock the recorder reads is simulated, and its flush runs exactly as
+the background thread runs it (``_drain_and_write(heartbeat=True)`` under its lock) at
+every flush interval (1 s, the default) of simulated time: the phases in flight at a
+flush get their ``goodput.open`` record, a flush with nothing to write a heartbeat, so
+the spool is what a real job of that length leaves. Each attempt is its own OS process;
+a killed one ends with ``os._exit`` (no end marker, nothing after its last flush), the
+last one with ``Recorder.shutdown``.
+
+    python benchmarks/recorded_job.py OUT_DIR --steps 1000000
+    PYTHONPATH=/tmp/old/src python benchmarks/recorded_job.py OUT_DIR   # another version
+
+Uses only ``Recorder(...)``, ``job_start``, ``phase_begin``/``phase_end``, ``record``,
+``shutdown`` and the background thread's ``_drain_and_write``, which every version of
+the recorder since schema 1.1 has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+SEC = 1_000_000_000
+
+
+class _Clock:
+    """Stands in for the ``time`` module in ``goodput.recorder``: ``time_ns`` is simulated."""
+
+    def __init__(self, t: int):
+        self.t = t
+
+    def time_ns(self) -> int:
+        return self.t
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+class _Entry:
+    """A phase in flight, as ``goodput.phases.Phase`` gives it to ``phase_begin``."""
+
+    __slots__ = ("name", "_t0", "attrs")
+
+    def __init__(self, name, t0, attrs):
+        self.name, self._t0, self.attrs = name, t0, attrs
+
+
+def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
+    """Record one attempt in this process; returns the state the next attempt starts from."""
+    from goodput import config, recorder, schema
+
+    rng = random.Random(state["seed"] * 1000 + attempt)
+    t = state["t"]
+    clock = _Clock(t)
+    recorder.time = clock  # the recorder's clock reads (its thread does not run: see below)
+    config.process_start_ns = lambda: state["t"]
+    rec = recorder.Recorder(job_name="recorded", run_dir=out_dir, process_index=0,
+                            process_count=1, flush_interval_s=1.0)
+    rec._run = lambda: None  # no background thread: flushes happen on the simulated clock
+    interval = SEC
+    nxt = [t - t % interval + interval]
+
+    def advance(to: int) -> None:
+        while nxt[0] <= to:
+            clock.t = nxt[0]
+            with rec._lock:
+                rec._drain_and_write(heartbeat=True)
+            nxt[0] += interval
+
+    def phase(name, a, b, attrs=None):
+        advance(a)
+        e = _Entry(name, a, attrs)
+        rec.phase_begin(e)
+        advance(b)
+        rec.phase_end(e)
+        rec.record(name, a, b, attrs)
+        return b
+
+    rec.job_start(t)
+    t = phase(schema.ACCELERATOR_INIT, t, t + 5 * SEC)
+    t = phase(schema.TRAINING_PREP, t, t + 10 * SEC)
+    done = state["done"]
+    if done:
+        t = phase(schema.CHECKPOINT_RESTORE, t, t + 3 * SEC, {schema.ATTR_CHECKPOINT_STEP: done})
+    t = phase(schema.PROGRAM_STARTUP, t, t + 20 * SEC)
+    kill_at = state["kill_at"]
+    stop = kill_at[attempt] if attempt < len(kill_at) else state["steps"]
+    step_ns = int(state["step_s"] * SEC)
+    for n in range(done + 1, stop + 1):
+        t = phase(schema.DATA_LOADING, t, t + step_ns // 50)
+        t = phase(schema.STEP, t, t + int(step_ns * rng.uniform(0.95, 1.05)),
+                  {schema.ATTR_STEP: n})
+        if n % 1000 == 0:
+            t = phase(schema.CHECKPOINT_SAVE, t, t + 2 * SEC,
+                      {schema.ATTR_CHECKPOINT_STEP: n, schema.ATTR_BLOCKING: True})
+            done = n
+        if n % 5000 == 0:
+            t = phase(schema.CUSTOM_BADPUT, t, t + 5 * SEC, {schema.ATTR_BADPUT_TYPE: "eval"})
+    if stop == state["steps"]:
+        advance(t)
+        clock.t = t
+        rec.shutdown()
+        return {**state, "t": t, "done": done, "finished": True}
+    advance(t)  # killed right after this flush: what came later is lost
+    return {**state, "t": t + 60 * SEC, "done": done, "finished": False}
+
+
+def write_job(out_dir: str, steps: int, restarts: int = 3, step_s: float = 0.5,
+              seed: int = 0, env=None) -> dict:
+    """Record the job into ``out_dir``, one child process per attempt.
+
+    Returns ``{"attempts": n, "seconds": wall time of the recording}``.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    rng = random.Random(seed)  # the kills: as benchmarks/synth.py draws them
+    kill_at = sorted(rng.randrange(steps // 10, steps) for _ in range(restarts))
+    state = {"kill_at": kill_at, "steps": steps, "step_s": step_s, "seed": seed,
+             "t": 1_700_000_000 * SEC, "done": 0}
+    t0 = time.perf_counter()
+    attempt = 0
+    while True:
+        out = subprocess.run(
+            [sys.executable, __file__, out_dir, "--child", str(attempt),
+             "--state", json.dumps(state)], check=True, capture_output=True, text=True, env=env)
+        state = json.loads(out.stdout.strip().splitlines()[-1])
+        if state["finished"]:
+            break
+        attempt += 1
+    return {"attempts": attempt + 1, "seconds": time.perf_counter() - t0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--steps", type=int, default=10_000)
+    ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument("--step-s", type=float, default=0.5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--state", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        state = run_attempt(args.out_dir, args.child, json.loads(args.state))
+        print(json.dumps(state), flush=True)
+        if not state["finished"]:
+            os._exit(0)  # a kill: no exit hook, no end marker
+        return 0
+    info = write_job(args.out_dir, args.steps, args.restarts, args.step_s, args.seed)
+    print(json.dumps(info))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
