@@ -398,6 +398,27 @@ def test_replay_reads_the_spool_file_names():
     assert Path(written).match(Path(expand(pattern)).name), (pattern, written)
 
 
+
+def test_replay_reads_the_compacted_segments():
+    """Journal segments go to the plain receiver, compacted ones (gzip) to the second."""
+    doc = yaml.safe_load((CONFIG_DIR / "replay-spool.yaml").read_text())
+    plain = doc["receivers"]["otlpjsonfile"]
+    compact = doc["receivers"]["otlpjsonfile/compact"]
+    assert compact["compression"] == "gzip" and "compression" not in plain
+    assert {"otlpjsonfile", "otlpjsonfile/compact"} <= set(
+        doc["service"]["pipelines"]["traces"]["receivers"])
+    from goodput.config import spool_path
+    from goodput.segments import segment_path
+    (journal_glob,), (compact_glob,) = plain["include"], compact["include"]
+    first = spool_path("/run", 3, 1, "0123abcdef")
+    for k in (0, 2):
+        journal = Path(segment_path(first, k))
+        gz = Path(f"{journal}.gz")
+        assert journal.match(Path(expand(journal_glob)).name), (journal_glob, journal)
+        assert gz.match(Path(expand(compact_glob)).name), (compact_glob, gz)
+        assert not gz.match(Path(expand(journal_glob)).name)
+        assert not Path(f"{gz}.tmp").match(Path(expand(compact_glob)).name)
+
 BROKEN = """
 receivers:
   otlp:
