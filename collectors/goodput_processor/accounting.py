@@ -114,7 +114,8 @@ def _paint(a0: int, a1: int, starts, ends, levels, nlevels: int):
 
     Unowned segments get level ``nlevels`` (= other).
     """
-    b = np.sort(np.concatenate(([a0, a1], starts, ends)))
+    # timsort ("stable"): the starts and the ends are each nearly sorted already
+    b = np.sort(np.concatenate(([a0, a1], starts, ends)), kind="stable")
     b = b[np.concatenate(([True], b[1:] != b[:-1]))]
     m = len(b) - 1
     owner = np.full(m, nlevels, np.int16)

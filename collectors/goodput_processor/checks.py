@@ -49,11 +49,14 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult) -> l
     reached = None  # highest step of the attempts so far
     for i, a in enumerate(attempts):
         d = a.primary.data
-        steps = d[(d[:, C_KIND] == K_STEP) & (d[:, C_IVAL] != NONE)]
-        # in time order, ties by step number: the order spans arrived in must not matter
-        order = np.lexsort((steps[:, C_END], steps[:, C_IVAL], steps[:, C_START]))
-        nums, starts, ends = (steps[order, c] for c in (C_IVAL, C_START, C_END))
-        restored = bool((d[:, C_KIND] == K_CHECKPOINT_RESTORE).any())
+        kinds = d[:, C_KIND]
+        sel = np.flatnonzero((kinds == K_STEP) & (d[:, C_IVAL] != NONE))
+        nums, starts, ends = d[sel, C_IVAL], d[sel, C_START], d[sel, C_END]
+        if len(starts) > 1 and not (np.diff(starts) > 0).all():
+            # in time order, ties by step number: the order spans arrived in must not matter
+            order = np.lexsort((ends, nums, starts))
+            nums, starts, ends = nums[order], starts[order], ends[order]
+        restored = bool((kinds == K_CHECKPOINT_RESTORE).any())
         if i and len(nums) and reached is not None and not restored and nums[0] <= reached:
             out.append(ReportWarning(
                 "steps_restart_without_restore",
@@ -126,8 +129,8 @@ def _clock(a: Attempt, d: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> l
     """The wall clock moved under the process: spans that end well before the attempt
     started, or steps that overlap."""
     out = []
-    phases = d[d[:, C_KIND] >= K_ACCELERATOR_INIT]
-    early = int((phases[:, C_END] < a.start_ns - _CLOCK_SLACK_NS).sum())
+    early = int(((d[:, C_KIND] >= K_ACCELERATOR_INIT)
+                 & (d[:, C_END] < a.start_ns - _CLOCK_SLACK_NS)).sum())
     overlap = int((starts[1:] < ends[:-1] - _CLOCK_SLACK_NS).sum()) if len(starts) else 0
     unset = int((d[:, C_START] < _PLAUSIBLE_NS).sum())
     if unset:
