@@ -405,7 +405,7 @@ def write_spool(out_dir: Path, args, slow) -> tuple[int, int]:
                      "startTimeUnixNano": str(s), "endTimeUnixNano": str(e),
                      "attributes": encode_attributes(attrs), "status": {}}
                     for i, (e, a, name, s, attrs) in enumerate(spans) if a == attempt]
-            with open(config.spool_path(str(out_dir), h, attempt), "w") as f:
+            with open(config.spool_path(str(out_dir), h, attempt, f"h{h:07d}"), "w") as f:
                 for i in range(0, len(rows), 512):
                     req = {"resourceSpans": [{"resource": {"attributes": encode_attributes(res)},
                            "scopeSpans": [{"scope": {"name": schema.SCOPE_NAME},

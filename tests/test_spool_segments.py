@@ -293,3 +293,30 @@ def test_compaction_that_fails_keeps_the_journal(tmp_path):
     steps = sorted(int(x) for p in spans.jobs["w"].processes.values()
                    for x in p.data[p.data[:, 2] == 8][:, 3])
     assert steps == list(range(40))
+
+
+def test_a_tailer_started_late_reads_compacted_segments_once(tmp_path):
+    """goodput serve --spool-dir (and the monitor) started on a run long under way, whose
+    journals were compacted and reaped: everything read once, the live report equal to
+    goodput report; a tailer that followed the journals does not read the .gz again."""
+    from goodput_processor.serve import LiveStore, SpoolTailer
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    run = tmp_path / "run"
+    recorded_job.write_job(str(run), 3000, env={**env, "GOODPUT_SPOOL_SEGMENT_MB": "0.04"})
+    names = os.listdir(run)
+    assert [n for n in names if n.endswith(".jsonl.gz") and n[:-3] not in names]  # reaped
+    store = LiveStore()
+    SpoolTailer(store, [run]).poll()
+    live = json.loads(store.report_json(now_ns=2**62))["jobs"][0]
+    reported = json.loads(_report(run))["jobs"][0]
+    for key in ("total_time_s", "productive_time_s", "badput_s", "step_time", "attempts"):
+        assert live[key] == reported[key], key
+    assert live["skipped"]["duplicate"] == 0
+    tailer = SpoolTailer(store := LiveStore(), [run])
+    journals = sorted(p for p in run.glob("*.jsonl"))
+    for p in journals:  # as if it had followed these journals from their start
+        tailer._read(p)
+    tailer.poll()
+    assert json.loads(store.report_json(now_ns=2**62))["jobs"][0]["step_time"] == \
+        reported["step_time"]

@@ -1,18 +1,27 @@
 """Tail spool directories: take in new complete lines of ``*.jsonl`` files as they are written.
 
 A single machine needs no receiver: ``goodput serve --spool-dir RUN_DIR`` follows the files
-the recorder writes (``spans-p<index>-a<attempt>-<pid>-<id>.jsonl``). Every poll lists the
-``*.jsonl`` files under each directory (recursively: new attempts and processes are new
-files), reads each from where the last poll stopped and takes in only complete lines (ending
-in a newline); a torn last line is left for the next poll and taken in once it is complete. A
-file that shrank (truncated or replaced) is read again from its start.
+the recorder writes (``spans-p<index>-a<attempt>-<pid>-<id>.jsonl`` journals). Every poll lists
+the ``*.jsonl`` files under each directory (recursively: new attempts, processes and
+segments are new files), reads each from where the last poll stopped and takes in only
+complete lines (ending in a newline); a torn last line is left for the next poll and taken
+in once it is complete. A file that shrank (truncated or replaced) is read again from its
+start.
+
+Compacted segments (``X.jsonl.gz``, renamed into place whole when the recorder closes a
+segment, ``docs/span-schema.md``): one that the tailer did not follow as its journal
+``X.jsonl`` is read once, whole; a journal whose ``.gz`` is there and that the tailer has
+not started is skipped (its journal may be deleted later). So a tailer started on a run
+that is long under way (a restarted ``goodput serve``, a new monitor) reads everything once.
 """
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import threading
+import zlib
 from pathlib import Path
 
 from goodput import schema
@@ -55,13 +64,32 @@ class SpoolTailer:
             n = 0
             for d in self.dirs:
                 try:
-                    files = sorted(p for p in d.rglob("*.jsonl") if p.is_file()
+                    files = sorted(p for pattern in ("*.jsonl", "*.jsonl.gz")
+                                   for p in d.rglob(pattern) if p.is_file()
                                    and not p.name.startswith(schema.METRICS_SPOOL_PREFIX))
                 except OSError:
                     continue  # missing or unreadable for now: try again next poll
+                names = set(files)
                 for p in files:
-                    n += self._read(p)
+                    if p.name.endswith(".gz"):
+                        if p not in self._files and p.with_name(p.name[:-3]) not in self._files:
+                            n += self._read_gz(p)
+                    elif p in self._files or p.with_name(p.name + ".gz") not in names:
+                        n += self._read(p)
             return n
+
+    def _read_gz(self, path: Path) -> int:
+        """Take in every line of a compacted segment (complete once it exists), once."""
+        state = self._files[path] = [0, 0]
+        try:
+            with gzip.open(path, "rb") as f:
+                for line in f:
+                    state[1] += 1
+                    self.store.ingest_line(line, (str(path), state[1]))
+            state[0] = path.stat().st_size
+        except (OSError, EOFError, zlib.error) as e:
+            _log.warning("goodput serve: cannot read %s: %s", path, e)
+        return state[1]
 
     def _read(self, path: Path) -> int:
         state = self._files.setdefault(path, [0, 0])
