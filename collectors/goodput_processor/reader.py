@@ -51,10 +51,17 @@ from goodput import schema
 from . import timeline as tl
 from .timeline import JobSpans, ProcessSpans, SpanSet
 
-try:  # optional speed-up, never a dependency
+try:  # a dependency (fast); the standard library's json is the fallback
     import orjson
 
-    _loads = orjson.loads
+    def _loads(data):
+        """``json.loads``, through orjson when it can: orjson refuses what the standard
+        library accepts beyond strict JSON (``NaN``, integers past 64 bits), and such a
+        line is read as ``json.loads`` reads it."""
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return json.loads(data)
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 

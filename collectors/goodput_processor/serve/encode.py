@@ -17,6 +17,11 @@ import json
 
 from goodput import schema
 
+try:  # a dependency; the standard library's json is the fallback
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
 __all__ = ["job_name", "json_job_name", "json_line", "pb_line", "split_json", "split_pb"]
 
 _UNKNOWN_JOB = "unknown_job"
@@ -112,6 +117,11 @@ def _pb_resource_spans(rs) -> dict:
 
 
 def _line(resource_spans: list) -> bytes:
+    if _orjson is not None:
+        try:
+            return _orjson.dumps({"resourceSpans": resource_spans}) + b"\n"
+        except TypeError:  # e.g. an integer beyond 64 bits from a JSON request
+            pass
     return json.dumps({"resourceSpans": resource_spans}, separators=(",", ":"),
                       ensure_ascii=False).encode() + b"\n"
 
