@@ -98,6 +98,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Run ``goodput report``; returns the exit status."""
     from . import definitions
 
+    if args.no_cache:  # read by goodput_processor.cache, wherever the run is read
+        os.environ["GOODPUT_REPORT_CACHE"] = "0"
     ideal = None if args.ideal_step_time is None else _ideal_step_time(args.ideal_step_time)
     at_ns = None if args.at is None else parse_time_ns(args.at, "--at")
     exclusions = [_exclusion(x) for x in args.exclude or ()]
@@ -178,6 +180,10 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="exit with status 3 when the report has warnings (what the input "
                    "could not settle: docs/accounting.md, Warnings), e.g. in CI")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the columnar cache RUN_DIR/.goodput-cache "
+                   "(written for a run whose files did not change for 30 s; also "
+                   "GOODPUT_REPORT_CACHE=0)")
     p.set_defaults(func=cmd_report)
     return p
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from goodput import schema
 
+from . import cache as _cache
 from . import timeline as tl
 from .timeline import JobSpans, ProcessSpans, SpanSet
 
@@ -570,13 +571,17 @@ def span_files(root: Path) -> list[Path]:
     return sorted(p for p in found if str(p) + ".gz" not in names)
 
 
-def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet:
+def read_run_dir(path: str | os.PathLike, workers: int | None = None,
+                 cache: bool | None = None) -> SpanSet:
     """Read every span file under ``path`` (:func:`span_files`: recursively, sorted by path).
 
     Args:
         path: the run directory.
         workers: worker processes for parsing; None = one per CPU (at most 4) when the
             files hold at least 64 MiB, else 1 (read in this process).
+        cache: use the columnar cache beside the spool (:mod:`goodput_processor.cache`:
+            read from it while the files are unchanged, write it for a quiet run); None =
+            ``GOODPUT_REPORT_CACHE`` (on unless ``0``).
 
     Returns:
         A :class:`SpanSet` (jobs -> processes -> int64 span records, times in ns).
@@ -605,6 +610,11 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet
         raise RunDirError(f"cannot list run directory {str(root)!r}: {e.strerror or e}") from e
     if not files:
         raise RunDirError(f"run directory {str(root)!r} holds no *.jsonl span files")
+    use_cache = _cache.enabled(cache)
+    if use_cache:
+        cached = _cache.load(root, files)
+        if cached is not None:
+            return cached
     n = _worker_count(workers, nbytes, max(len(files), nbytes // _UNIT_BYTES + 1))
     reader = None
     if n > 1:
@@ -626,5 +636,8 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None) -> SpanSet
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
         raise RunDirError(f"run directory {str(root)!r} holds no goodput spans ({len(files)} "
                           f"file(s) read{'; skipped ' + detail if detail else ''})")
-    return SpanSet(str(root), reader.jobs, reader.skipped, reader.examples, reader.strings,
-                   len(files), reader.file_problems())
+    spans = SpanSet(str(root), reader.jobs, reader.skipped, reader.examples, reader.strings,
+                    len(files), reader.file_problems())
+    if use_cache:
+        _cache.save(root, files, spans)
+    return spans
