@@ -125,11 +125,12 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     if not is_open.any():
         return d
     last_alive = int(d[:, C_END].max())
-    closed, op = d[~is_open], d[is_open]
+    kinds = d[:, C_KIND]
+    op = d[is_open]
     keep = np.ones(len(op), bool)
     for kind in np.unique(op[:, C_KIND]):
         rows = np.flatnonzero(op[:, C_KIND] == kind)
-        done = np.sort(closed[closed[:, C_KIND] == kind][:, C_START])
+        done = np.sort(d[~is_open & (kinds == kind), C_START])  # columns, not row copies
         starts = op[rows, C_START]
         if len(done):
             pos = np.minimum(np.searchsorted(done, starts), len(done) - 1)
@@ -142,13 +143,13 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     end = np.full(len(op), last_alive, np.int64)
     for kind in np.unique(op[:, C_KIND]):  # ... or until the next phase of its kind began
         rows = np.flatnonzero(op[:, C_KIND] == kind)
-        later = np.sort(d[d[:, C_KIND] == kind][:, C_START])
+        later = np.sort(d[kinds == kind, C_START])
         pos = np.searchsorted(later, op[rows, C_START], side="right")
         has = pos < len(later)
         end[rows[has]] = np.minimum(end[rows[has]], later[pos[has]])
     op[:, C_END] = np.maximum(op[:, C_END], end)
     op[:, C_FLAGS] = (op[:, C_FLAGS] & ~F_OPEN) | F_ENDLESS
-    return np.concatenate((closed, op)) if len(op) else closed
+    return np.concatenate((d[~is_open], op)) if len(op) else d[~is_open]
 
 
 def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:
