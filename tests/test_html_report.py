@@ -28,11 +28,8 @@ from test_accounting import timelines, worked_example
 from goodput import schema
 from goodput_processor import read_run_dir
 from goodput_processor.cli import main
-
-pytest.importorskip("plotly", reason="the HTML report needs plotly (goodput-otel[html])")
-
-from goodput_processor.html import bucket_segments, render_html, report_html  # noqa: E402
-from goodput_processor.html.data import over_time  # noqa: E402
+from goodput_processor.html import bucket_segments, render_html, report_html
+from goodput_processor.html.data import over_time
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts" / "html-report"
@@ -104,11 +101,12 @@ def test_segments_sum_to_buckets(tmp_path_factory, tls, ideal):
 
 
 def test_other_processes_get_thin_rows(tmp_path):
+    """On request, the other processes' rows, painted by the same rules (not accounted)."""
     p1 = Timeline(process=1, count=3).job_start(1)
     p1.steps(1, 10, start=2, step_time=1).job_end(12)
     p2 = Timeline(process=2, count=3).job_start(0)
     p2.steps(1, 10, start=2, step_time=2).job_end(25, reason="sigterm")
-    segs = bucket_segments(_job(tmp_path, p1, p2), 1, NOW)
+    segs = bucket_segments(_job(tmp_path, p1, p2), 1, NOW, max_process_rows=8)
     assert [(r.attempt, r.process, r.primary) for r in segs.rows] == [(0, 1, True),
                                                                      (0, 2, False)]
     other = segs.rows[1]
@@ -216,40 +214,131 @@ def crash_report(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.skipif(not _BROWSER, reason="needs playwright and Chromium (apt-get install "
-                    "chromium; pip install playwright)")
+needs_browser = pytest.mark.skipif(
+    not _BROWSER, reason="needs playwright and Chromium (apt-get install chromium; "
+    "pip install playwright)")
+
+
+def launch(p):
+    """Debian's headless Chromium through Playwright (no browser download)."""
+    return p.chromium.launch(executable_path=CHROMIUM,
+                             args=["--headless", "--no-sandbox", "--disable-gpu"])
+
+
+def open_report(browser, path: Path):
+    """A fresh page on the report, network blocked, waited until drawn (bounded); returns
+    (page, errors), errors collecting page errors and console errors and warnings."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}")
+            if m.type in ("error", "warning") else None)
+    page.route("**/*", lambda route: route.abort()
+               if route.request.url.startswith("http") else route.continue_())
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-gp-ready], body[data-gp-error]", timeout=120_000)
+    assert page.get_attribute("body", "data-gp-error") is None, errors
+    return page, errors
+
+
+def draw_seconds(page) -> float:
+    """Navigation start to every chart drawn (the page's ``gp-charts-drawn`` mark), s."""
+    return page.evaluate("() => performance.getEntriesByName('gp-charts-drawn')[0]"
+                         ".startTime") / 1e3
+
+
+def page_height(page) -> int:
+    return page.evaluate("() => document.documentElement.scrollHeight")
+
+
+def _timeline_xy(page, x, y) -> tuple[float, float]:
+    """Viewport pixel of data point (x s, y lane units) on the timeline."""
+    page.locator("#gp-timeline-0").scroll_into_view_if_needed()
+    return tuple(page.evaluate("""([x, y]) => {
+        const gd = document.getElementById('gp-timeline-0'), fl = gd._fullLayout;
+        const r = gd.getBoundingClientRect();
+        return [r.left + fl.xaxis._offset + fl.xaxis.l2p(x),
+                r.top + fl.yaxis._offset + fl.yaxis.l2p(y)]; }""", [x, y]))
+
+
+def zoom_timeline(page, t0: float, t1: float) -> None:
+    page.evaluate("""async ([a, b]) => {
+        await Plotly.relayout('gp-timeline-0', {'xaxis.range': [a, b]});
+        await new Promise(r => setTimeout(r, 50)); }""", [t0, t1])
+
+
+def hover_restart(page, i: int) -> str:
+    """Zoom to attempt ``i``'s start, hover its restart marker, return the hover's text."""
+    a = page.evaluate(f"() => JSON.parse(document.getElementById('gp-meta').textContent)[0]"
+                      f".attempts[{i}]")
+    width = max(a["t1"] - a["t0"], 1.0)
+    zoom_timeline(page, a["t0"] - width, a["t0"] + width)
+    marker_y = page.evaluate("() => document.getElementById('gp-timeline-0').data"
+                             ".find(t => t.name === 'restart').y[0]")
+    page.mouse.move(*_timeline_xy(page, a["t0"], marker_y))
+    page.wait_for_selector(".hoverlayer .hovertext", timeout=10_000)
+    return page.evaluate("""() => { const h = document.querySelector('.hoverlayer .hovertext');
+        const lines = Array.from(h.querySelectorAll('tspan.line'));
+        return lines.length ? lines.map(t => t.textContent).join('\\n') : h.textContent; }""")
+
+
+def strip_tip(page, x: float) -> str:
+    """Hover the processes' heat strip at ``x`` s (its middle row); the tooltip's text."""
+    y = page.evaluate("() => { const fl = document.getElementById('gp-timeline-0')"
+                      "._fullLayout; return fl.yaxis.range[0] + 2.5; }")
+    page.mouse.move(*_timeline_xy(page, x, y))
+    page.wait_for_selector(".gp-tip", state="visible", timeout=10_000)
+    return page.inner_text(".gp-tip")
+
+
+def click_attempt(page, i: int) -> str:
+    """Click attempt ``i`` on the job's lane; the expansion's info line once drawn."""
+    a = page.evaluate(f"() => JSON.parse(document.getElementById('gp-meta').textContent)[0]"
+                      f".attempts[{i}]")
+    zoom_timeline(page, a["t0"], a["t1"])
+    page.mouse.click(*_timeline_xy(page, (a["t0"] + a["t1"]) / 2, 0))
+    page.wait_for_selector("#gp-procbox-0:not([hidden])", timeout=10_000)
+    page.wait_for_function("() => (document.getElementById('gp-procs-0').layout || {}).images",
+                           timeout=10_000)
+    return page.inner_text("#gp-procs-info-0")
+
+
+@needs_browser
 def test_crash_restart_report_in_chromium(crash_report):
+    """The small job's page: under 1.5 MB, every chart drawn, the restart marker's hover,
+    the single process expanded, then zoomed down to single steps."""
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    errors: list[str] = []
+    size = crash_report.stat().st_size
+    assert size < 1_500_000, size
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM,
-                                    args=["--headless", "--no-sandbox", "--disable-gpu"])
+        browser = launch(p)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}")
-                    if m.type in ("error", "warning") else None)
-            page.route("**/*", lambda route: route.abort()
-                       if route.request.url.startswith("http") else route.continue_())
-            page.goto(crash_report.as_uri())
-            page.wait_for_selector("body[data-gp-ready], body[data-gp-error]", timeout=60_000)
-            assert page.get_attribute("body", "data-gp-error") is None, errors
+            page, errors = open_report(browser, crash_report)
             charts = page.evaluate("""() => Object.fromEntries(
                 Array.from(document.querySelectorAll('.gp-chart')).map(d => [d.dataset.chart,
                   (d.data || []).reduce((n, t) => n + (t.x ? t.x.length : 0), 0)]))""")
-            assert set(charts) == {"timeline", "goodput", "buckets", "steptime", "histogram"}
+            assert set(charts) == {"timeline", "goodput", "buckets", "steptime", "histogram",
+                                   "procs"}
+            assert charts.pop("procs") == 0  # not expanded yet
             assert all(n > 0 for n in charts.values()), charts
             names = page.evaluate("() => document.getElementById('gp-timeline-0').data"
                                   ".map(t => t.name)")
             assert {"productive", "wasted_progress", "infrastructure_recovery",
-                    "checkpoint_restore", "custom:eval"} <= set(names)
+                    "checkpoint_restore", "custom:eval", "restart"} <= set(names)
             assert page.locator(".js-plotly-plot .bars .point").count() > 100  # drawn bars
             summary = page.inner_text("table.summary")
             assert "wasted_progress" in summary and "total" in summary
             assert "killed" in page.inner_text("table.attempts")
+            print(f"crash-restart page: {size / 1e6:.2f} MB, drawn in "
+                  f"{draw_seconds(page):.2f} s, {page_height(page)} px")
             page.screenshot(path=str(ARTIFACTS / "crash-restart.png"), full_page=True)
+            hover = hover_restart(page, 1)
+            assert "restart: attempt 0 \u2192 attempt 1" in hover, hover
+            assert "ended killed" in hover and "resumes at step 100" in hover, hover
+            info = click_attempt(page, 0)
+            assert "Attempt 0" in info and "all 1 processes" in info, info
             # zoom the timeline to 0.3 s near the end: single steps, with hover text
             texts = page.evaluate("""async () => {
                 const gd = document.getElementById('gp-timeline-0');
@@ -257,7 +346,7 @@ def test_crash_restart_report_in_chromium(crash_report):
                 const t0 = meta.total_s - 1.3;  // the second attempt's last steps
                 await Plotly.relayout(gd, {'xaxis.range': [t0, t0 + 0.3]});
                 await new Promise(r => setTimeout(r, 100));
-                return gd.data.flatMap(t => t.hovertext); }""")
+                return gd.data.filter(t => t.type === 'bar').flatMap(t => t.hovertext); }""")
             assert any("step time" in t for t in texts), texts[:5]
             page.locator("#gp-timeline-0").screenshot(
                 path=str(ARTIFACTS / "crash-restart-zoomed.png"))

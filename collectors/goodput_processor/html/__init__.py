@@ -1,8 +1,8 @@
-"""The self-contained HTML report: timeline, goodput over time, step times, summary.
+"""The self-contained HTML report: timeline, processes, goodput over time, step times.
 
 ``goodput report RUN_DIR --html out.html`` and ``GET /v1/report.html`` of ``goodput serve``
-write one HTML file that opens without network access (Plotly and a small script are
-inlined; see ``docs/html-report.md``). Needs ``plotly`` (``pip install goodput-otel[html]``).
+write one HTML file that opens without network access (Plotly's basic bundle, vendored here
+as ``plotly-basic.min.js``, and a small script are inlined; see ``docs/html-report.md``).
 
 - :func:`render_html`: jobs' spans -> the page (a string, optionally written out);
 - :func:`report_html`: a run directory -> the page, returning the results as
@@ -47,7 +47,6 @@ def render_html(
         The page.
 
     Raises:
-        ImportError: plotly is not installed.
         ValueError: bad ``ideal_step_time_s``.
         OSError: ``out`` cannot be written.
     """
@@ -80,7 +79,7 @@ def report_html(
     Raises:
         RunDirError, SpoolFormatError, KeyError, ValueError: as
             :func:`~goodput_processor.accounting.report_run_dir`.
-        ImportError, OSError: as :func:`render_html`.
+        OSError: as :func:`render_html`.
     """
     from ..reader import read_run_dir
 
@@ -105,7 +104,6 @@ def live_report_html(store, job: str | None = None, now_ns: int | None = None) -
 
     Raises:
         KeyError: ``job`` has not been seen.
-        ImportError: plotly is not installed.
     """
     names = store.jobs()
     if job is not None:

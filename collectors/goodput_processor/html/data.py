@@ -1,9 +1,11 @@
-"""What the HTML report ships per job: packed timeline and step arrays, and static charts.
+"""What the HTML report ships per job: packed timeline, step and heat arrays, static charts.
 
-The timeline and step-time charts are drawn by ``report.js`` from the raw arrays (it
-aggregates what cannot be seen at the current zoom); they travel as one gzip-compressed
-binary blob per job (base64 in the page) described by a small JSON header. The goodput
-over time and histogram charts are small and built here as Plotly figure specs.
+The timeline (the job's lane, a lane per bucket group, the processes' heat strip) and the
+step-time chart are drawn by ``report.js`` from the raw arrays (it aggregates what cannot
+be seen at the current zoom); they travel as one gzip-compressed binary blob per job
+(base64 in the page) described by a small JSON header. The goodput-over-time charts are
+computed by the script from the same segments (:func:`over_time` is their reference); the
+histogram is small and built here as a Plotly figure spec.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from goodput import schema
 
 from .segments import NO_STEP, JobSegments
 
-__all__ = ["BUCKET_COLORS", "bucket_color", "histogram_figure", "over_time", "pack_job"]
+__all__ = ["BUCKET_COLORS", "LANES", "bucket_color", "histogram_figure", "lanes", "over_time",
+           "pack_job", "pick_windows"]
 
 _NS = 1_000_000_000
 _US = 1_000
@@ -98,21 +101,49 @@ def _step_arrays(js: JobSegments):
     }
 
 
+#: The timeline's lanes below the job's own: each shows one group of buckets.
+LANES = (
+    ("training", (schema.PRODUCTIVE, "training_slowdown")),
+    ("start-up", ("process_startup", "accelerator_init", "training_prep", "program_startup")),
+    ("data", ("data_loading",)),
+    ("checkpoints", ("checkpoint_save", "checkpoint_restore")),
+    ("disruptions", ("wasted_progress", "infrastructure_recovery", "elastic_slice_down",
+                     "elastic_scale_up", "elastic_reinitialization")),
+    ("custom", ()),  # every custom:<type>
+    ("other", ("other",)),
+)
+
+
+def lanes(names, present) -> list[dict]:
+    """The lanes with a bucket present: ``[{"name", "buckets": [bucket index, ...]}]``."""
+    out = []
+    for lane, members in LANES:
+        idx = [i for i, n in enumerate(names) if n in present and (
+            n in members or (lane == "custom" and n.startswith(schema.CUSTOM_PREFIX)))]
+        if idx:
+            out.append({"name": lane, "buckets": idx})
+    return out
+
+
 def pack_job(js: JobSegments) -> tuple[dict, bytes]:
-    """The header (JSON-able dict) and gzip-compressed blob of one job's arrays."""
+    """The header (JSON-able dict) and gzip-compressed blob of one job's arrays: the
+    primary rows (the job's lane), kept steps, and the heat strip and expansions
+    (:mod:`.heat`) when the job has a fleet."""
     r = js.result
-    header: dict = {"rows": [], "arrays": {}}
+    header: dict = {"rows": [], "arrays": {}, "heat": None}
     arrays: dict[str, np.ndarray] = {}
-    for i, row in enumerate(js.rows):
+    for i, row in enumerate(js.primary_rows()):
         t0, length, bucket, step = _row_arrays(row, r.start_ns)
-        label = f"attempt {row.attempt}" if row.primary else \
-            f"attempt {row.attempt} · p{row.process}"
         header["rows"].append({"attempt": row.attempt, "process": row.process,
-                               "primary": row.primary, "host": row.host, "label": label,
-                               "t0_us": t0, "n": int(len(length))})
+                               "host": row.host, "t0_us": t0, "n": int(len(length))})
         arrays[f"d{i}"], arrays[f"k{i}"], arrays[f"s{i}"] = length, bucket, step
     header["step_x_label"], steps = _step_arrays(js)
     arrays.update(steps)
+    if js.fleet is not None and len(js.fleet.p_rank) and r.attempts:
+        from .heat import heat_arrays
+
+        header["heat"], heat = heat_arrays(r, js.fleet)
+        arrays.update(heat)
     parts, offset = [], 0
     for name, a in arrays.items():
         raw = np.ascontiguousarray(a).tobytes()
@@ -120,10 +151,10 @@ def pack_job(js: JobSegments) -> tuple[dict, bytes]:
         pad = (-len(raw)) % 8
         parts += [raw, b"\0" * pad]
         offset += len(raw) + pad
-    return header, gzip.compress(b"".join(parts), compresslevel=3, mtime=0)
+    return header, gzip.compress(b"".join(parts), compresslevel=6, mtime=0)
 
 
-def _pick_windows(total_s: float) -> list[float]:
+def pick_windows(total_s: float) -> list[float]:
     """Two rolling windows near 1/20 and 1/5 of the job (nice round lengths)."""
     if total_s <= 0:
         return []
@@ -138,7 +169,9 @@ def _pick_windows(total_s: float) -> list[float]:
 
 def over_time(js: JobSegments, windows_s=None, points: int = 600) -> dict:
     """Each bucket's share of time, cumulative and in rolling windows, at ``points``
-    evenly spaced instants (exact in ns from the painted segments).
+    evenly spaced instants (exact in ns from the painted segments). The page's script
+    computes the same curves from the same segments (in float seconds); this is their
+    reference (tested against each other in the browser test).
 
     Returns ``{"t": seconds since job start, "windows": [...], "names": [...],
     "cumulative": {name: [%]}, "rolling": [{name: [%]} per window]}``.
@@ -147,7 +180,7 @@ def over_time(js: JobSegments, windows_s=None, points: int = 600) -> dict:
     total = r.total_ns
     if total <= 0:
         return {"t": [], "windows": [], "names": [], "cumulative": {}, "rolling": []}
-    windows = list(windows_s) if windows_s is not None else _pick_windows(total / _NS)
+    windows = list(windows_s) if windows_s is not None else pick_windows(total / _NS)
     rows = js.primary_rows()
     starts = np.concatenate([row.bounds_ns[:-1] for row in rows])
     ends = np.concatenate([row.bounds_ns[1:] for row in rows])
@@ -220,44 +253,3 @@ def histogram_figure(js: JobSegments) -> dict | None:
 def _vline(x: float, color: str, dash: str) -> dict:
     return {"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
             "line": {"color": color, "dash": dash, "width": 1.5}}
-
-
-def over_time_figures(ot: dict, names) -> tuple[dict | None, dict | None]:
-    """Plotly specs: goodput over time (cumulative and rolling lines), and each bucket's
-    share over time (stacked areas; buttons switch cumulative / rolling windows)."""
-    if not ot["t"]:
-        return None, None
-    from ..report import format_duration
-
-    t = ot["t"]
-    modes = [("cumulative", ot["cumulative"])] + [
-        (f"rolling {format_duration(w)}", roll)
-        for w, roll in zip(ot["windows"], ot["rolling"], strict=True)]
-    margin = {"l": 60, "r": 20, "t": 40, "b": 50}
-    xaxis = {"title": {"text": "seconds since job start"}}
-    zero = [0.0] * len(t)
-    good = [{"type": "scatter", "mode": "lines", "x": t, "y": m.get(schema.PRODUCTIVE, zero),
-             "name": label, "line": {"width": 2 if i == 0 else 1.2},
-             "hovertemplate": "%{x:.3f} s: %{y:.2f} %<extra>" + label + "</extra>"}
-            for i, (label, m) in enumerate(modes)]
-    goodput = {"data": good, "layout": {
-        "title": {"text": "Goodput over time"}, "xaxis": xaxis, "height": 320, "margin": margin,
-        "yaxis": {"title": {"text": "goodput (%)"}},
-        "legend": {"orientation": "h", "y": -0.25}}}
-    data, buttons = [], []
-    for i, (label, m) in enumerate(modes):
-        for n in ot["names"]:
-            data.append({"type": "scatter", "mode": "lines", "x": t, "y": m[n], "name": n,
-                         "stackgroup": f"s{i}", "visible": i == 0, "legendgroup": n,
-                         "showlegend": True, "fillcolor": bucket_color(n, names),
-                         "line": {"width": 0.5, "color": bucket_color(n, names)},
-                         "hovertemplate": "%{y:.2f} %<extra>" + n + "</extra>"})
-        vis = [j == i for j in range(len(modes)) for _ in ot["names"]]
-        buttons.append({"label": label, "method": "restyle", "args": [{"visible": vis}]})
-    buckets = {"data": data, "layout": {
-        "title": {"text": "Share of each bucket over time"}, "xaxis": xaxis, "height": 420,
-        "margin": margin, "hovermode": "x unified", "legend": {"orientation": "h", "y": -0.2},
-        "yaxis": {"title": {"text": "% of time"}, "range": [0, 100]},
-        "updatemenus": [{"type": "buttons", "direction": "right", "x": 1, "xanchor": "right",
-                         "y": 1.18, "buttons": buttons, "showactive": True}]}}
-    return goodput, buckets

@@ -1,16 +1,23 @@
 /* goodput HTML report: draws each job's charts from the inlined data (docs/html-report.md).
- * The timeline and step-time charts are recomputed for the visible range on every zoom
- * (plotly_relayout): what is narrower than MIN_PX pixels is aggregated. */
+ * The timeline (the job's lane, a lane per bucket group, the processes' heat strip) and the
+ * step-time chart are recomputed for the visible range on every zoom (plotly_relayout):
+ * what is narrower than MIN_PX pixels is aggregated. heat.js (window.GPHeat) draws the heat
+ * codes, charts.js (window.GPCharts) the curves over time. */
 (function () {
   'use strict';
   var MIN_PX = 2;            // timeline: segments narrower than this are aggregated
   var MAX_POINTS = 4000;     // step-time chart: raw points shown up to this many
+  var LANE_PX = 26;          // height of one lane
+  var HEAT_LANES = 5;        // the heat strip is this many lanes tall
+  var MIN_SHARE = 0.15;      // a group lane's column is at least this tall when not empty
+  var BAR = 0.8;             // bar height, in lanes
   var STEP_NONE = -2147483648;
   var TYPES = {uint8: Uint8Array, int32: Int32Array, uint32: Uint32Array,
                float32: Float32Array, float64: Float64Array};
   var CONFIG = {displaylogo: false, responsive: true,
                 modeBarButtonsToRemove: ['select2d', 'lasso2d', 'autoScale2d']};
   var META = JSON.parse(document.getElementById('gp-meta').textContent);
+  var H = window.GPHeat;
 
   function fail(e) {
     var el = document.getElementById('gp-status');
@@ -45,6 +52,12 @@
     return lo;
   }
 
+  function lowerX(X, x) {
+    var lo = 0, hi = X.length;
+    while (lo < hi) { var m = (lo + hi) >> 1; if (X[m] < x) lo = m + 1; else hi = m; }
+    return lo;
+  }
+
   function fmt(s) {
     var a = Math.abs(s);
     if (a >= 60) {
@@ -59,18 +72,21 @@
   var tDigits = 3;
   function at(t) { return t.toFixed(tDigits) + ' s'; }
 
-  function decodeRows(buf, meta) {
-    return meta.rows.map(function (r, i) {
+  // the primary rows one after the other (they are contiguous): the job's lane
+  function decodeJob(buf, meta) {
+    var n = 0;
+    meta.rows.forEach(function (r) { n += r.n; });
+    var B = new Float64Array(n + 1), K = new Uint8Array(n), S = new Int32Array(n), j = 0;
+    meta.rows.forEach(function (r, i) {
       var d = view(buf, meta, 'd' + i), k = view(buf, meta, 'k' + i);
-      var sd = view(buf, meta, 's' + i), n = r.n;
-      var B = new Float64Array(n + 1), S = new Int32Array(n), us = r.t0_us, prev = 0;
-      B[0] = us / 1e6;
-      for (var j = 0; j < n; j++) {
-        us += d[j]; B[j + 1] = us / 1e6;
-        if (sd[j] === STEP_NONE) S[j] = -1; else { prev += sd[j]; S[j] = prev; }
+      var sd = view(buf, meta, 's' + i), us = r.t0_us, prev = 0;
+      if (j === 0) B[0] = us / 1e6;
+      for (var q = 0; q < r.n; q++, j++) {
+        us += d[q]; B[j + 1] = us / 1e6; K[j] = k[q];
+        if (sd[q] === STEP_NONE) S[j] = -1; else { prev += sd[q]; S[j] = prev; }
       }
-      return {label: r.label, primary: r.primary, host: r.host, B: B, K: k, S: S, n: n};
     });
+    return {B: B, K: K, S: S, n: n};
   }
 
   function decodeSteps(buf, meta) {
@@ -80,80 +96,119 @@
             K: view(buf, meta, 'sk'), n: n};
   }
 
-  // ---- timeline ---------------------------------------------------------------------
+  function decodeHeat(buf, meta) {
+    if (!meta.heat) return null;
+    var out = {};
+    ['hr', 'hrr', 'hrh', 'hl', 'hlr', 'hlh', 'er', 'el', 'ek', 'eh'].forEach(function (k) {
+      out[k] = view(buf, meta, k);
+    });
+    return out;
+  }
+
+  function attemptAt(job, x) {  // index of the attempt running (or recovering) at x
+    var A = job.meta.attempts, lo = 0, hi = A.length;
+    while (lo < hi) { var m = (lo + hi) >> 1; if (A[m].t0 <= x) lo = m + 1; else hi = m; }
+    return Math.max(0, lo - 1);
+  }
+
+  function hostName(heat, h) { return h >= 0 ? ' ' + heat.hosts[h] : ''; }
+
+  // ---- timeline: lanes ----------------------------------------------------------------
   function timelineTraces(job, x0, x1, px) {
     var names = job.meta.names, nb = names.length, w = (x1 - x0) / px * MIN_PX;
     tDigits = Math.min(6, Math.max(3, Math.ceil(-Math.log10(w)) + 1));
     var bars = names.map(function () {
       return {base: [], x: [], y: [], width: [], offset: [], text: []};
     });
-    job.rows.forEach(function (row) {
-      var B = row.B, K = row.K, S = row.S, n = row.n;
-      var width = row.primary ? 0.8 : 0.35, last = null;
-      var comp = new Float64Array(nb), runStart = -1, runEnd = 0, slo = -1, shi = -1, cnt = 0;
-      function push(start, len, k, text, agg, s, frac, below) {
-        var b = bars[k];
-        if (frac === undefined) { frac = 1; below = 0; }
-        if (last && last.k === k && agg && frac === 1 && last.agg &&
-            Math.abs(last.end - start) < 1e-9) {
-          b.x[last.i] += len; last.end = start + len;
-          if (s[0] >= 0) { last.slo = last.slo < 0 ? s[0] : last.slo; last.shi = s[1]; }
-          b.text[last.i] = names[k] + ' · ' + fmt(b.x[last.i]) + stepsText(last.slo, last.shi) +
-            '<br>' + at(b.base[last.i]) + ' – ' + at(last.end);
-          return;
-        }
-        // a stretch mixing several buckets is drawn as a column split by each one's share
-        b.base.push(start); b.x.push(len); b.y.push(row.label); b.width.push(width * frac);
-        b.offset.push(-width / 2 + width * below); b.text.push(text);
-        last = {k: k, agg: agg, end: start + len, i: b.x.length - 1, slo: s[0], shi: s[1]};
-      }
-      function flush() {
-        if (runStart < 0) return;
-        var parts = [], tot = runEnd - runStart, lines = [];
-        for (var k = 0; k < nb; k++) if (comp[k] > 0) parts.push(k);
-        parts.slice().sort(function (a, b) { return comp[b] - comp[a]; }).forEach(function (k) {
-          lines.push(names[k] + ' ' + (100 * comp[k] / tot).toFixed(1) + ' %');
-        });
-        var text = at(runStart) + ' – ' + at(runEnd) + ' (' + cnt + ' segments' +
-          stepsText(slo, shi) + ')<br>' + lines.join('<br>');
-        if (parts.length === 1) {
-          push(runStart, tot, parts[0], names[parts[0]] + ' · ' + fmt(tot) + stepsText(slo, shi) +
-               '<br>' + at(runStart) + ' – ' + at(runEnd), true, [slo, shi]);
-        } else {
-          var below = 0, sum = 0;
-          parts.forEach(function (k) { sum += comp[k]; });
-          parts.forEach(function (k) {
-            push(runStart, tot, k, text, false, [-1, -1], comp[k] / sum, below);
-            below += comp[k] / sum;
-          });
-          last = null;
-        }
-        comp.fill(0); runStart = -1; slo = shi = -1; cnt = 0;
-      }
-      var i = Math.max(0, upper(B, x0, 0, n + 1) - 1);
-      for (; i < n && B[i] < x1; i++) {
-        var len = B[i + 1] - B[i];
-        if (len <= 0) continue;
-        if (len >= w) {
-          flush();
-          push(B[i], len, K[i], segText(job, row, i, len), false, [S[i], S[i]]);
-        } else {
-          if (runStart < 0) runStart = B[i];
-          comp[K[i]] += len; runEnd = B[i + 1]; cnt++;
-          if (S[i] >= 0) { if (slo < 0 || S[i] < slo) slo = S[i]; if (S[i] > shi) shi = S[i]; }
-          if (runEnd - runStart >= w) flush();
-        }
-      }
-      flush();
+    var laneOf = new Int32Array(nb).fill(-1), lanes = [newLane(0, false)];
+    job.meta.lanes.forEach(function (l, j) {
+      l.buckets.forEach(function (k) { laneOf[k] = j + 1; });
+      lanes.push(newLane(-(j + 1), true));
     });
-    var present = job.meta.present;
-    return names.map(function (name, k) {
+    function newLane(y, group) {
+      return {y: y, group: group, comp: new Float64Array(nb), runStart: -1, runEnd: 0,
+              slo: -1, shi: -1, cnt: 0, last: null};
+    }
+    function push(L, start, len, k, text, agg, s, frac, below) {
+      var b = bars[k], last = L.last;
+      if (frac === undefined) { frac = 1; below = 0; }
+      if (last && last.k === k && agg && frac === 1 && last.agg &&
+          Math.abs(last.end - start) < 1e-9) {  // touching stretches of one bucket: one bar
+        b.x[last.i] += len; last.end = start + len;
+        if (s[0] >= 0) { last.slo = last.slo < 0 ? s[0] : last.slo; last.shi = s[1]; }
+        b.text[last.i] = names[k] + ' · ' + fmt(b.x[last.i]) + stepsText(last.slo, last.shi) +
+          '<br>' + at(b.base[last.i]) + ' – ' + at(last.end);
+        return;
+      }
+      b.base.push(start); b.x.push(len); b.y.push(L.y); b.width.push(BAR * frac);
+      b.offset.push(-BAR / 2 + BAR * below); b.text.push(text);
+      L.last = {k: k, agg: agg, end: start + len, i: b.x.length - 1, slo: s[0], shi: s[1]};
+    }
+    // a stretch of narrow segments: a column split by each bucket's share of it
+    function flush(L) {
+      if (L.runStart < 0) return;
+      var parts = [], tot = L.runEnd - L.runStart, filled = 0, lines = [], comp = L.comp;
+      for (var k = 0; k < nb; k++) if (comp[k] > 0) { parts.push(k); filled += comp[k]; }
+      parts.slice().sort(function (a, b) { return comp[b] - comp[a]; }).forEach(function (k) {
+        lines.push(names[k] + ' ' + (100 * comp[k] / tot).toFixed(1) + ' %');
+      });
+      var steps = stepsText(L.slo, L.shi);
+      if (parts.length === 1 && filled >= tot * (1 - 1e-9)) {
+        push(L, L.runStart, tot, parts[0], names[parts[0]] + ' · ' + fmt(tot) + steps +
+             '<br>' + at(L.runStart) + ' – ' + at(L.runEnd), true, [L.slo, L.shi]);
+      } else {
+        var text = at(L.runStart) + ' – ' + at(L.runEnd) + ' (' + L.cnt + ' segments' + steps +
+          ')<br>' + lines.join('<br>'), scale = 1 / tot, below = 0;
+        if (L.group && filled * scale < MIN_SHARE) scale = MIN_SHARE / filled;
+        parts.forEach(function (k) {
+          push(L, L.runStart, tot, k, text, false, [-1, -1], comp[k] * scale, below);
+          below += comp[k] * scale;
+        });
+        L.last = null;
+      }
+      comp.fill(0); L.runStart = -1; L.slo = L.shi = -1; L.cnt = 0;
+    }
+    function feed(L, s, e, k, st, i) {
+      var len = e - s;
+      if (L.runStart >= 0 && s - L.runEnd >= w) flush(L);  // a gap as wide as a stretch
+      if (len >= w) {
+        flush(L);
+        push(L, s, len, k, segText(job, i, len), false, [st, st]);
+        return;
+      }
+      if (L.runStart < 0) L.runStart = s;
+      L.comp[k] += len; L.runEnd = e; L.cnt++;
+      if (st >= 0) { if (L.slo < 0 || st < L.slo) L.slo = st; if (st > L.shi) L.shi = st; }
+      if (L.runEnd - L.runStart >= w) flush(L);
+    }
+    var B = job.B, K = job.K, S = job.S, n = job.n;
+    for (var i = Math.max(0, upper(B, x0, 0, n + 1) - 1); i < n && B[i] < x1; i++) {
+      if (B[i + 1] <= B[i]) continue;
+      feed(lanes[0], B[i], B[i + 1], K[i], S[i], i);
+      if (laneOf[K[i]] > 0) feed(lanes[laneOf[K[i]]], B[i], B[i + 1], K[i], S[i], i);
+    }
+    lanes.forEach(flush);
+    var present = job.meta.present, traces = [];
+    names.forEach(function (name, k) {
+      if (present.indexOf(name) < 0) return;
       var b = bars[k];
-      return {type: 'bar', orientation: 'h', name: name, base: b.base, x: b.x, y: b.y,
-              width: b.width, offset: b.offset, hovertext: b.text, hoverinfo: 'text',
-              marker: {color: job.meta.colors[name], line: {width: 0}},
-              visible: present.indexOf(name) >= 0 ? true : false, showlegend: true};
-    }).filter(function (t) { return t.visible; });
+      traces.push({type: 'bar', orientation: 'h', name: name, base: b.base, x: b.x, y: b.y,
+                   width: b.width, offset: b.offset, hovertext: b.text, hoverinfo: 'text',
+                   marker: {color: job.meta.colors[name], line: {width: 0}}, showlegend: true});
+    });
+    traces.push(restartTrace(job));
+    return traces;
+  }
+
+  function restartTrace(job) {
+    var A = job.meta.attempts, t = {type: 'scatter', mode: 'markers', name: 'restart',
+      x: [], y: [], hovertext: [], hoverinfo: 'text', showlegend: false, cliponaxis: false,
+      marker: {symbol: 'triangle-down', size: 10, color: '#222',
+               line: {color: '#fff', width: 1}}};
+    for (var i = 1; i < A.length; i++) {
+      t.x.push(A[i].t0); t.y.push(BAR / 2 + 0.15); t.hovertext.push(A[i].hover);
+    }
+    return t;
   }
 
   function stepsText(lo, hi) {
@@ -161,9 +216,9 @@
     return lo === hi ? ' · step ' + lo : ' · steps ' + lo + '–' + hi;
   }
 
-  function segText(job, row, i, len) {
-    var k = row.K[i], s = row.S[i], name = job.meta.names[k];
-    var t = name + ' · ' + fmt(len) + '<br>' + at(row.B[i]) + ' – ' + at(row.B[i + 1]);
+  function segText(job, i, len) {
+    var k = job.K[i], s = job.S[i], name = job.meta.names[k];
+    var t = name + ' · ' + fmt(len) + '<br>' + at(job.B[i]) + ' – ' + at(job.B[i + 1]);
     if (s >= 0) {
       t += '<br>step ' + s;
       var st = job.steps, j = st ? lowerX(st.X, s) : -1;
@@ -172,37 +227,42 @@
         t += ' · step time ' + fmt(st.T[j] / 1e3) + (st.K[j] ? ' (anomalous)' : '');
       }
     }
-    return t + '<br>' + row.label + (row.host ? ' · ' + row.host : '');
+    return t + '<br>attempt ' + job.meta.attempts[attemptAt(job, job.B[i])].n;
   }
 
-  function lowerX(X, x) {
-    var lo = 0, hi = X.length;
-    while (lo < hi) { var m = (lo + hi) >> 1; if (X[m] < x) lo = m + 1; else hi = m; }
-    return lo;
+  function heatImage(job, x0, x1) {
+    var heat = job.meta.heat, total = job.meta.total_s;
+    if (!heat || !heat.rows || !(total > 0)) return [];
+    var C = heat.bins, bw = total / C;
+    var c0 = Math.min(C - 1, Math.max(0, Math.floor(x0 / bw)));
+    var c1 = Math.min(C, Math.max(c0 + 1, Math.ceil(x1 / bw)));
+    var codes = job.heat[job.mode === 'ratio' ? 'hr' : 'hl'];
+    return [{source: H.image(codes, heat.rows, C, c0, c1), xref: 'x', yref: 'y', x: c0 * bw,
+             y: job.heatTop, sizex: (c1 - c0) * bw, sizey: HEAT_LANES, sizing: 'stretch',
+             xanchor: 'left', yanchor: 'top', layer: 'above'}];
   }
 
   function timelineLayout(job, range) {
-    var rows = job.rows, shapes = [], ann = [];
-    rows.forEach(function (r, i) {
-      if (r.primary && i > 0) {
-        shapes.push({type: 'line', xref: 'x', yref: 'paper', x0: r.B[0], x1: r.B[0], y0: 0, y1: 1,
-                     line: {color: '#555', dash: 'dot', width: 1}});
-        ann.push({x: r.B[0], y: 1, xref: 'x', yref: 'paper', yanchor: 'top', xanchor: 'left',
-                  text: 'restart: ' + r.label, showarrow: false, font: {size: 10},
-                  bgcolor: 'rgba(255,255,255,0.7)'});
-      }
-    });
-    var labels = rows.map(function (r) { return r.label; });
-    return {title: {text: 'Timeline (a row per attempt; thin rows: other processes)', y: 0.98,
-                    yanchor: 'top'},
-            barmode: 'overlay', bargap: 0, hovermode: 'closest', shapes: shapes,
-            annotations: ann, height: 170 + 40 * rows.length, uirevision: 'tl',
-            margin: {l: 150, r: 20, t: 100, b: 50},
-            legend: {orientation: 'h', y: 1.02, yanchor: 'bottom', x: 0},
+    var meta = job.meta, L = 1 + meta.lanes.length, tv = [0], tt = ['job'];
+    meta.lanes.forEach(function (l, j) { tv.push(-(j + 1)); tt.push(l.name); });
+    var ymin = -(L - 1) - 0.5;
+    job.heatTop = null;
+    if (meta.heat && meta.heat.rows) {
+      job.heatTop = ymin - 0.2;
+      ymin = job.heatTop - HEAT_LANES;
+      tv.push(job.heatTop - HEAT_LANES / 2);
+      tt.push('processes<br>p0' + (meta.heat.ranks > 1 ? '–p' + (meta.heat.ranks - 1) : ''));
+    }
+    var ymax = BAR / 2 + 0.35;
+    return {title: {text: 'Timeline', x: 0, y: 0.99, yanchor: 'top'},
+            barmode: 'overlay', bargap: 0, hovermode: 'closest', uirevision: 'tl',
+            height: 120 + LANE_PX * (ymax - ymin), images: heatImage(job, range[0], range[1]),
+            margin: {l: 110, r: 20, t: 80, b: 45},
+            legend: {orientation: 'h', y: 1.0, yanchor: 'bottom', x: 0},
             xaxis: {title: {text: 'seconds since job start'}, range: range, autorange: false,
                     zeroline: false},
-            yaxis: {type: 'category', categoryarray: labels, categoryorder: 'array',
-                    autorange: 'reversed', fixedrange: true}};
+            yaxis: {range: [ymin - 0.05, ymax], fixedrange: true, tickvals: tv, ticktext: tt,
+                    zeroline: false, showgrid: false}};
   }
 
   function plotWidth(gd) {
@@ -219,22 +279,137 @@
 
   async function drawTimeline(job, others) {
     var gd = document.getElementById('gp-timeline-' + job.index);
-    var full = [0, job.meta.total_s || 1], range = full.slice();
-    function draw() {
-      return Plotly.react(gd, timelineTraces(job, range[0], range[1], plotWidth(gd)),
-                          timelineLayout(job, range.slice()), CONFIG);
-    }
-    await Plotly.newPlot(gd, [], timelineLayout(job, range.slice()), CONFIG);
-    await draw();
+    var full = [0, job.meta.total_s || 1];
+    job.range = full.slice();
+    job.redraw = function () {
+      var layout = timelineLayout(job, job.range.slice());  // sets job.heatTop first
+      return Plotly.react(gd, timelineTraces(job, job.range[0], job.range[1], plotWidth(gd)),
+                          layout, CONFIG);
+    };
+    await Plotly.newPlot(gd, [], timelineLayout(job, job.range.slice()), CONFIG);
+    await job.redraw();
     gd.on('plotly_relayout', function (ev) {
       var r = rangeOf(ev, full);
       if (!r) return;
-      range = r;
-      draw();
+      job.range = r;
+      job.redraw();
       others.forEach(function (o) {
-        if (o && o.data) Plotly.relayout(o, {'xaxis.range': range.slice()});
+        if (o && o.data) Plotly.relayout(o, {'xaxis.range': r.slice()});
       });
     });
+    gd.on('plotly_click', function (ev) {
+      if (!job.heat || !ev.points || !ev.points.length) return;
+      var pt = ev.points[0], d = pt.data, x;
+      if (d.type === 'scatter') x = pt.x;  // a restart marker: the attempt starting there
+      else x = d.base[pt.pointIndex] + d.x[pt.pointIndex] / 2;
+      expand(job, attemptAt(job, x));
+    });
+    gd.addEventListener('mousemove', function (ev) { H.showTip(ev, stripTip(job, gd, ev)); });
+    gd.addEventListener('mouseleave', function (ev) { H.showTip(ev, null); });
+  }
+
+  function stripTip(job, gd, ev) {
+    var heat = job.meta.heat, p = H.dataAt(gd, ev);
+    if (!heat || job.heatTop === null || !p || p.y > job.heatTop ||
+        p.y < job.heatTop - HEAT_LANES) return null;
+    var g = Math.min(heat.rows - 1, Math.floor((job.heatTop - p.y) / HEAT_LANES * heat.rows));
+    var C = heat.bins, bw = job.meta.total_s / C;
+    var c = Math.min(C - 1, Math.max(0, Math.floor(p.x / bw))), idx = g * C + c;
+    var m = job.mode === 'ratio' ? 'hr' : 'hl', code = job.heat[m][idx];
+    var a = job.meta.attempts[attemptAt(job, (c + 0.5) * bw)];
+    var text = 'ranks ' + H.rowRanks(heat, g) + ' · ' + at(c * bw) + ' – ' + at((c + 1) * bw) +
+      ' · attempt ' + a.n + '<br>';
+    if (!code) return text + 'no step';
+    return text + 'worst: p' + job.heat[m + 'r'][idx] + hostName(heat, job.heat[m + 'h'][idx]) +
+      ' · ' + H.describe(heat, job.mode, code) + '<br>click the job\'s lane to expand an attempt';
+  }
+
+  // ---- one attempt's processes, on demand -------------------------------------------------
+  function expand(job, i) {
+    var heat = job.meta.heat, e = heat.expand, a = job.meta.attempts[i];
+    var off = e.attempts[i][0], nrows = e.attempts[i][1], present = e.attempts[i][2];
+    var Ca = e.bins, box = document.getElementById('gp-procbox-' + job.index);
+    var gd = document.getElementById('gp-procs-' + job.index);
+    job.expanded = i;
+    box.hidden = false;
+    document.getElementById('gp-expand-sel-' + job.index).value = String(i);
+    document.getElementById('gp-collapse-btn-' + job.index).hidden = false;
+    document.getElementById('gp-procs-info-' + job.index).textContent =
+      'Attempt ' + a.n + ': +' + fmt(a.t0) + ' to +' + fmt(a.t1) + ', ended ' + a.end + '; ' +
+      (nrows < present ? 'the ' + nrows + ' of ' + present + ' processes with the highest ' +
+       'step time or lag, in rank order' : 'all ' + present + ' processes') +
+      ' (' + Ca + ' time bins). Missing: ' + a.missing + '; late: ' + a.late +
+      '; gone early: ' + a.early + '.';
+    var codes = job.heat[job.mode === 'ratio' ? 'er' : 'el'].subarray(off * Ca,
+                                                                     (off + nrows) * Ca);
+    var rowPx = Math.max(3, Math.min(16, Math.floor(640 / Math.max(1, nrows))));
+    var every = Math.max(1, Math.ceil(nrows / 40)), tv = [], tt = [];
+    for (var r = 0; r < nrows; r += every) {
+      tv.push(-r - 0.5); tt.push('p' + job.heat.ek[off + r] + hostName(heat, job.heat.eh[off + r]));
+    }
+    job.expandInfo = {off: off, nrows: nrows, Ca: Ca, t0: a.t0, t1: a.t1, n: a.n};
+    var span = Math.max(a.t1 - a.t0, 1e-9);
+    return Plotly.react(gd, [], {
+      title: {text: 'Processes of attempt ' + a.n + ' (' +
+              (job.mode === 'ratio' ? 'step time' : 'start lag') + ')', x: 0},
+      height: 90 + Math.max(1, nrows) * rowPx, margin: {l: 130, r: 20, t: 40, b: 45},
+      showlegend: false,
+      xaxis: {title: {text: 'seconds since job start'}, range: [a.t0, a.t0 + span],
+              zeroline: false},
+      yaxis: {range: [-Math.max(1, nrows), 0], fixedrange: true, tickvals: tv, ticktext: tt,
+              zeroline: false, showgrid: false},
+      images: nrows ? [{source: H.image(codes, nrows, Ca, 0, Ca), xref: 'x', yref: 'y',
+                        x: a.t0, y: 0, sizex: span, sizey: nrows, sizing: 'stretch',
+                        xanchor: 'left', yanchor: 'top', layer: 'above'}] : []}, CONFIG);
+  }
+
+  function procsTip(job, gd, ev) {
+    var p = H.dataAt(gd, ev), x = job.expandInfo, heat = job.meta.heat;
+    if (!p || !x || !x.nrows || p.y > 0 || p.y < -x.nrows) return null;
+    var r = Math.min(x.nrows - 1, Math.floor(-p.y));
+    var c = Math.min(x.Ca - 1, Math.max(0, Math.floor((p.x - x.t0) / (x.t1 - x.t0) * x.Ca)));
+    var code = job.heat[job.mode === 'ratio' ? 'er' : 'el'][(x.off + r) * x.Ca + c];
+    var bw = (x.t1 - x.t0) / x.Ca;
+    return 'p' + job.heat.ek[x.off + r] + hostName(heat, job.heat.eh[x.off + r]) +
+      ' · attempt ' + x.n + ' · ' + at(x.t0 + c * bw) + ' – ' + at(x.t0 + (c + 1) * bw) +
+      '<br>' + H.describe(heat, job.mode, code);
+  }
+
+  function setupProcs(job) {
+    var i = job.index, heat = job.meta.heat;
+    if (!heat) return;
+    var sel = document.getElementById('gp-expand-sel-' + i);
+    var gd = document.getElementById('gp-procs-' + i);
+    job.meta.attempts.forEach(function (a, j) {
+      var o = document.createElement('option');
+      o.value = String(j);
+      o.textContent = 'attempt ' + a.n + ' (+' + fmt(a.t0) + ', ' + a.procs + ' processes' +
+        (a.nmissing ? ', ' + a.nmissing + ' missing' : '') + ')';
+      sel.appendChild(o);
+    });
+    document.getElementById('gp-expand-btn-' + i).addEventListener('click', function () {
+      expand(job, +sel.value);
+    });
+    document.getElementById('gp-collapse-btn-' + i).addEventListener('click', function () {
+      document.getElementById('gp-procbox-' + i).hidden = true;
+      this.hidden = true;
+      job.expanded = null;
+      Plotly.purge(gd);
+    });
+    var scale = document.getElementById('gp-scale-' + i);
+    scale.innerHTML = H.scaleHtml(heat, job.mode);
+    document.querySelectorAll('#gp-heatctl-' + i + ' button[data-mode]').forEach(function (b) {
+      b.addEventListener('click', function () {
+        job.mode = b.dataset.mode;
+        document.querySelectorAll('#gp-heatctl-' + i + ' button[data-mode]').forEach(
+          function (o) { o.classList.toggle('on', o === b); });
+        scale.innerHTML = H.scaleHtml(heat, job.mode);
+        job.redraw();
+        if (job.expanded !== null) expand(job, job.expanded);
+      });
+    });
+    gd.addEventListener('mousemove', function (ev) { H.showTip(ev, procsTip(job, gd, ev)); });
+    gd.addEventListener('mouseleave', function (ev) { H.showTip(ev, null); });
   }
 
   // ---- step time ----------------------------------------------------------------------
@@ -292,8 +467,8 @@
     }
     return {title: {text: 'Step time per kept step (green: ideal ' +
                     (m.ideal_ms === null ? '-' : m.ideal_ms.toFixed(3) + ' ms') +
-                    '; dashed red: anomalous above)'},
-            height: 340, uirevision: 'st', hovermode: 'closest', shapes: shapes,
+                    '; dashed red: anomalous above)', font: {size: 14}},
+            height: 320, uirevision: 'st', hovermode: 'closest', shapes: shapes,
             margin: {l: 60, r: 20, t: 40, b: 50}, legend: {orientation: 'h', y: -0.25},
             xaxis: {title: {text: m.step_x_label}, range: range, autorange: false},
             yaxis: {title: {text: 'step time (ms)'}}};
@@ -318,9 +493,8 @@
     });
   }
 
-  async function drawStatic(job, kind) {
+  async function drawStatic(job, kind, fig) {
     var gd = document.getElementById('gp-' + kind + '-' + job.index);
-    var fig = job.meta.figures[kind];
     if (!fig) { gd.innerHTML = '<div class="gp-empty">No data.</div>'; return null; }
     await Plotly.newPlot(gd, fig.data, fig.layout, CONFIG);
     return gd;
@@ -328,13 +502,17 @@
 
   async function main() {
     for (var i = 0; i < META.length; i++) {
-      var meta = META[i], buf = await blob(i);
-      var job = {index: i, meta: meta, rows: decodeRows(buf, meta),
-                 steps: decodeSteps(buf, meta)};
-      var g = await drawStatic(job, 'goodput'), b = await drawStatic(job, 'buckets');
-      await drawStatic(job, 'histogram');
+      var meta = META[i], buf = await blob(i), job = decodeJob(buf, meta);
+      job.index = i; job.meta = meta; job.mode = 'ratio'; job.expanded = null;
+      job.steps = decodeSteps(buf, meta);
+      job.heat = decodeHeat(buf, meta);
+      var ot = window.GPCharts.overTime(job);
+      var g = await drawStatic(job, 'goodput', window.GPCharts.goodputFigure(ot));
+      var b = await drawStatic(job, 'buckets', window.GPCharts.bucketsFigure(ot, meta));
+      await drawStatic(job, 'histogram', meta.figures.histogram);
       await drawTimeline(job, [g, b]);
       await drawSteps(job);
+      setupProcs(job);
     }
     performance.mark('gp-charts-drawn');
     document.body.setAttribute('data-gp-ready', '1');

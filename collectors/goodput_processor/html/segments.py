@@ -3,7 +3,8 @@
 :func:`bucket_segments` runs the accounting (:mod:`goodput_processor.accounting`, the same
 rules and painting as ``goodput report``) and returns, for every attempt, the elementary
 segments of its primary process with the bucket each instant belongs to, plus rows for the
-attempt's other processes (painted by the same priorities, not accounted).
+attempt's other processes on request (painted by the same priorities, not accounted),
+and the :class:`~.fleet.Fleet` of all processes (the heat strip's input).
 
 Step-level time of a kept step is ``productive``; for an anomalous step its first
 ``count x ideal`` ns are ``productive`` and the rest ``training_slowdown`` (so each
@@ -25,6 +26,7 @@ from goodput import schema
 from ..accounting import _Acc, _account
 from ..report import JobResult
 from ..timeline import C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
+from .fleet import Fleet, fleet_of
 
 __all__ = ["JobSegments", "Row", "bucket_segments"]
 
@@ -54,12 +56,14 @@ class Row:
 
 @dataclass(frozen=True)
 class JobSegments:
-    """:func:`bucket_segments`' answer: the result, bucket names, and the rows in order
-    (per attempt: the primary process first, then the others by process index)."""
+    """:func:`bucket_segments`' answer: the result, bucket names, the rows in order
+    (per attempt: the primary process first, then the others by process index), and every
+    process's step spans (None: not gathered)."""
 
     result: JobResult
     names: tuple[str, ...]
     rows: tuple[Row, ...]
+    fleet: Fleet | None = None
 
     def primary_rows(self) -> list[Row]:
         """The accounted rows (one per attempt), in time order."""
@@ -139,10 +143,11 @@ def _split_slowdown(b, bucket, seg_kept, result: JobResult, productive: int, slo
 
 
 def bucket_segments(job, ideal_step_time_s: float | None = None, now_ns: int | None = None,
-                    max_process_rows: int = 8) -> JobSegments:
+                    max_process_rows: int = 0) -> JobSegments:
     """Account ``job`` (a :class:`~goodput_processor.timeline.JobSpans`) and paint its
     timeline: one :class:`Row` per attempt's primary process, then up to
-    ``max_process_rows`` of its other processes.
+    ``max_process_rows`` of its other processes (the HTML report draws none: its heat
+    strip shows every process from :attr:`JobSegments.fleet`).
 
     Raises:
         ValueError: bad ``ideal_step_time_s`` (as :func:`~goodput_processor.accounting.account`).
@@ -169,7 +174,7 @@ def bucket_segments(job, ideal_step_time_s: float | None = None, now_ns: int | N
         b, bucket, step = _merge(b, bucket.astype(np.int16), step)
         rows.append(Row(a.attempt, a.primary.index, True, a.primary.host, b, bucket, step))
         rows += _other_rows(job, a, i, attempts, result, code, max_process_rows)
-    return JobSegments(result, names, tuple(rows))
+    return JobSegments(result, names, tuple(rows), fleet_of(attempts))
 
 
 def _level_codes(acc, code, productive, other) -> np.ndarray:
