@@ -41,6 +41,14 @@ configure               ``goodput.configure()`` (a spawned rank imports torch be
                         2 attempts x 1 process. (The start marker is back-dated to the
                         process start; ``configure()`` also writes a heartbeat ending at
                         its own time, so the attempt ends within a flush interval.)
+torchrun_restart_       torchrun_kill_worker under ``python -m goodput.torchrun`` (its
+phases                  agent's events recorded): the recovery phases of the restart, each
+                        within 0.5 s of the driver's (:func:`phase_truth`); the first failure
+                        is the killed rank, seen as a signal. 2 x 2.
+slow_rank               torchrun, 2 ranks, no restart; rank 1 sleeps 50 ms more in every step
+                        from step 31; the ranks meet at an all-reduce marked
+                        ``goodput.collective_wait()``: rank 1 must carry > 90 % of
+                        training_slowdown. 1 x 2.
 ======================  =================================================================
 
 The jobs are ``examples/launchers/train_ddp.py`` (explicit marks: ``accelerator_init``
@@ -168,10 +176,16 @@ class CaseError(RuntimeError):
 
 @dataclass
 class Expect:
-    """What a case must come to, besides the truth: processes per attempt, warning codes."""
+    """What a case must come to, besides the truth: processes per attempt, warning codes;
+    ``phases``: compare the recovery phases with the driver's (:func:`phase_truth`);
+    ``slow_rank``: the rank the driver made slow must carry > 90 % of training_slowdown;
+    ``launchers``: pids of launcher processes that write a spool of their own."""
 
     procs: list[int]
     warnings: set[str] = field(default_factory=set)
+    phases: bool = False
+    slow_rank: int | None = None
+    launchers: set[int] = field(default_factory=set)
 
 
 # --- the driver ------------------------------------------------------------------------
@@ -299,8 +313,9 @@ class Driver:
                 "--step-sleep", str(self.s.step_sleep)]
         return args + (["--truth", str(self.truth_path)] if truth else [])
 
-    def torchrun(self, nproc: int, max_restarts: int, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    def torchrun(self, nproc: int, max_restarts: int, args: list[str],
+                 module: str = "torch.distributed.run") -> list[str]:
+        return [sys.executable, "-m", module, "--standalone",
                 "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
                 "--monitor-interval", "0.1", *args]
 
@@ -413,6 +428,7 @@ class TruthAttempt:
     resume: int | None = None
     steps_kept: int = 0
     steps_wasted: tuple[int, int] = (0, 0)  # (surely flushed, started)
+    kept: list[tuple[float, float, float]] = field(default_factory=list)  # start, end, net
 
 
 @dataclass
@@ -420,6 +436,8 @@ class Truth:
     attempts: list[TruthAttempt]
     buckets: dict[str, float]  # productive, every badput bucket, total
     max_step: int | None
+    ideal: float | None = None  # the ideal step time and noise band the truth used
+    tol: float | None = None
 
 
 def processes(events: list[dict], kills: list[Kill], dead_at: dict[int, float]) -> list[Proc]:
@@ -544,6 +562,7 @@ def compute_truth(procs: list[Proc], flush: float,
         for st, t in zip(steps, net, strict=True):
             if st[3]:
                 kept_times.append(t)
+                a.kept.append((st[0], st[1], t))
                 max_step = st[2] if max_step is None else max(max_step, st[2])
             else:
                 sums["wasted_progress"] += t
@@ -559,7 +578,7 @@ def compute_truth(procs: list[Proc], flush: float,
             a.steps_wasted = (lo_n, hi_n)
         if has_next:
             recovery += attempts[i + 1].start - a.end
-    slowdown = 0.0
+    slowdown, t_ideal, tol = 0.0, None, None
     if kept_times:
         t_ideal = ideal if ideal is not None else statistics.median(kept_times)
         tol = max(1e-6, 0.05 * t_ideal)
@@ -571,7 +590,91 @@ def compute_truth(procs: list[Proc], flush: float,
                "infrastructure_recovery": recovery, "program_startup": 0.0}
     buckets.update({n: v for n, v in sums.items() if n != "step"})
     buckets["total"] = attempts[-1].end - attempts[0].start if attempts else 0.0
-    return Truth(attempts, buckets, max_step)
+    return Truth(attempts, buckets, max_step, t_ideal, tol)
+
+
+# --- recovery phases and host attribution ------------------------------------------------
+
+#: Recovery phases (goodput_processor.recovery.PHASES) and the most each may differ from the
+#: driver's measurement (s): the brief of issue 18.
+PHASES = ("detection", "termination", "rescheduling", "startup", "rendezvous_init", "restore",
+          "recompilation_warmup")
+PHASE_TOL = 0.5
+
+
+def phase_truth(truth: Truth) -> list[dict[str, float]]:
+    """Per disruption, the recovery phases as the driver measured them (seconds).
+
+    The documented rule (docs/accounting.md, "Recovery phases") on the driver's times: last
+    progress = the latest step end of the failed attempt's workers; first failure = the
+    earliest end of its workers (the driver's SIGKILL, an exit line, or the moment the driver
+    saw it dead); its end; the next attempt's start (the earliest OS process start); its
+    primary's first marked phase; its first kept step; its restore spans in between; and the
+    warm-up: its leading kept steps slower than max(ideal, its median step time) by more than
+    the noise band, each by its time above that level (nothing marks compilation here).
+    """
+    out = []
+    for a, r in itertools.pairwise(truth.attempts):
+        last = max((t1 for p in a.procs for n, _, t1, _ in p.spans
+                    if n == "step" and t1 is not None and t1 <= a.end), default=None)
+        fail = min(p.end for p in a.procs)
+        fail = min(max(fail, last if last is not None else fail), a.end)
+        prim = r.procs[0]
+        first = min([t0 for _, t0, _, _ in prim.spans] + [r.end])
+        t_fk = r.kept[0][0] if r.kept else r.end
+        restore = sum(max(0.0, min(t1 if t1 is not None else prim.end, t_fk) - max(t0, first))
+                      for n, t0, t1, _ in prim.spans if n == "checkpoint_restore")
+        warm = 0.0
+        if r.kept and truth.ideal is not None:
+            level = max(truth.ideal, statistics.median(t for _, _, t in r.kept))
+            for _, _, t in r.kept:
+                if t <= level + truth.tol:
+                    break
+                warm += t - level
+        out.append({"detection": None if last is None else fail - last,
+                    "termination": a.end - fail, "rescheduling": r.start - a.end,
+                    "startup": first - r.start, "rendezvous_init": t_fk - first - restore,
+                    "restore": restore, "recompilation_warmup": warm})
+    return out
+
+
+def compare_recovery(out: Outcome, truth: Truth, rep: dict, expect: Expect) -> None:
+    """Recovery phases against :func:`phase_truth` (each within :data:`PHASE_TOL`), the
+    first failure against the driver's kills, and the slow rank's share of the slowdown."""
+    fail = out.failures.append
+    job = rep["jobs"][0]
+    if expect.phases:
+        want = phase_truth(truth)
+        got = job.get("recovery", [])
+        if len(got) != len(want):
+            fail(f"{len(got)} recovery records, truth {len(want)} disruptions")
+            return
+        killed = {k.pid for k in out.kills if k.what == "worker" and k.sig == signal.SIGKILL}
+        for i, (tw, rw) in enumerate(zip(want, got, strict=True)):
+            for name in PHASES:
+                t, r = tw[name], rw["phases_s"][name]
+                out.phases[f"{i}.{name}"] = (t, r)
+                if (t is None) != (r is None) or (t is not None and abs(r - t) > PHASE_TOL):
+                    fail(f"recovery {i} {name}: report {r}, truth {t} (tolerance {PHASE_TOL})")
+            ff = rw["first_failure"]
+            pids = {p.pid: p.rank for p in truth.attempts[i].procs if p.pid in killed}
+            if pids and ff["process"] not in pids.values():
+                fail(f"recovery {i}: process {ff['process']} failed first, the driver killed "
+                     f"rank(s) {sorted(pids.values())}")
+            if expect.launchers and pids and ff["how"] != "signal":
+                fail(f"recovery {i}: first failure {ff['how']!r}, the launcher saw SIGKILL")
+        if abs(sum(x["phases_s"]["rescheduling"] for x in got)
+               - job["badput_s"]["infrastructure_recovery"]) > 1e-6:
+            fail("the rescheduling phases do not add up to infrastructure_recovery")
+    if expect.slow_rank is not None:
+        slowdown = job["badput_s"]["training_slowdown"]
+        mine = sum(h["slowdown_s"] for h in job["host_badput"]
+                   if h["process"] == expect.slow_rank)
+        out.notes["slow_rank_share"] = mine / slowdown if slowdown else 0.0
+        out.notes["slowdown_s"] = slowdown
+        if not slowdown or mine / slowdown <= 0.9:
+            fail(f"rank {expect.slow_rank} carries {mine:.3f} s of {slowdown:.3f} s "
+                 "training_slowdown (<= 90 %)")
 
 
 # --- comparing -------------------------------------------------------------------------
@@ -591,6 +694,8 @@ class Outcome:
     notes: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     base: Path | None = None
+    phases: dict[str, tuple] = field(default_factory=dict)  # "i.phase" -> (truth, report)
+    kills: list = field(default_factory=list)
 
     @property
     def max_err(self) -> float:
@@ -658,7 +763,8 @@ def compare(out: Outcome, truth: Truth, rep: dict, procs: list[Proc], run_dir: P
              f"{sum(a.steps_kept for a in truth.attempts)} (kept steps of the primaries)")
     files = sorted(p.name for p in run_dir.glob("spans-*.jsonl"))
     pids = sorted(p.pid for p in procs)
-    file_pids = sorted(int(f.split("-")[3]) for f in files)
+    file_pids = sorted(int(f.split("-")[3]) for f in files
+                       if int(f.split("-")[3]) not in expect.launchers)
     if file_pids != pids:
         fail(f"spool files {files} for worker pids {pids}: expected one file per process")
 
@@ -805,6 +911,32 @@ def case_lightning_ddp(d: Driver) -> Expect:
     return Expect([2])
 
 
+def case_torchrun_restart_phases(d: Driver) -> Expect:
+    """torchrun_kill_worker under ``python -m goodput.torchrun`` (torchelastic's events
+    recorded): the recovery phases against the driver's, the failure seen as a signal."""
+    agent = d.launch("L0", d.torchrun(2, 1, d.ddp_args(), module="goodput.torchrun"))
+    ev = d.wait_step_end("L0", 1, KILL_STEP)
+    d.sleep_steps(0.5)
+    d.kill(ev["pid"], signal.SIGKILL)
+    d.wait_launch("L0")
+    return Expect([2, 2], phases=True, launchers={agent.pid})
+
+
+#: The slow rank, its extra sleep per step (s) and the step it starts from.
+SLOW_RANK, SLOW_EXTRA, SLOW_FROM = 1, 0.05, 31
+
+
+def case_slow_rank(d: Driver) -> Expect:
+    """torchrun, 2 ranks; from step 31 rank 1 sleeps 50 ms more in each step; the ranks meet
+    at an all-reduce marked ``goodput.collective_wait()``: > 90 % of training_slowdown goes to
+    rank 1."""
+    d.launch("L0", d.torchrun(2, 0, [*d.ddp_args(), "--slow-rank", str(SLOW_RANK),
+                                     "--slow-extra", str(SLOW_EXTRA), "--slow-from-step",
+                                     str(SLOW_FROM), "--collective-wait"]))
+    d.wait_launch("L0")
+    return Expect([2], slow_rank=SLOW_RANK)
+
+
 CASES: dict[str, Callable[[Driver], Expect]] = {
     "torchrun_kill_worker": case_torchrun_kill_worker,
     "torchrun_sigterm_agent": case_torchrun_sigterm_agent,
@@ -815,6 +947,8 @@ CASES: dict[str, Callable[[Driver], Expect]] = {
     "mp_spawn": case_mp_spawn,
     "lightning_ddp": case_lightning_ddp,
     "spawn_kill_after_configure": case_spawn_kill_after_configure,
+    "torchrun_restart_phases": case_torchrun_restart_phases,
+    "slow_rank": case_slow_rank,
 }
 
 
@@ -828,12 +962,16 @@ def run_case(name: str, workdir: Path, s: Settings | None = None) -> Outcome:
         expect = CASES[name](d)
         procs = processes(list(d.watcher.events), d.kills, dict(d.watcher.dead_at))
         truth = compute_truth(procs, s.flush_interval, margin=s.flushed_margin)
-        compare(out, truth, d.report(), procs, d.run_dir, s, expect)
+        rep = d.report()
+        compare(out, truth, rep, procs, d.run_dir, s, expect)
+        out.kills = d.kills
+        if expect.phases or expect.slow_rank is not None:
+            compare_recovery(out, truth, rep, expect)
     except CaseError as exc:
         out.failures.append(f"driver: {exc}")
     finally:
         d.cleanup()
-        out.notes = d.notes
+        out.notes = {**d.notes, **out.notes}
         out.wall_s = time.monotonic() - t0
     return out
 
@@ -865,6 +1003,10 @@ def summarize(outcomes: list[Outcome], s: Settings) -> str:
         lines += [f"    {x}" for x in o.structure]
         lines += [f"    warning {w}" for w in o.warnings]
         lines += [f"    {k} = {v:.3f}" for k, v in o.notes.items()]
+        lines += [f"    phase {k}: truth {'-' if t is None else f'{t:.3f}'} report "
+                  f"{'-' if r is None else f'{r:.3f}'}"
+                  + ("" if t is None or r is None else f" ({r - t:+.3f})")
+                  for k, (t, r) in o.phases.items()]
     lines.append(f"\ntolerance per bucket: flush interval {s.flush_interval} s + slack "
                  f"{s.slack} s = {s.tol:.2f} s")
     return "\n".join(lines)

@@ -147,12 +147,14 @@ def test_schema_attributes_survive_cloud_trace_no_floats():
                  schema.ATTR_RECORDER_ERRORS, schema.ATTR_RECORDER_DROPPED,
                  schema.ATTR_WINDOW_INDEX, schema.ATTR_WINDOW_SPANS,
                  schema.ATTR_SLICES_ACTIVE, schema.ATTR_SLICES_AVAILABLE,
-                 schema.ATTR_SLICES_TOTAL}
+                 schema.ATTR_SLICES_TOTAL, schema.ATTR_LAUNCHER_WORKER_PID,
+                 schema.ATTR_LAUNCHER_EXIT_CODE, schema.ATTR_LAUNCHER_RESTART_COUNT,
+                 schema.ATTR_LAUNCHER_GLOBAL_RANK}
     names = {v for k, v in vars(schema).items() if k.startswith("ATTR_")}
     assert names == int_attrs | {schema.ATTR_BLOCKING, schema.ATTR_OPEN, schema.ATTR_BADPUT_TYPE,
                                  schema.ATTR_END_REASON, schema.ATTR_PROFILE_SESSION,
                                  schema.ATTR_PROFILE_DIR, schema.ATTR_PROFILE_TRIGGER,
-                                 schema.ATTR_ELASTIC_EVENT_TYPE}
+                                 schema.ATTR_ELASTIC_EVENT_TYPE, schema.ATTR_LAUNCHER_EVENT}
     assert all(len(n.encode()) <= 128 for n in names | set(schema.SPAN_NAMES))
 
 

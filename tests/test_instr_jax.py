@@ -308,3 +308,11 @@ def test_crash_restart_example(tmp_path):
     assert b["checkpoint_restore"] > 0
     assert job["async_work_s"]["checkpoint_save"] > 0
     assert job["recorder"]["errors"] == 0
+    # the restart broken into phases (issue 18): at least startup, initialisation,
+    # restore and recompilation show, and the rescheduling phase is the recovery bucket
+    (rec,) = job["recovery"]
+    ph = rec["phases_s"]
+    for name in ("startup", "rendezvous_init", "restore", "recompilation_warmup"):
+        assert ph[name] is not None and ph[name] > 0, (name, ph)
+    assert ph["rescheduling"] == pytest.approx(b["infrastructure_recovery"])
+    assert rec["first_failure"]["how"] == "missing_heartbeat"  # SIGKILL, no launcher events

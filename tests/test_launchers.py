@@ -153,8 +153,40 @@ def test_spawned_rank_killed_right_after_configure(workdir) -> None:
     assert not out.failures, summary
 
 
+def test_restart_phases_against_the_driver(workdir) -> None:
+    """torchrun --max-restarts 1 under python -m goodput.torchrun, rank 1 SIGKILLed: each
+    recovery phase within 0.5 s of the driver's measurement, the rescheduling phase equal to
+    infrastructure_recovery, rank 1 failed first by a signal (the agent's event)."""
+    out = _run("torchrun_restart_phases", workdir)
+    assert {k.split(".")[1] for k in out.phases} == set(lh.PHASES)
+
+
+def test_slow_rank_carries_the_slowdown(workdir) -> None:
+    """torchrun, 2 ranks, rank 1 made slow by a sleep in its step from step 31: > 90 % of
+    training_slowdown attributed to it (the ranks meet at a goodput.collective_wait())."""
+    out = _run("slow_rank", workdir)
+    assert out.notes["slow_rank_share"] > 0.9
+
+
+def test_phase_truth_of_the_synthetic_restart() -> None:
+    """The driver's phase rule on a timeline by hand (seconds): last step ends at 10, rank 1
+    killed at 10.4, rank 0 seen dead at 11; relaunch at 14, first mark at 15, restore 16-17,
+    steps from 17 (the first one 1 s too slow)."""
+    a0 = [("accelerator_init", 1, 2, None)] + [("step", 2 + i, 3 + i, 1 + i) for i in range(8)]
+    r0 = [("accelerator_init", 15, 16, None), ("checkpoint_restore", 16, 17, 4),
+          ("step", 17, 19, 5)] + [("step", 19 + i, 20 + i, 6 + i) for i in range(10)]
+    procs = [_proc("L0", 0, 11, "died", a0), _proc("L0", 0, 10.4, "killed", a0, rank=1),
+             _proc("L1", 14, 29, "exit", r0), _proc("L1", 14, 29, "exit", r0, rank=1)]
+    t = lh.compute_truth(procs, flush=0.25)
+    (ph,) = lh.phase_truth(t)
+    assert ph == pytest.approx({"detection": 0.4, "termination": 0.6, "rescheduling": 3,
+                                "startup": 1, "rendezvous_init": 1, "restore": 1,
+                                "recompilation_warmup": 1})
+
+
 def test_every_case_is_tested() -> None:
     tested = {"torchrun_kill_worker", "torchrun_sigterm_agent", "torchrun_sigkill_agent",
               "torchrun_orphans", "world_size_shrink", "world_size_grow", "mp_spawn",
-              "lightning_ddp", "spawn_kill_after_configure"}
+              "lightning_ddp", "spawn_kill_after_configure", "torchrun_restart_phases",
+              "slow_rank"}
     assert set(lh.CASES) == tested

@@ -18,9 +18,11 @@ import numpy as np
 from goodput import schema
 
 from .attempts import Attempt, build_attempts
+from .attribution import host_badput
 from .checks import file_warnings, job_warnings
 from .elastic import slice_efficiency, slice_records
 from .reader import read_run_dir
+from .recovery import recovery_report
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
 from .stragglers import straggler_report
 from .timeline import (
@@ -45,6 +47,7 @@ from .timeline import (
     K_TRAINING_PREP,
     KIND_NAMES,
     NONE,
+    RUN_ATTRIBUTES,
     SKIP_REASONS,
     JobSpans,
     as_of,
@@ -361,6 +364,12 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
     # --- stragglers (goodput_processor.stragglers): per-host step times, not in the buckets
     result = replace(result, stragglers=straggler_report(attempts, bounds))
     # --- end stragglers
+    # --- recovery phases, badput by host (goodput_processor.recovery, .attribution)
+    recs = recovery_report(job, attempts, bounds, resume, result)
+    hosts, unattributed = host_badput(attempts, result, recs)
+    result = replace(result, recovery=recs, host_badput=hosts,
+                     slowdown_unattributed_s=unattributed)
+    # --- end recovery
     return result, attempts, acc
 
 
@@ -459,7 +468,7 @@ def _run_attributes(attempts) -> dict:
     run: dict = {}
     for a in attempts:
         for p in (*a.processes[1:], a.primary):  # the primary process wins
-            run.update(p.run)
+            run.update((k, v) for k, v in p.run.items() if k in RUN_ATTRIBUTES)
     return run
 
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from goodput import schema
+
 from .report import ReportWarning
 from .timeline import (
     C_AUX,
@@ -241,8 +243,8 @@ def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None) -> _Run:
 def _runs(job: JobSpans) -> list[_Run]:
     runs = []
     for (attempt, _index, _inst), proc in sorted(job.processes.items()):
-        if not len(proc.data):
-            continue
+        if not len(proc.data) or proc.run.get(schema.RES_PROCESS_ROLE) == "launcher":
+            continue  # a launcher's own process (its events: goodput_processor.recovery)
         proc = replace(proc, data=resolve_open(proc.data))
         if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
             runs.append(_run(job, proc, None))

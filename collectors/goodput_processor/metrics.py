@@ -58,6 +58,11 @@ ATTR_STATISTIC = "goodput.statistic"
 ATTR_HOST = schema.RES_HOST_NAME
 ATTR_PROCESS = schema.RES_PROCESS_INDEX
 ATTR_RANK = "goodput.straggler.rank"
+#: Attributes of ``goodput.host.badput_time`` (with host and process) and
+#: ``goodput.recovery.phase_time``: what caused it (``training_slowdown`` or
+#: ``disruptions``), and the recovery phase.
+ATTR_CAUSE = "goodput.badput.cause"
+ATTR_PHASE = "goodput.recovery.phase"
 #: Attribute of ``goodput.warnings``: the warning's code.
 ATTR_WARNING_CODE = "goodput.warning.code"
 #: Attribute of ``goodput.job.over_limit``: which limit of ``goodput serve``.
@@ -99,6 +104,13 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     "goodput.straggler.step_time_ratio": ("1", "Median step time of one of the slowest hosts "
                                           "/ median over hosts (top 5, by host)"),
     # --- end stragglers
+    # --- recovery phases and badput by host (goodput_processor.recovery, .attribution)
+    "goodput.host.badput_time": ("s", "Badput a host process caused: training slowdown "
+                                 "attributed to it and the disruptions it failed first in "
+                                 "(goodput.badput.cause); top hosts by badput"),
+    "goodput.recovery.phase_time": ("s", "Time of each recovery phase (goodput.recovery.phase), "
+                                    "summed over the job's disruptions; unknown phases absent"),
+    # --- end recovery
 }
 
 
@@ -218,6 +230,8 @@ class GoodputMetrics:
             "goodput.window.productive_time": self._obs_w_productive,
             "goodput.window.badput_time": self._obs_w_badput,
             "goodput.straggler.step_time_ratio": self._obs_straggler,  # --- stragglers
+            "goodput.host.badput_time": self._obs_host_badput,  # --- recovery, attribution
+            "goodput.recovery.phase_time": self._obs_recovery,
             "goodput.elastic.stepping_slice_efficiency": self._obs_stepping,  # --- elastic
             "goodput.elastic.available_slice_efficiency": self._obs_available,
         }
@@ -374,6 +388,29 @@ class GoodputMetrics:
                                       ATTR_RANK: rank})
                 for rank, h in enumerate(st.slowest, 1)]
     # --- end stragglers
+
+    # --- recovery and badput by host: absent without disruptions / attributed badput
+    @staticmethod
+    def _obs_host_badput(s, a):
+        out = []
+        for h in getattr(s.result, "host_badput", ()):
+            base = {**a, ATTR_HOST: h.host or "", ATTR_PROCESS: h.process}
+            if h.slowdown_s > 0:
+                out.append(Observation(h.slowdown_s, {**base, ATTR_CAUSE: "training_slowdown"}))
+            if h.disruptions_caused:
+                out.append(Observation(h.badput_s - h.slowdown_s,
+                                       {**base, ATTR_CAUSE: "disruptions"}))
+        return out
+
+    @staticmethod
+    def _obs_recovery(s, a):
+        sums: dict[str, float] = {}
+        for rec in getattr(s.result, "recovery", ()):
+            for k, v in rec.phases.items():
+                if v is not None:
+                    sums[k] = sums.get(k, 0.0) + v
+        return [Observation(v, {**a, ATTR_PHASE: k}) for k, v in sums.items()]
+    # --- end recovery
 
     # --- elastic: absent without slice-count records
     @staticmethod

@@ -84,6 +84,9 @@ _KIND_ATTRS: tuple[dict[str, int], ...] = (
     # elastic_slices: the available count goes to the string slot (see timeline.COLUMNS)
     {schema.ATTR_SLICES_ACTIVE: 0, schema.ATTR_SLICES_TOTAL: 1,
      schema.ATTR_SLICES_AVAILABLE: 2},
+    _BLOCKING,  # collective_wait (1.3)
+    {schema.ATTR_LAUNCHER_WORKER_PID: 0, schema.ATTR_LAUNCHER_EXIT_CODE: 1,
+     schema.ATTR_LAUNCHER_EVENT: 2},  # launcher_event (1.3)
 )
 assert len(_KIND_ATTRS) == len(tl.KIND_NAMES)
 
@@ -312,7 +315,7 @@ class _Reader:
                           (schema.RES_PROCESS_INDEX_SOURCE, "index_source")):
             if isinstance(attrs.get(key), str):
                 setattr(proc, attr, attrs[key][:16])
-        for key in tl.RUN_ATTRIBUTES:
+        for key in tl.RUN_ATTRIBUTES + tl.LAUNCH_ATTRIBUTES:
             v = attrs.get(key)
             if v is not None and not (isinstance(v, float) and not math.isfinite(v)):
                 proc.run[key] = v  # NaN/infinity dropped: the JSON report cannot hold them

@@ -72,6 +72,20 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
             "slowest": [{"host": str | null, "process": int, "steps": int,
                          "median_step_time_s": float, "ratio": float,
                          "median_start_lag_s": float | null}]},  # up to 5, slowest first
+          "recovery": [                          # per disruption (recovery.py)
+            {"attempt": int, "next_attempt": int,   # the failed one, the one that took over
+             "phases_s": {phase: float | null},  # detection, termination, rescheduling,
+                                                 # startup, rendezvous_init, restore,
+                                                 # recompilation_warmup; null = unknown
+             "first_failure": {"process": int, "host": str | null,
+                               "how": "exception" | "signal" | "missing_heartbeat" | "end",
+                               "at_unix_ns": int},
+             "lost_s": float,                    # badput the disruption caused
+             "evidence": {key: float}}],         # launcher / pod times, when recorded
+          "host_badput": [                       # top hosts by badput caused (attribution.py)
+            {"host": str | null, "process": int, "slowdown_s": float,
+             "disruptions_caused": int, "badput_s": float}],
+          "slowdown_unattributed_s": float,      # training_slowdown no host explains
           "warnings": [{"code": str, "message": str,  # what the input could not settle
                         "attempt": int | null, "process": int | null,
                         "file": str | null}],
@@ -96,7 +110,9 @@ from goodput import schema
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from .attribution import HostBadput
     from .elastic import SliceEfficiency
+    from .recovery import Recovery
     from .stragglers import StragglerReport
 
 __all__ = ["REPORT_SCHEMA", "AttemptResult", "JobResult", "ReportWarning", "StepArrays",
@@ -237,6 +253,14 @@ class JobResult:
     #: Seconds taken out of the total and the buckets by exclusion intervals
     #: (:func:`~goodput_processor.windows.account_excluding`); 0 without.
     excluded_time_s: float = 0.0
+    #: One :class:`~goodput_processor.recovery.Recovery` per disruption (its phases, the
+    #: process that failed first), in attempt order.
+    recovery: tuple[Recovery, ...] = ()
+    #: The hosts that caused the most badput (:class:`~goodput_processor.attribution.
+    #: HostBadput`), most first, top N.
+    host_badput: tuple[HostBadput, ...] = ()
+    #: Seconds of ``training_slowdown`` that no host's arrival at the step's end explains.
+    slowdown_unattributed_s: float = 0.0
 
 
 def format_duration(seconds: float | None) -> str:
@@ -325,6 +349,11 @@ def job_to_dict(r: JobResult) -> dict:
                              else r.slice_efficiency.to_json_dict()),
         "excluded_time_s": r.excluded_time_s,
         "stragglers": _stragglers_dict(r.stragglers),  # --- stragglers
+        "recovery": [_recovery_dict(x) for x in r.recovery],  # --- recovery, attribution
+        "host_badput": [{"host": h.host, "process": h.process, "slowdown_s": h.slowdown_s,
+                         "disruptions_caused": h.disruptions_caused, "badput_s": h.badput_s}
+                        for h in r.host_badput],
+        "slowdown_unattributed_s": r.slowdown_unattributed_s,
         "warnings": [{"code": w.code, "message": w.message, "attempt": w.attempt,
                       "process": w.process, "file": w.file} for w in r.warnings],
         "error": r.error,
@@ -357,6 +386,39 @@ def _render_stragglers(s, console) -> None:
                       f"{format_duration(h.median_step_time_s)} over {h.steps} steps{lag}",
                       markup=False, highlight=False)
 # --- end stragglers
+
+
+# --- recovery phases and badput by host (goodput_processor.recovery, .attribution) -------
+def _recovery_dict(x) -> dict:
+    f = x.first_failure
+    return {"attempt": x.attempt, "next_attempt": x.next_attempt, "phases_s": dict(x.phases),
+            "first_failure": {"process": f.process, "host": f.host, "how": f.how,
+                              "at_unix_ns": f.at_ns},
+            "lost_s": x.lost_s, "evidence": dict(x.evidence)}
+
+
+def _render_recovery(r: JobResult, console) -> None:
+    for x in r.recovery:
+        f = x.first_failure
+        parts = ", ".join(f"{k} {'unknown' if v is None else format_duration(v)}"
+                          for k, v in x.phases.items())
+        console.print(f"recovery after attempt {x.attempt}: process {f.process}"
+                      f"{'' if f.host is None else ' on ' + f.host} failed first ({f.how}); "
+                      f"{parts}; lost {format_duration(x.lost_s)}", markup=False,
+                      highlight=False)
+    if r.host_badput:
+        console.print("top hosts by badput caused:", markup=False)
+        for h in r.host_badput:
+            console.print(f"  {h.host or '-'} (process {h.process}): "
+                          f"{format_duration(h.badput_s)} (slowdown "
+                          f"{format_duration(h.slowdown_s)}, disruptions "
+                          f"{h.disruptions_caused})", markup=False, highlight=False)
+    if r.slowdown_unattributed_s > 0:
+        console.print(f"  training slowdown not attributed to a host: "
+                      f"{format_duration(r.slowdown_unattributed_s)} (a step slow on every "
+                      "host alike, or no goodput.collective_wait recorded to tell which "
+                      "host arrived last)", markup=False, highlight=False)
+# --- end recovery
 
 
 def to_json_dict(results: Iterable[JobResult]) -> dict:
@@ -436,6 +498,7 @@ def render_job(r: JobResult, console: Console) -> None:
             markup=False,
         )
     _render_stragglers(r.stragglers, console)  # --- stragglers
+    _render_recovery(r, console)  # --- recovery, attribution
     if r.slice_efficiency is not None:
         console.print(f"slice efficiency: stepping {r.slice_efficiency.stepping * 100:.2f} %, "
                       f"available {r.slice_efficiency.available * 100:.2f} %", markup=False)

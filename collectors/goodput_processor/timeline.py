@@ -20,33 +20,38 @@ import numpy as np
 
 from goodput import schema
 
-__all__ = ["COLUMNS", "KIND_NAMES", "NONE", "RUN_ATTRIBUTES", "SKIP_REASONS",
-           "JobSpans", "ProcessSpans", "SpanSet", "as_of", "drop_duplicates", "is_phase"]
+__all__ = ["COLUMNS", "KIND_NAMES", "LAUNCH_ATTRIBUTES", "NONE", "RUN_ATTRIBUTES",
+           "SKIP_REASONS", "JobSpans", "ProcessSpans", "SpanSet", "as_of", "drop_duplicates",
+           "is_phase"]
 
 #: Span kind codes (column ``kind``) are indexes into this tuple.
-#: Markers come first: a code >= ``K_ACCELERATOR_INIT`` is a phase, except
-#: ``K_ELASTIC_SLICES`` (a marker of schema 1.2, appended last so that earlier codes keep
-#: their values; :func:`is_phase` tells them apart).
+#: Markers come first: a code from ``K_ACCELERATOR_INIT`` up to ``K_ELASTIC_REINIT`` is a
+#: phase; ``K_ELASTIC_SLICES`` (a marker of schema 1.2) and the evidence of schema 1.3
+#: (``K_COLLECTIVE_WAIT``, ``K_LAUNCHER_EVENT``) are appended after them so that earlier codes
+#: keep their values, and are no phases (:func:`is_phase`).
 KIND_NAMES = (schema.JOB_START, schema.JOB_END, schema.HEARTBEAT, schema.IDENTITY,
               schema.ACCELERATOR_INIT, schema.TRAINING_PREP, schema.PROGRAM_STARTUP,
               schema.DATA_LOADING, schema.STEP, schema.CHECKPOINT_SAVE,
               schema.CHECKPOINT_RESTORE, schema.CUSTOM_BADPUT, schema.ELASTIC_WAIT,
-              schema.ELASTIC_REINIT, schema.ELASTIC_SLICES)
+              schema.ELASTIC_REINIT, schema.ELASTIC_SLICES, schema.COLLECTIVE_WAIT,
+              schema.LAUNCHER_EVENT)
 (K_JOB_START, K_JOB_END, K_HEARTBEAT, K_IDENTITY, K_ACCELERATOR_INIT, K_TRAINING_PREP,
  K_PROGRAM_STARTUP, K_DATA_LOADING, K_STEP, K_CHECKPOINT_SAVE, K_CHECKPOINT_RESTORE,
- K_CUSTOM_BADPUT, K_ELASTIC_WAIT, K_ELASTIC_REINIT, K_ELASTIC_SLICES) = range(15)
+ K_CUSTOM_BADPUT, K_ELASTIC_WAIT, K_ELASTIC_REINIT, K_ELASTIC_SLICES, K_COLLECTIVE_WAIT,
+ K_LAUNCHER_EVENT) = range(17)
 
 
 def is_phase(kinds: np.ndarray) -> np.ndarray:
     """Bool mask of the phase kinds in ``kinds`` (an int array of kind codes)."""
-    return (kinds >= K_ACCELERATOR_INIT) & (kinds != K_ELASTIC_SLICES)
+    return (kinds >= K_ACCELERATOR_INIT) & (kinds < K_ELASTIC_SLICES)
 
 
 #: Columns of a span record, all int64. ``start``/``end``: ns since the Unix epoch.
 #: ``ival``: ``goodput.step`` (step), ``goodput.checkpoint.step`` (save, restore),
 #: ``goodput.heartbeat.interval_ms`` (job_start), ``goodput.recorder.errors`` (job_end,
 #: heartbeat), ``goodput.process.index`` (identity), ``goodput.elastic.slices.active``
-#: (elastic_slices). ``aux``: ``goodput.recorder.dropped``
+#: (elastic_slices), ``goodput.launcher.worker_pid`` (launcher_event). ``aux``:
+#: ``goodput.launcher.exit_code`` (launcher_event), ``goodput.recorder.dropped``
 #: (job_end, heartbeat), ``goodput.step.count`` (step; absent = 1),
 #: ``goodput.process.count`` (identity), ``goodput.elastic.slices.total`` (elastic_slices).
 #: ``flags``: bit 0
@@ -55,7 +60,8 @@ def is_phase(kinds: np.ndarray) -> np.ndarray:
 #: :func:`~goodput_processor.attempts.resolve_open`) = the phase's end was never recorded
 #: and is inferred. ``sidx``: index into
 #: :attr:`SpanSet.strings` of ``goodput.badput.type`` (custom), ``goodput.end.reason``
-#: (job_end), ``goodput.elastic.event_type`` (elastic_wait) or the decimal text of
+#: (job_end), ``goodput.elastic.event_type`` (elastic_wait), ``goodput.launcher.event``
+#: (launcher_event) or the decimal text of
 #: ``goodput.elastic.slices.available`` (elastic_slices: the two int columns are taken, and
 #: the readers of ``goodput report`` and ``goodput serve`` share the string slot).
 #: ``tidx``: index of the trace id. ``sid``: the 64-bit span id (as signed).
@@ -72,6 +78,10 @@ F_ENDLESS = 8
 #: Resource attributes of an ML run (``goodput.diagnostics``) kept per process.
 RUN_ATTRIBUTES = (schema.RES_RUN_NAME, schema.RES_RUN_GROUP, schema.RES_FLOPS_PER_STEP,
                   schema.RES_PEAK_FLOPS, schema.RES_DEVICE_COUNT)
+#: Resource attributes of the launch (schema 1.3) kept per process in ``ProcessSpans.run``
+#: too: the process's role and its Kubernetes pod's times (:mod:`.recovery`, ETTR).
+LAUNCH_ATTRIBUTES = (schema.RES_PROCESS_ROLE, schema.RES_K8S_POD_CREATED,
+                     schema.RES_K8S_POD_SCHEDULED, schema.RES_K8S_POD_STARTED)
 #: Reasons a record is skipped (keys of the ``skipped`` counters); see
 #: :mod:`goodput_processor.reader`.
 SKIP_REASONS = ("torn", "malformed", "invalid_span", "duplicate", "unknown", "unsupported_schema",

@@ -31,7 +31,11 @@ processes never mix, and a line is on disk once written, whatever kills the proc
 
 ``launch`` is ``$LAUNCH_TAG`` (set by whoever launched it) and ``restart`` torchrun's
 ``TORCHELASTIC_RESTART_COUNT``. ``--no-goodput`` runs the same job without goodput (to time
-how fast it dies on a signal without it).
+how fast it dies on a signal without it). ``--slow-rank R --slow-extra S --slow-from-step K``
+make rank R sleep S seconds more in each step from step K (a host that turned slow);
+``--collective-wait`` all-reduces the loss in each step (the ranks meet there) inside
+``goodput.collective_wait()`` (truth name ``collective_wait``), so that the report can tell
+which rank arrived last.
 
 Every restart of torchrun gets its own store prefix (a ``PrefixStore`` keyed by
 ``TORCHELASTIC_RESTART_COUNT``): keys of the previous restart stay in torchrun's store, and
@@ -145,11 +149,16 @@ def run(rank: int, world: int, args: argparse.Namespace) -> None:
             model.module.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
     gen = torch.Generator().manual_seed(1000 + rank)
+    slow = args.slow_rank == rank
     for n in range(start + 1, args.steps + 1):
         with truth.marked(goodput.step(n), "step", n):
-            time.sleep(args.step_sleep)
+            extra = args.slow_extra if slow and n >= args.slow_from_step else 0.0
+            time.sleep(args.step_sleep + extra)
             x = torch.randn(16, 32, generator=gen)
             loss = model(x).pow(2).mean()
+            if args.collective_wait:  # the ranks meet here: the mean loss, for logging
+                with truth.marked(goodput.collective_wait(), "collective_wait", n):
+                    dist.all_reduce(loss.detach().clone())
             opt.zero_grad()
             loss.backward()  # the gradient all-reduce: ranks meet here every step
             opt.step()
@@ -176,6 +185,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spawn", type=int, default=0,
                    help="start this many ranks with torch.multiprocessing.spawn (no RANK set)")
     p.add_argument("--no-goodput", action="store_true", help="the same job without goodput")
+    p.add_argument("--slow-rank", type=int, default=-1,
+                   help="this rank sleeps --slow-extra more in each step from --slow-from-step")
+    p.add_argument("--slow-extra", type=float, default=0.0)
+    p.add_argument("--slow-from-step", type=int, default=1)
+    p.add_argument("--collective-wait", action="store_true",
+                   help="all-reduce the loss in each step, marked goodput.collective_wait()")
     return p.parse_args(argv)
 
 

@@ -269,3 +269,20 @@ def custom_badput(badput_type: str, *, blocking: bool = True, start=None, end=No
     if not blocking:
         attrs[schema.ATTR_BLOCKING] = False
     return Phase(schema.CUSTOM_BADPUT, attrs, start, end)
+
+
+def collective_wait(func=None, *, start=None, end=None) -> Phase:
+    """This process waiting in a collective (an all-reduce, a barrier) for its peers, inside
+    a step: from reaching it to its end (schema 1.3, ``goodput.collective_wait``).
+
+    It changes no bucket (the step covers it); it tells the processor which host made a slow
+    step slow: the one that reached the collective last (``docs/accounting.md``, "Badput
+    attributed to hosts"). Wrap the first collective of the step, where the ranks meet::
+
+        with goodput.step(n):
+            loss = model(batch)
+            with goodput.collective_wait():
+                dist.all_reduce(loss_for_logging)
+            loss.backward()
+    """
+    return _phase_or_decorate(schema.COLLECTIVE_WAIT, None, start, end, func)

@@ -17,7 +17,7 @@ import re
 #: Version of this schema, written as the ``goodput.schema.version`` resource
 #: attribute. Bump the major number on any change that an older processor
 #: would misread.
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 #: Instrumentation scope name of the tracer that emits goodput spans.
 SCOPE_NAME = "goodput"
@@ -68,6 +68,22 @@ ELASTIC_REINIT = "goodput.elastic_reinit"
 #: available slice efficiency are computed from.
 ELASTIC_SLICES = "goodput.elastic_slices"
 
+#: Schema 1.3: a process waiting in a collective (an all-reduce, a barrier) for its peers,
+#: from the moment it reached the collective to the collective's end; recorded inside a
+#: step (``goodput.collective_wait()``). Not a phase of the accounting (the step span covers
+#: it and the buckets do not change): the processor reads it to tell which host made a slow
+#: step slow, the host that reached the collective last (docs/accounting.md, "Badput
+#: attributed to hosts"). ``goodput.blocking`` and ``goodput.open`` as on phases.
+COLLECTIVE_WAIT = "goodput.collective_wait"
+#: Schema 1.3: an event of the launcher, written by the launcher's own process (resource
+#: :data:`RES_PROCESS_ROLE` = ``launcher``), e.g. torchelastic's agent started a worker,
+#: saw one fail, finished a rendezvous (``python -m goodput.torchrun``). Zero length, or
+#: covering the launcher's operation (a rendezvous: from its start to its end). Attributes
+#: :data:`ATTR_LAUNCHER_EVENT` (str), :data:`ATTR_LAUNCHER_WORKER_PID`,
+#: :data:`ATTR_LAUNCHER_EXIT_CODE`, :data:`ATTR_LAUNCHER_RESTART_COUNT`,
+#: :data:`ATTR_LAUNCHER_GLOBAL_RANK` (ints, each when known). Not a phase.
+LAUNCHER_EVENT = "goodput.launcher_event"
+
 #: Phase spans (each covers a stretch of wall-clock time of one process).
 PHASES = (
     ACCELERATOR_INIT,
@@ -86,8 +102,11 @@ ELASTIC_PHASES = (ELASTIC_WAIT, ELASTIC_REINIT)
 STRUCTURE = (WINDOW, RUN_CONFIG)
 #: Markers (lifecycle of an attempt of one process, and trace structure).
 MARKERS = (JOB_START, JOB_END, HEARTBEAT, IDENTITY, ELASTIC_SLICES) + STRUCTURE
+#: Evidence spans of schema 1.3 that cover no bucket: a collective wait (inside a step) and a
+#: launcher's event.
+EVIDENCE = (COLLECTIVE_WAIT, LAUNCHER_EVENT)
 #: Every span name of this schema.
-SPAN_NAMES = PHASES + ELASTIC_PHASES + MARKERS
+SPAN_NAMES = PHASES + ELASTIC_PHASES + MARKERS + EVIDENCE
 
 # --- span attributes --------------------------------------------------------
 
@@ -108,6 +127,15 @@ ATTR_ELASTIC_EVENT_TYPE = "goodput.elastic.event_type"
 ATTR_SLICES_ACTIVE = "goodput.elastic.slices.active"
 ATTR_SLICES_AVAILABLE = "goodput.elastic.slices.available"
 ATTR_SLICES_TOTAL = "goodput.elastic.slices.total"
+#: on LAUNCHER_EVENT (schema 1.3): the event's name (str: torchelastic's, e.g.
+#: ``torchelastic.worker.status.START``, or ``torchelastic.worker.failed`` when the agent saw
+#: a worker fail), the worker's pid, its exit code (negative: killed by that signal, as
+#: torchelastic reports it), the launcher's restart count and the worker's global rank (ints)
+ATTR_LAUNCHER_EVENT = "goodput.launcher.event"
+ATTR_LAUNCHER_WORKER_PID = "goodput.launcher.worker_pid"
+ATTR_LAUNCHER_EXIT_CODE = "goodput.launcher.exit_code"
+ATTR_LAUNCHER_RESTART_COUNT = "goodput.launcher.restart_count"
+ATTR_LAUNCHER_GLOBAL_RANK = "goodput.launcher.global_rank"
 ATTR_END_REASON = "goodput.end.reason"  # str on JOB_END: one of END_REASONS
 ATTR_HEARTBEAT_INTERVAL_MS = "goodput.heartbeat.interval_ms"  # int on JOB_START
 ATTR_RECORDER_ERRORS = "goodput.recorder.errors"  # int on JOB_END/HEARTBEAT: failures so far
@@ -175,6 +203,21 @@ RES_RUN_GROUP = "ml.run.group"  # str
 RES_FLOPS_PER_STEP = "ml.flops_per_step"
 RES_PEAK_FLOPS = "ml.device.peak_flops"  # int (float beyond int64): peak FLOP/s of one device
 RES_DEVICE_COUNT = "ml.device.count"  # int: devices of the job
+
+# Launchers and schedulers (schema 1.3), read by the processor for the recovery phases and
+# ETTR (docs/accounting.md, "Recovery phases"; docs/definitions.md, "ETTR"):
+#: str: ``worker`` (absent = worker: a training process) or ``launcher`` (a launcher's own
+#: process that records only LAUNCHER_EVENT spans; it is no process of any attempt)
+RES_PROCESS_ROLE = "goodput.process.role"
+PROCESS_ROLES = ("worker", "launcher")
+#: ints, ns since the Unix epoch, of the Kubernetes pod this process runs in, when the job
+#: reports them (from the pod's status: ``metadata.creationTimestamp``, the
+#: ``PodScheduled`` condition's ``lastTransitionTime``, the container's
+#: ``state.running.startedAt``): created (the job asked for it: queued from then on),
+#: scheduled (bound to a node: the allocation), container started
+RES_K8S_POD_CREATED = "goodput.k8s.pod.created_time_unix_nano"
+RES_K8S_POD_SCHEDULED = "goodput.k8s.pod.scheduled_time_unix_nano"
+RES_K8S_POD_STARTED = "goodput.k8s.pod.started_time_unix_nano"
 
 # --- where spans are written --------------------------------------------------
 

@@ -1,0 +1,393 @@
+"""Recovery broken into phases: where the time of each disruption went (``docs/accounting.md``,
+"Recovery phases").
+
+For each disruption (an attempt followed by another), the time from the failed attempt's last
+progress to the next attempt's first kept step, plus the excess of that attempt's first steps,
+is cut into seven phases, in order:
+
+==========================  ===================================================================
+phase                       from -> to (all times ns since the epoch)
+==========================  ===================================================================
+``detection``               last progress (the latest step end of any process of the failed
+                            attempt) -> the first sign of failure: the earliest of its
+                            processes' end markers, exception spans, or last signs of life (a
+                            process that left no end marker: its heartbeats stopped); with a
+                            launcher's failure event, the process it saw fail first
+``termination``             -> the failed attempt's end: its last process gone
+``rescheduling``            -> the next attempt's start: its first OS process started (equals
+                            that disruption's ``infrastructure_recovery``)
+``startup``                 -> the next attempt's primary process's first phase (its
+                            ``process_startup``: interpreter, imports, ``configure``)
+``rendezvous_init``         the rest of the time before its first kept step that is neither a
+                            restore nor compilation: ``init_process_group`` /
+                            ``jax.distributed.initialize`` (accelerator init), training prep,
+                            unmarked gaps
+``restore``                 its ``goodput.checkpoint_restore`` time before the first kept step
+``recompilation_warmup``    its ``goodput.program_startup`` time before the first kept step and
+                            inside its warm-up steps, plus the warm-up steps' excess: its
+                            leading kept steps slower than the attempt's level (the larger of
+                            the ideal step time and its median step time) by more than the
+                            noise band, each by its time above that level (:func:`warmup`)
+==========================  ===================================================================
+
+The phases partition that stretch exactly: detection + termination is the failed attempt's time
+after its last progress (inside its ``wasted_progress``), rescheduling is the gap's
+``infrastructure_recovery``, startup is the next attempt's ``process_startup``, and the last
+three split the next attempt's ``accelerator_init``, ``training_prep``,
+``checkpoint_restore``, ``program_startup``, ``other`` before its first kept step and the
+warm-up part of its ``training_slowdown``. The buckets do not change. A phase the evidence
+cannot show is None ("unknown"): detection without any completed step in the failed attempt;
+restore when the next attempt resumed past step 0 without recording a restore (its time is
+then inside ``rendezvous_init``).
+
+Evidence of launchers and schedulers refines it where the job has it (schema 1.3): torchelastic
+events written by ``python -m goodput.torchrun`` (the worker the agent saw fail, its exit code:
+negative = killed by that signal; the agent's rendezvous) and Kubernetes pod times on the
+resource (pod created, scheduled, container started), reported in :attr:`Recovery.evidence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from goodput import schema
+
+from .timeline import (
+    C_AUX,
+    C_END,
+    C_FLAGS,
+    C_IVAL,
+    C_KIND,
+    C_SIDX,
+    C_START,
+    F_ENDLESS,
+    F_ERROR,
+    F_NONBLOCKING,
+    K_CHECKPOINT_RESTORE,
+    K_CHECKPOINT_SAVE,
+    K_JOB_END,
+    K_LAUNCHER_EVENT,
+    K_PROGRAM_STARTUP,
+    K_STEP,
+    NCOLS,
+    NONE,
+    JobSpans,
+    is_phase,
+)
+
+__all__ = ["HOWS", "PHASES", "FirstFailure", "Recovery", "launcher_failures", "recovery_report",
+           "stacked", "warmup"]
+
+#: Recovery phases, in order.
+PHASES = ("detection", "termination", "rescheduling", "startup", "rendezvous_init", "restore",
+          "recompilation_warmup")
+#: How a process failed: an exception (end marker ``exception``, a span with ERROR status, or
+#: a non-zero exit status a launcher saw), a signal (a launcher saw it killed by one; an end
+#: marker ``sigterm`` of recorders before 1.1), a missing heartbeat (no end marker: the
+#: process fell silent, killed or hung; only a launcher's event can tell which), or an end
+#: (a clean end marker: ``exit``, ``explicit``, ``restart``).
+HOWS = ("exception", "signal", "missing_heartbeat", "end")
+_NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The process of a failed attempt that failed first.
+
+    ``process``: its rank; ``host``: ``host.name`` (None if unknown); ``how``: one of
+    :data:`HOWS`; ``at_ns``: the first sign of its failure (ns since the epoch: its end
+    marker, exception span end or last sign of life).
+    """
+
+    process: int
+    host: str | None
+    how: str
+    at_ns: int
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One disruption: ``attempt`` failed and ``next_attempt`` took over.
+
+    ``phases``: seconds per name of :data:`PHASES`, in that order, None where unknown.
+    ``first_failure``: the process that failed first (:class:`FirstFailure`). ``lost_s``:
+    seconds of badput the disruption caused: the failed attempt's wasted region (from its last
+    kept step to its end) plus the next attempt's rescheduling, startup, initialisation,
+    restore and warm-up. ``evidence``: what launchers and schedulers add, in seconds (present
+    keys only): ``launcher_detected_after_s`` (the launcher saw the failure this long after
+    its first sign), ``launcher_rendezvous_s`` (the launcher's rendezvous during
+    rescheduling), ``pod_created_after_s`` (the next attempt's first pod created this long
+    after the failed attempt's end), ``pod_queued_s`` (created -> scheduled),
+    ``pod_start_s`` (scheduled -> its first process start).
+    """
+
+    attempt: int
+    phases: dict
+    first_failure: FirstFailure
+    next_attempt: int = -1
+    lost_s: float = 0.0
+    evidence: dict = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> float:
+        """Sum of the known phases (seconds)."""
+        return sum(v for v in self.phases.values() if v is not None)
+
+
+def launcher_failures(job: JobSpans) -> dict[tuple[str | None, int], tuple[int, int]]:
+    """Workers a launcher saw fail: ``(host, pid) -> (time ns, exit code)``, the first such
+    event per worker. Read from ``goodput.launcher_event`` spans of processes with role
+    ``launcher`` that name a worker pid and a non-zero exit code (torchelastic's convention:
+    negative = killed by that signal)."""
+    out: dict[tuple[str | None, int], tuple[int, int]] = {}
+    for p in job.processes.values():
+        if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not len(p.data):
+            continue
+        d = p.data[p.data[:, C_KIND] == K_LAUNCHER_EVENT]
+        d = d[(d[:, C_IVAL] != NONE) & (d[:, C_AUX] != NONE) & (d[:, C_AUX] != 0)]
+        for row in d[np.argsort(d[:, C_END], kind="stable")]:
+            out.setdefault((p.host, int(row[C_IVAL])), (int(row[C_END]), int(row[C_AUX])))
+    return out
+
+
+def _launcher_rendezvous(job: JobSpans, t0: int, t1: int) -> int | None:
+    """ns of launcher rendezvous events (name containing ``RENDEZVOUS``) ending in [t0, t1]."""
+    total, seen = 0, False
+    for p in job.processes.values():
+        if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not len(p.data):
+            continue
+        d = p.data[p.data[:, C_KIND] == K_LAUNCHER_EVENT]
+        for row in d[(d[:, C_END] >= t0) & (d[:, C_END] <= t1)]:
+            name = job.strings[row[C_SIDX]] if 0 <= row[C_SIDX] < len(job.strings) else ""
+            if "RENDEZVOUS" in name.upper():
+                total, seen = total + int(row[C_END] - row[C_START]), True
+    return total if seen else None
+
+
+def stacked(a) -> tuple[np.ndarray, np.ndarray, list]:
+    """All rows of attempt ``a``'s processes in one array, the index of each row's process
+    (into the returned list of processes with rows), and that list."""
+    procs = [p for p in a.processes if len(p.data)]
+    if not procs:
+        return np.zeros((0, NCOLS), np.int64), np.zeros(0, np.int64), procs
+    lengths = np.fromiter((len(p.data) for p in procs), np.int64, len(procs))
+    return (np.concatenate([p.data for p in procs]),
+            np.repeat(np.arange(len(procs)), lengths), procs)
+
+
+def _first_failure(job: JobSpans, a, failures, rows) -> FirstFailure:
+    """The process of attempt ``a`` that failed first (see the module docstring)."""
+    d, key, procs = rows
+    if not procs:  # pragma: no cover - an attempt always has a process with spans
+        return FirstFailure(a.primary.index, a.primary.host, "missing_heartbeat", a.end_ns)
+    n = len(procs)
+    kinds = d[:, C_KIND]
+    t = np.full(n, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(t, key, d[:, C_END])  # last sign of life
+    how = np.full(n, 2, np.int8)  # index into HOWS: missing_heartbeat
+    ends = np.flatnonzero(kinds == K_JOB_END)
+    if len(ends):
+        o = ends[np.lexsort((d[ends, C_END], key[ends]))]
+        last = o[np.append(key[o][1:] != key[o][:-1], True)]  # the latest end marker each
+        t[key[last]] = d[last, C_END]
+        for r in last:
+            sidx = int(d[r, C_SIDX])
+            reason = job.strings[sidx] if 0 <= sidx < len(job.strings) else "unspecified"
+            how[key[r]] = {"exception": 0, "sigterm": 1}.get(reason, 3)
+    err = ((d[:, C_FLAGS] & F_ERROR) != 0) & is_phase(kinds)
+    if err.any():
+        first_err = np.full(n, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first_err, key[err], d[err, C_END])
+        hit = first_err <= t
+        t[hit], how[hit] = first_err[hit], 0
+    t = np.clip(t, a.start_ns, a.end_ns)
+    seen_first = np.ones(n, np.int8)
+    if failures:
+        for i, p in enumerate(procs):
+            seen = failures.get((p.host, p.pid)) if p.pid is not None else None
+            if seen is not None:  # the launcher saw this worker fail: others followed it
+                seen_first[i] = 0
+                if how[i] in (2, 3):
+                    how[i] = 1 if seen[1] < 0 else 0
+    rank = np.fromiter((p.index for p in procs), np.int64, n)
+    i = int(np.lexsort((rank, t, seen_first))[0])
+    return FirstFailure(procs[i].index, procs[i].host, HOWS[how[i]], int(t[i]))
+
+
+def _last_progress(a, rows) -> int | None:
+    """The latest end of a completed (not in-flight) blocking step of any process of ``a``."""
+    d = rows[0]
+    sel = ((d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & (F_NONBLOCKING | F_ENDLESS)) == 0)
+           & (d[:, C_END] <= a.end_ns) & (d[:, C_START] >= a.start_ns))
+    return int(d[sel, C_END].max()) if sel.any() else None
+
+
+def _union_ns(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> tuple[int, list]:
+    """Length (ns) of the union of [starts, ends) clipped to [lo, hi), and its pieces."""
+    s, e = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
+    keep = e > s
+    pieces: list[tuple[int, int]] = []
+    for x, y in sorted(zip(s[keep].tolist(), e[keep].tolist(), strict=True)):
+        if pieces and x <= pieces[-1][1]:
+            pieces[-1] = (pieces[-1][0], max(pieces[-1][1], y))
+        else:
+            pieces.append((x, y))
+    return sum(y - x for x, y in pieces), pieces
+
+
+def _minus(pieces: list, other: list) -> int:
+    """ns of ``pieces`` (disjoint, sorted) not covered by ``other`` (disjoint, sorted)."""
+    total = 0
+    for x, y in pieces:
+        cut = sum(max(0, min(y, b) - max(x, a)) for a, b in other)
+        total += y - x - cut
+    return total
+
+
+def _wasted_start(d: np.ndarray, a, bound: int | None) -> int:
+    """Start of the wasted region of attempt ``a`` (primary rows ``d``), as the accounting."""
+    steps = d[(d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0)]
+    s = np.clip(steps[:, C_START], a.start_ns, a.end_ns)
+    e = np.clip(steps[:, C_END], a.start_ns, a.end_ns)
+    ok = e > s
+    steps, s, e = steps[ok], s[ok], e[ok]
+    if not len(steps):
+        return a.end_ns
+    kept = np.ones(len(steps), bool) if bound is None else steps[:, C_IVAL] <= bound
+    if not kept.any():
+        return int(s.min())
+    ws = int(e[kept].max())
+    if bound is not None:
+        sv = ((d[:, C_KIND] == K_CHECKPOINT_SAVE) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0)
+              & (d[:, C_IVAL] == bound))
+        if sv.any():
+            ws = max(ws, int(np.clip(d[sv, C_END], a.start_ns, a.end_ns).max()))
+    return min(ws, a.end_ns)
+
+
+def _restart_phases(r, bound: int | None, result, resume: int | None) -> tuple[dict, int]:
+    """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
+    recompilation_warmup (ns or None), and the start of its first kept step (ns)."""
+    d = r.primary.data
+    kinds, flags = d[:, C_KIND], d[:, C_FLAGS]
+    blocking = (flags & F_NONBLOCKING) == 0
+    s, e = np.clip(d[:, C_START], r.start_ns, r.end_ns), np.clip(d[:, C_END], r.start_ns,
+                                                                  r.end_ns)
+    phase = is_phase(kinds) & (e >= s)
+    first = int(s[phase].min()) if phase.any() else r.end_ns
+    steps = (kinds == K_STEP) & blocking & (e > s)
+    kept = steps & ((d[:, C_IVAL] <= bound) if bound is not None else True)
+    t_fk = int(s[kept].min()) if kept.any() else r.end_ns
+    t_fk = max(t_fk, first)
+    rest = (kinds == K_CHECKPOINT_RESTORE) & blocking
+    comp = (kinds == K_PROGRAM_STARTUP) & blocking
+    restore_ns, rest_pieces = _union_ns(s[rest], e[rest], first, t_fk)
+    _, comp_pieces = _union_ns(s[comp], e[comp], first, t_fk)
+    compile_ns = _minus(comp_pieces, rest_pieces)
+    # warm-up: the first kept step, and the leading steps slower than the attempt's level
+    warm_ns, warm_end = 0, t_fk
+    if kept.any():
+        first_row = np.flatnonzero(kept & (s == t_fk))
+        warm_end = int(e[first_row].max()) if len(first_row) else t_fk
+        idx, excess = warmup(result, r.attempt)
+        if len(idx):
+            warm_ns = int(round(float(excess.sum())))
+            ends = e[kept & (s == int(result.steps.start_ns[idx].max()))]
+            if len(ends):
+                warm_end = max(warm_end, int(ends.max()))
+        warm_ns += _union_ns(s[comp], e[comp], t_fk, warm_end)[0]
+    if rest.any():
+        restore = restore_ns
+    elif resume is not None and resume > 0:
+        restore = None  # resumed without a recorded restore: its time is in rendezvous_init
+    else:
+        restore = 0
+    init = (t_fk - first) - restore_ns - compile_ns
+    return {"startup": first - r.start_ns, "rendezvous_init": init, "restore": restore,
+            "recompilation_warmup": compile_ns + warm_ns}, t_fk
+
+
+def warmup(result, attempt: int) -> tuple[np.ndarray, np.ndarray]:
+    """The warm-up steps of an attempt: indexes into ``result.steps`` of its leading kept steps
+    (in time order) slower than its own level, and each one's warm-up excess (float ns).
+
+    The level is the larger of the ideal step time and the attempt's median step time, so
+    that an attempt slow throughout (a slow host) has no warm-up: only steps more than the
+    noise band above it, from its first kept step on, are warm-up; their excess over the
+    level is recompilation and warm-up, the rest of their excess stays training slowdown.
+    """
+    st = result.steps
+    none = np.zeros(0, np.int64), np.zeros(0)
+    if result.ideal_step_time_s is None or not len(st.attempt):
+        return none
+    mine = np.flatnonzero(st.attempt == attempt)
+    if not len(mine):
+        return none
+    mine = mine[np.argsort(st.start_ns[mine], kind="stable")]
+    per = st.time_ns[mine] / st.count[mine]
+    level = max(result.ideal_step_time_s * _NS, float(np.median(per)))
+    above = per > level + (result.noise_tolerance_s or 0.0) * _NS
+    lead = len(above) if above.all() else int(np.argmin(above))
+    return mine[:lead], (per[:lead] - level) * st.count[mine[:lead]]
+
+
+def _pod_evidence(a, r) -> dict:
+    """Kubernetes pod times of the processes of attempt ``r`` after attempt ``a`` (seconds)."""
+    out = {}
+
+    def first(key):
+        vals = [p.run.get(key) for p in r.processes]
+        vals = [v for v in vals if isinstance(v, int) and not isinstance(v, bool)]
+        return min(vals) if vals else None
+
+    created, scheduled = first(schema.RES_K8S_POD_CREATED), first(schema.RES_K8S_POD_SCHEDULED)
+    if created is not None and created <= r.start_ns:
+        out["pod_created_after_s"] = (created - a.end_ns) / _NS
+    if created is not None and scheduled is not None and created <= scheduled <= r.start_ns:
+        out["pod_queued_s"] = (scheduled - created) / _NS
+    if scheduled is not None and scheduled <= r.start_ns:
+        out["pod_start_s"] = (r.start_ns - scheduled) / _NS
+    return out
+
+
+def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | None],
+                    resumes: Sequence[int | None], result) -> tuple[Recovery, ...]:
+    """One :class:`Recovery` per disruption of the job, in attempt order.
+
+    Args:
+        job: the job's spans (for launcher events and strings).
+        attempts: its :class:`~goodput_processor.attempts.Attempt` objects, by start.
+        bounds: per attempt, the highest kept step number (None = all kept).
+        resumes: per attempt, its resume step (None = unknown).
+        result: the accounting's :class:`~goodput_processor.report.JobResult` (for the
+            steps, the ideal step time and the anomalous flags).
+    """
+    failures = launcher_failures(job)
+    out = []
+    for i in range(len(attempts) - 1):
+        a, r = attempts[i], attempts[i + 1]
+        rows = stacked(a)
+        ff = _first_failure(job, a, failures, rows)
+        last = _last_progress(a, rows)
+        t_fail = max(ff.at_ns, last) if last is not None else ff.at_ns
+        t_fail = min(max(t_fail, a.start_ns), a.end_ns)
+        rest, _t_fk = _restart_phases(r, bounds[i + 1], result, resumes[i + 1])
+        ns = {"detection": None if last is None else t_fail - last,
+              "termination": a.end_ns - t_fail,
+              "rescheduling": max(r.start_ns - a.end_ns, 0), **rest}
+        phases = {k: (None if ns[k] is None else ns[k] / _NS) for k in PHASES}
+        lost = (a.end_ns - _wasted_start(a.primary.data, a, bounds[i])
+                + sum(ns[k] or 0 for k in PHASES[2:]))
+        evidence = _pod_evidence(a, r)
+        seen = failures.get((ff.host, next((p.pid for p in a.processes
+                                            if p.index == ff.process), None)))
+        if seen is not None:
+            evidence["launcher_detected_after_s"] = max(seen[0] - ff.at_ns, 0) / _NS
+        rdzv = _launcher_rendezvous(job, a.end_ns, r.start_ns)
+        if rdzv is not None:
+            evidence["launcher_rendezvous_s"] = rdzv / _NS
+        out.append(Recovery(a.attempt, phases, ff, r.attempt, lost / _NS, evidence))
+    return tuple(out)
