@@ -1,7 +1,7 @@
 """The ``goodput`` command line.
 
 ``goodput report RUN_DIR [--format table|json] [--ideal-step-time SECONDS] [--job NAME]
-[--definitions goodput|mgm|resiliency] [--at TIME] [--exclude START,END]... [--html PATH]``
+[--definitions goodput|mgm|resiliency|ettr] [--at TIME] [--exclude START,END]... [--html PATH]``
 prints the goodput report of every
 job in a run directory, by this project's model or another tool's definitions
 (``docs/definitions.md``); ``--html`` also writes the HTML report (``docs/html-report.md``).
@@ -103,8 +103,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     ideal = None if args.ideal_step_time is None else _ideal_step_time(args.ideal_step_time)
     at_ns = None if args.at is None else parse_time_ns(args.at, "--at")
     exclusions = [_exclusion(x) for x in args.exclude or ()]
-    if exclusions and args.definitions == "resiliency":
-        raise UsageError("--exclude is not defined for --definitions resiliency")
+    if exclusions and args.definitions in ("resiliency", "ettr"):
+        raise UsageError(f"--exclude is not defined for --definitions {args.definitions}")
     if args.html is not None and (at_ns is not None or exclusions):
         raise UsageError("--html cannot be combined with --at or --exclude")
     if args.definitions == "resiliency" and ideal is None:
@@ -163,8 +163,8 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--definitions", choices=DEFINITIONS, default=DEFINITIONS[0],
                    help="goodput: this project's model (default); mgm: ml-goodput-measurement "
                    "0.2.3's numbers; resiliency: resiliency.goodput_measure's calculator "
-                   "(needs --ideal-step-time as its reference step time). See "
-                   "docs/definitions.md")
+                   "(needs --ideal-step-time as its reference step time); ettr: Meta's "
+                   "effective training time ratio and ETT%%. See docs/definitions.md")
     p.add_argument("--html", metavar="PATH", default=None,
                    help="also write a self-contained HTML report (timeline, goodput over time, "
                    "step times) to PATH; needs plotly (docs/html-report.md)")

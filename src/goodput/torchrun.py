@@ -149,8 +149,9 @@ def install() -> GoodputEventHandler:
     """Configure goodput as this process's launcher recorder, register the event handler
     with torchelastic (name :data:`HANDLER_NAME`) and wrap the agent's worker monitor.
     Returns the handler."""
-    import goodput
     from torch.distributed.elastic.events import handlers
+
+    import goodput
 
     goodput.configure(resource_attributes={schema.RES_PROCESS_ROLE: "launcher"})
     handler = GoodputEventHandler()

@@ -5,7 +5,8 @@ them on the same examples):
 
 - ``goodput`` (default): this project's model (:mod:`goodput_processor.accounting`);
 - ``mgm``: Google's ``ml-goodput-measurement`` 0.2.3 (:mod:`.mgm`);
-- ``resiliency``: ``resiliency.goodput_measure``'s calculator (:mod:`.resiliency`).
+- ``resiliency``: ``resiliency.goodput_measure``'s calculator (:mod:`.resiliency`);
+- ``ettr``: Meta's effective training time ratio and ETT% (:mod:`.ettr`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 __all__ = ["DEFINITIONS", "REPORT_SCHEMA", "NoResult", "render", "report", "to_json"]
 
 #: Names accepted by ``--definitions``; the first is the default.
-DEFINITIONS = ("goodput", "mgm", "resiliency")
-#: ``schema`` of the JSON output for the ``mgm`` and ``resiliency`` definitions.
+DEFINITIONS = ("goodput", "mgm", "resiliency", "ettr")
+#: ``schema`` of the JSON output for the ``mgm``, ``resiliency`` and ``ettr`` definitions.
 REPORT_SCHEMA = "goodput.definitions/1"
 
 
@@ -61,7 +62,8 @@ def report(
     Returns a list sorted by job name of :class:`~goodput_processor.report.JobResult`
     (``goodput``), :class:`.mgm.MgmResult` (``mgm``; ``ideal_step_time_s`` is its configured
     ideal step time) or :class:`.resiliency.ResiliencyResult` (``resiliency``;
-    ``ideal_step_time_s`` is the reference step time and is required). A job for which mgm's
+    ``ideal_step_time_s`` is the reference step time and is required) or
+    :class:`.ettr.EttrResult` (``ettr``). A job for which mgm's
     rules raise (as its calculator would) is a :class:`NoResult` with the reason.
 
     Raises:
@@ -79,8 +81,8 @@ def report(
     for a, b in exclusions_ns:
         if b <= a:
             raise ValueError(f"exclusion [{a}, {b}] ns: its end is not after its start")
-    if exclusions_ns and definitions == "resiliency":
-        raise ValueError("exclusions are not defined for --definitions resiliency")
+    if exclusions_ns and definitions in ("resiliency", "ettr"):
+        raise ValueError(f"exclusions are not defined for --definitions {definitions}")
     if now_ns is None:
         now_ns = at_ns
     if definitions == "goodput":
@@ -96,6 +98,11 @@ def report(
 
         def one(js):
             return account_resiliency(js, ideal_step_time_s, now_ns=now_ns)
+    elif definitions == "ettr":
+        from .ettr import account_ettr
+
+        def one(js):
+            return account_ettr(js, ideal_step_time_s, now_ns=now_ns)
     else:
         from .mgm import account_mgm
         from .mgm_exclusion import account_mgm_excluding
@@ -149,6 +156,10 @@ def render(definitions: str, results: Sequence, console=None) -> None:
         from .resiliency import render_resiliency
 
         render_resiliency(results, console)
+    elif definitions == "ettr":
+        from .ettr import render_ettr
+
+        render_ettr(results, console)
     elif results:
         from .mgm import render_mgm
 
