@@ -166,8 +166,8 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
                    "(needs --ideal-step-time as its reference step time); ettr: Meta's "
                    "effective training time ratio and ETT%%. See docs/definitions.md")
     p.add_argument("--html", metavar="PATH", default=None,
-                   help="also write a self-contained HTML report (timeline, goodput over time, "
-                   "step times) to PATH; needs plotly (docs/html-report.md)")
+                   help="also write a self-contained HTML report (timeline, processes, goodput "
+                   "over time, step times) to PATH (docs/html-report.md)")
     p.add_argument("--at", metavar="TIME", default=None,
                    help="account each job as it stood at TIME (ISO 8601, UTC unless a zone is "
                    "given, or seconds since the epoch): later spans are left out, a job still "

@@ -292,7 +292,7 @@
       var r = rangeOf(ev, full);
       if (!r) return;
       job.range = r;
-      job.redraw();
+      gd.gpDrawn = job.redraw();  // a promise, for whoever waits for the redraw (tests)
       others.forEach(function (o) {
         if (o && o.data) Plotly.relayout(o, {'xaxis.range': r.slice()});
       });
