@@ -22,6 +22,7 @@ from goodput import schema
 from goodput_processor.accounting import report_run_dir
 from goodput_processor.metrics import GoodputMetrics
 from goodput_processor.recovery import PHASES
+from goodput_processor.report import job_to_dict
 
 HOSTS, SLOW, CRASH = 16, 5, 12
 
@@ -264,3 +265,54 @@ def test_host_badput_metric(sync_job):
               if name == "goodput.recovery.phase_time"}
     (rec,) = r.recovery
     assert phases == pytest.approx({k: v for k, v in rec.phases.items() if v is not None})
+
+
+# --- hostile input: the new evidence never makes the report raise ---------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_T = st.floats(0, 100, allow_nan=False)
+_EVENT = st.tuples(st.sampled_from([schema.COLLECTIVE_WAIT, schema.LAUNCHER_EVENT, schema.STEP,
+                                    schema.CHECKPOINT_RESTORE, schema.PROGRAM_STARTUP,
+                                    schema.JOB_END, schema.HEARTBEAT]), _T, _T,
+                   st.integers(-3, 3), st.integers(-(2**63), 2**63 - 1))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(procs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.booleans(),
+                                st.lists(_EVENT, min_size=1, max_size=8)),
+                      min_size=1, max_size=5))
+def test_any_evidence_gives_phases_that_add_up(tmp_path_factory, procs):
+    d = tmp_path_factory.mktemp("evidence")
+    for i, (attempt, rank, launcher, events) in enumerate(procs):
+        extra = {schema.RES_PROCESS_ROLE: "launcher"} if launcher else {}
+        extra[schema.RES_K8S_POD_CREATED] = Timeline().ns(attempt * 30 - 5)
+        tl = Timeline(attempt=attempt, process=rank, host="h",
+                      **{schema.RES_SERVICE_INSTANCE_ID: f"x{i}",
+                         schema.RES_PROCESS_PID: i, schema.RES_PROCESS_START:
+                         Timeline().ns(attempt * 30)}, **extra)
+        tl.job_start(attempt * 30)
+        for name, a, b, n, big in events:
+            s, e = sorted((attempt * 30 + a, attempt * 30 + b))
+            attrs = {schema.ATTR_STEP: n, schema.ATTR_CHECKPOINT_STEP: n,
+                     schema.ATTR_LAUNCHER_WORKER_PID: n % 5, schema.ATTR_LAUNCHER_EXIT_CODE: big,
+                     schema.ATTR_LAUNCHER_EVENT: "x", schema.ATTR_END_REASON: "exception"}
+            tl.span(name, s, e, attrs)
+        tl.write(d)
+    try:
+        results = report_run_dir(d, now_ns=2**62)
+    except Exception as e:  # only the documented refusal of a spool with nothing usable
+        assert "holds no goodput spans" in str(e), e
+        return
+    for r in results:
+        assert sum(r.buckets_ns.values()) == r.total_ns
+        assert len(r.recovery) == r.disruptions
+        for rec in r.recovery:
+            assert all(v is None or v >= 0 for v in rec.phases.values()), rec
+            assert rec.lost_s >= 0 and rec.first_failure.how in ("exception", "signal",
+                                                                 "missing_heartbeat", "end")
+        assert all(h.badput_s >= h.slowdown_s >= 0 for h in r.host_badput)
+        assert r.slowdown_unattributed_s >= 0
+        json.dumps(job_to_dict(r), allow_nan=False)

@@ -13,7 +13,9 @@ phase                       from -> to (all times ns since the epoch)
                             processes' end markers, exception spans, or last signs of life (a
                             process that left no end marker: its heartbeats stopped); with a
                             launcher's failure event, the process it saw fail first
-``termination``             -> the failed attempt's end: its last process gone
+``termination``             -> the failed attempt's end: its last process gone (when processes
+                            completed steps after the first sign of failure, detection is 0
+                            and termination runs from the last progress)
 ``rescheduling``            -> the next attempt's start: its first OS process started (equals
                             that disruption's ``infrastructure_recovery``)
 ``startup``                 -> the next attempt's primary process's first phase (its
