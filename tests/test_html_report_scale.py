@@ -1,8 +1,10 @@
 """The HTML report at the scale of real jobs (issue 18, docs/html-report.md).
 
 A 68-attempt x 112-process job (every process with its own spans, accounted by the real
-code) and a 10^3 x 10^4 one (the primaries accounted, the 10^7 processes given as arrays;
-``benchmarks/html_jobs.py``) are written and opened in headless Chromium: size, height
+code), the issue's own case (a resiliency event log of 112 nodes and 68 launches through
+``goodput import``: steps on node 0 only) and a 10^3 x 10^4 job (the primaries accounted,
+the 10^7 processes given as arrays; ``benchmarks/html_jobs.py``) are written and opened in
+headless Chromium: size, height
 before any expansion, draw time, no console errors, the restart markers' hover, the heat
 strip's tooltip, an attempt's processes expanded by a click on the job's lane and from the
 list, and the lag mode. The figures and screenshots go to ``test-artifacts/html-report/``.
@@ -54,6 +56,23 @@ def fleet():
 
 
 @pytest.fixture(scope="module")
+def resiliency(tmp_path_factory):
+    """(None, segments) of the issue's own case: a resiliency event log of 112 nodes and 68
+    launches (benchmarks/resiliency_logs.py) through ``goodput import`` and the reader."""
+    import resiliency_logs
+
+    from goodput_processor import read_run_dir
+    from goodput_processor.cli import main
+
+    tmp = tmp_path_factory.mktemp("resiliency")
+    resiliency_logs.write_log(tmp / "log.jsonl", resiliency_logs.generate(
+        1, resiliency_logs.Config(nodes=112, attempts=68)))
+    assert main(["import", str(tmp / "log.jsonl"), "--to", str(tmp / "runs")]) == 0
+    (job,) = read_run_dir(tmp / "runs" / "llm-112").jobs.values()
+    return None, bucket_segments(job)
+
+
+@pytest.fixture(scope="module")
 def big():
     """(None, segments) of the 10^3 x 10^4 job."""
     return None, html_jobs.big_job()
@@ -85,7 +104,7 @@ def test_fleet_job_as_the_report_sees_it(fleet):
 
 
 @needs_browser
-@pytest.mark.parametrize("which", ["fleet", "big"])
+@pytest.mark.parametrize("which", ["fleet", "resiliency", "big"])
 def test_scale_page_in_chromium(which, request, tmp_path):
     from playwright.sync_api import sync_playwright
 

@@ -12,8 +12,8 @@ arrays (``benchmarks/html_jobs.py`` does, for 10^7 processes x attempts).
   ``goodput.process.count``, else the highest rank + 1 seen in the job) with no spans;
 - **late**: first seen more than :func:`late_bound_ns` after the median first-seen time of
   the attempt's processes;
-- **gone early**: last seen more than that bound before the attempt's end (the process
-  that failed first is usually here).
+- **gone early**: last seen (by a record after its start) more than that bound before the
+  attempt's end (the process that failed first is usually here).
 """
 
 from __future__ import annotations
@@ -184,7 +184,8 @@ def process_lists(result, fleet: Fleet) -> ProcessLists:
             continue
         bound = late_bound_ns(a.end_ns - a.start_ns)
         out.late.append(ranks[first - np.median(first) > bound])
-        out.early.append(ranks[last < a.end_ns - bound])
+        # only a start marker (an imported log's other nodes) is no sign of life after it
+        out.early.append(ranks[(last < a.end_ns - bound) & (last > first)])
     return out
 
 

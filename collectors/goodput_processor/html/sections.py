@@ -155,7 +155,7 @@ def process_lists_html(r: JobResult, pl: ProcessLists | None) -> str:
     return (f"{title}<p class=\"hint\">{len(rows)} of {len(r.attempts)} attempts. Missing: "
             "a rank below the expected count with no spans; late: first seen more than "
             "max(10 s, 10 % of the attempt) after the median process; gone early: last seen "
-            "that long before the attempt's end.</p>"
+            "(after its start) that long before the attempt's end.</p>"
             '<div class="scroll"><table class="plist"><thead><tr><th>attempt</th>'
             "<th>processes</th><th>missing</th><th>late</th><th>gone early</th></tr></thead>"
             f"<tbody>{body}</tbody></table></div>")
