@@ -45,7 +45,7 @@ torchrun_restart_       torchrun_kill_worker under ``python -m goodput.torchrun`
 phases                  agent's events recorded): the recovery phases of the restart, each
                         within 0.5 s of the driver's (:func:`phase_truth`); the first failure
                         is the killed rank, seen as a signal. 2 x 2.
-slow_rank               torchrun, 2 ranks, no restart; rank 1 sleeps 50 ms more in every step
+slow_rank               torchrun, 2 ranks, no restart; rank 1 sleeps 200 ms more in every step
                         from step 31; the ranks meet at an all-reduce marked
                         ``goodput.collective_wait()``: rank 1 must carry > 90 % of
                         training_slowdown. 1 x 2.
@@ -663,9 +663,24 @@ def compare_recovery(out: Outcome, truth: Truth, rep: dict, expect: Expect) -> N
                      f"rank(s) {sorted(pids.values())}")
             if expect.launchers and pids and ff["how"] != "signal":
                 fail(f"recovery {i}: first failure {ff['how']!r}, the launcher saw SIGKILL")
+        # the phases break the buckets down: rescheduling is infrastructure_recovery, and
+        # process_startup is the first attempt's start-up plus the restarts' startup phases
         if abs(sum(x["phases_s"]["rescheduling"] for x in got)
                - job["badput_s"]["infrastructure_recovery"]) > 1e-6:
             fail("the rescheduling phases do not add up to infrastructure_recovery")
+        a0 = truth.attempts[0]
+        first0 = min([t0 for _, t0, _, _ in a0.procs[0].spans] + [a0.end]) - a0.start
+        rest = job["badput_s"]["process_startup"] - sum(x["phases_s"]["startup"] for x in got)
+        out.notes["first_attempt_startup_err_s"] = rest - first0
+        if abs(rest - first0) > PHASE_TOL:
+            fail(f"process_startup - startup phases = {rest:.3f} s, the first attempt's "
+                 f"start-up was {first0:.3f} s")
+        for i, (tw, rw) in enumerate(zip(want, got, strict=True)):
+            t = sum(v for v in tw.values() if v is not None)
+            r = sum(v for v in rw["phases_s"].values() if v is not None)
+            out.notes[f"recovery_{i}_total_err_s"] = r - t
+            if abs(r - t) > PHASE_TOL:
+                fail(f"recovery {i}: phases add up to {r:.3f} s, truth {t:.3f} s")
     if expect.slow_rank is not None:
         slowdown = job["badput_s"]["training_slowdown"]
         mine = sum(h["slowdown_s"] for h in job["host_badput"]
@@ -923,11 +938,11 @@ def case_torchrun_restart_phases(d: Driver) -> Expect:
 
 
 #: The slow rank, its extra sleep per step (s) and the step it starts from.
-SLOW_RANK, SLOW_EXTRA, SLOW_FROM = 1, 0.05, 31
+SLOW_RANK, SLOW_EXTRA, SLOW_FROM = 1, 0.2, 31
 
 
 def case_slow_rank(d: Driver) -> Expect:
-    """torchrun, 2 ranks; from step 31 rank 1 sleeps 50 ms more in each step; the ranks meet
+    """torchrun, 2 ranks; from step 31 rank 1 sleeps 200 ms more in each step; the ranks meet
     at an all-reduce marked ``goodput.collective_wait()``: > 90 % of training_slowdown goes to
     rank 1."""
     d.launch("L0", d.torchrun(2, 0, [*d.ddp_args(), "--slow-rank", str(SLOW_RANK),
