@@ -185,7 +185,8 @@ def _sync_job(d, waits=True):
         tl.span("accelerator_init", 0.5, 1.5)
     t = steps(0, 1, 30, 1.5)
     for p, tl in tls.items():
-        tl.step(31, t, t + 0.3 if p == CRASH else t + 2.0)  # in flight (cut off at the end)
+        end = t + 0.3 if p == CRASH else t + 2.0  # step 31 in flight: its open record
+        tl.span(schema.STEP, t, end, {schema.ATTR_STEP: 31, schema.ATTR_OPEN: True})
         (tl.heartbeat(t, t + 0.3) if p == CRASH else tl.job_end(t + 2.0, reason="exception"))
         tl.write(d)
     t0 = t + 12.0
@@ -215,6 +216,10 @@ def test_slow_host_and_crashing_host(sync_job):
     (rec,) = r.recovery
     f = rec.first_failure
     assert (f.process, f.host, f.how) == (CRASH, f"host{CRASH}", "missing_heartbeat")
+    # step 30 ended, host 12 fell silent 0.3 s into step 31, the others ended 2 s into it
+    assert rec.phases["detection"] == pytest.approx(0.3)
+    assert rec.phases["termination"] == pytest.approx(1.7)
+    assert rec.phases["rescheduling"] == pytest.approx(10.0)
     crash = by[(f"host{CRASH}", CRASH)]
     assert crash.disruptions_caused == 1
     assert crash.badput_s == pytest.approx(rec.lost_s + crash.slowdown_s)
