@@ -166,7 +166,6 @@ def test_ideal_step_time_contradicted_and_strict(tmp_path, capsys):
 
 
 def test_warnings_in_html_and_metrics(tmp_path):
-    pytest.importorskip("plotly")
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 

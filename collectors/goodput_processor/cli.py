@@ -122,10 +122,6 @@ def cmd_report(args: argparse.Namespace) -> int:
             results = definitions.report(args.run_dir, args.definitions,
                                          ideal_step_time_s=ideal, job=args.job, at_ns=at_ns,
                                          exclusions_ns=exclusions)
-    except ImportError as e:
-        if args.html is None:
-            raise
-        raise UsageError(f"--html needs plotly: pip install 'goodput-otel[html]' ({e})") from e
     except OSError as e:
         if args.html is None:
             raise

@@ -287,8 +287,6 @@ class _Handler(BaseHTTPRequestHandler):
             body = live_report_html(self.server.app.store, job=job).encode()
         except KeyError as e:
             return self._error(404, 5, "json", e.args[0])
-        except ImportError as e:
-            return self._error(501, 12, "text", f"the HTML report needs plotly ({e})")
         self._reply(200, body, "text/html; charset=utf-8")
 
     # --- POST /v1/traces ---------------------------------------------------------
