@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 from instr_util import child_env
 
 from goodput_processor.checks import CODES
