@@ -187,8 +187,8 @@ def _first_failure(job: JobSpans, a, failures, rows) -> FirstFailure:
         return FirstFailure(a.primary.index, a.primary.host, "missing_heartbeat", a.end_ns)
     n = len(procs)
     kinds = d[:, C_KIND]
-    t = np.full(n, np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(t, key, d[:, C_END])  # last sign of life
+    # last sign of life of each process: rows are stacked process by process (key sorted)
+    t = np.maximum.reduceat(d[:, C_END], np.searchsorted(key, np.arange(n)))
     how = np.full(n, 2, np.int8)  # index into HOWS: missing_heartbeat
     ends = np.flatnonzero(kinds == K_JOB_END)
     if len(ends):
@@ -251,14 +251,14 @@ def _minus(pieces: list, other: list) -> int:
 
 def _wasted_start(d: np.ndarray, a, bound: int | None) -> int:
     """Start of the wasted region of attempt ``a`` (primary rows ``d``), as the accounting."""
-    steps = d[(d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0)]
-    s = np.clip(steps[:, C_START], a.start_ns, a.end_ns)
-    e = np.clip(steps[:, C_END], a.start_ns, a.end_ns)
+    sel = np.flatnonzero((d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0))
+    s = np.clip(d[sel, C_START], a.start_ns, a.end_ns)  # columns, not row copies
+    e = np.clip(d[sel, C_END], a.start_ns, a.end_ns)
     ok = e > s
-    steps, s, e = steps[ok], s[ok], e[ok]
-    if not len(steps):
+    sel, s, e = sel[ok], s[ok], e[ok]
+    if not len(sel):
         return a.end_ns
-    kept = np.ones(len(steps), bool) if bound is None else steps[:, C_IVAL] <= bound
+    kept = np.ones(len(sel), bool) if bound is None else d[sel, C_IVAL] <= bound
     if not kept.any():
         return int(s.min())
     ws = int(e[kept].max())
