@@ -143,6 +143,30 @@ def _as_int(v) -> int:
     return r
 
 
+def json_resource_attrs(rs: dict) -> dict:
+    """``{key: python value}`` of an OTLP JSON ``ResourceSpans``'s resource (unreadable
+    attributes left out).
+
+    Raises:
+        AttributeError: ``rs`` or its resource is not a JSON object.
+    """
+    attrs = {}
+    for a in (rs.get("resource") or {}).get("attributes") or ():
+        try:
+            attrs[a["key"]] = _attr_value(a.get("value") or {})
+        except (TypeError, KeyError, ValueError):
+            continue
+    return attrs
+
+
+def job_name(attrs: dict) -> str:
+    """The job a resource belongs to, from its attributes ``{key: python value}``:
+    ``goodput.job.name``, else ``service.name`` (the recorder sets it to the job name),
+    else ``unknown_job``."""
+    name = attrs.get(schema.RES_JOB_NAME) or attrs.get(schema.RES_SERVICE_NAME)
+    return str(name) if name not in (None, "") else "unknown_job"
+
+
 class _Reader:
     """Reads lines into per-process buffers; parallel readers are merged into one."""
 
@@ -269,13 +293,7 @@ class _Reader:
             self._skip(job, reason, where, why)
 
     def _resource(self, rs: dict):
-        attrs = {}
-        for a in (rs.get("resource") or {}).get("attributes") or ():
-            try:
-                attrs[a["key"]] = _attr_value(a.get("value") or {})
-            except (TypeError, KeyError, ValueError):
-                continue
-        return self.resource_attrs(attrs)
+        return self.resource_attrs(json_resource_attrs(rs))
 
     def resource_attrs(self, attrs: dict):
         """Job and process of a resource given as ``{key: python value}``.
@@ -283,8 +301,7 @@ class _Reader:
         Returns ``(job, proc, supported, schema_version)``; shared by the OTLP JSON path
         here and the protobuf path of :mod:`goodput_processor.serve.decode`.
         """
-        name = attrs.get(schema.RES_JOB_NAME) or attrs.get(schema.RES_SERVICE_NAME)
-        name = str(name) if name not in (None, "") else "unknown_job"
+        name = job_name(attrs)
         try:
             attempt = _as_int(attrs.get(schema.RES_ATTEMPT, 0))
             index = _as_int(attrs.get(schema.RES_PROCESS_INDEX, 0))

@@ -17,46 +17,28 @@ import json
 
 from goodput import schema
 
+from ..reader import job_name, json_resource_attrs
+from .decode import pb_value
+
 try:  # a dependency; the standard library's json is the fallback
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-__all__ = ["job_name", "json_job_name", "json_line", "pb_line", "split_json", "split_pb"]
-
-_UNKNOWN_JOB = "unknown_job"
-
-
-def job_name(attrs: dict) -> str:
-    """The job a resource belongs to, from ``{key: value}`` (the reader's own rule:
-    ``goodput.job.name``, else ``service.name``, else ``unknown_job``)."""
-    name = attrs.get(schema.RES_JOB_NAME) or attrs.get(schema.RES_SERVICE_NAME)
-    return str(name) if name not in (None, "") else _UNKNOWN_JOB
+__all__ = ["json_job_name", "json_line", "pb_line", "split_json", "split_pb"]
 
 
 def _pb_job(rs) -> str:
-    found = {}
-    for kv in rs.resource.attributes:
-        if kv.key in (schema.RES_JOB_NAME, schema.RES_SERVICE_NAME):
-            v = kv.value
-            which = v.WhichOneof("value")
-            found[kv.key] = getattr(v, which) if which in (
-                "string_value", "int_value", "bool_value", "double_value") else None
-    return job_name(found)
+    return job_name({kv.key: pb_value(kv.value) for kv in rs.resource.attributes})
 
 
 def json_job_name(rs) -> str:
-    """The job of one OTLP JSON ``ResourceSpans`` dict (``unknown_job`` if unreadable)."""
-    found = {}
+    """The job of one OTLP JSON ``ResourceSpans`` dict, as the reader names it
+    (``unknown_job`` if unreadable)."""
     try:
-        for a in (rs.get("resource") or {}).get("attributes") or ():
-            if a.get("key") in (schema.RES_JOB_NAME, schema.RES_SERVICE_NAME):
-                v = a.get("value") or {}
-                found[a["key"]] = next((v[k] for k in ("stringValue", "intValue", "boolValue",
-                                                        "doubleValue") if k in v), None)
-    except (AttributeError, TypeError, KeyError):
-        pass
-    return job_name(found)
+        return job_name(json_resource_attrs(rs))
+    except (AttributeError, TypeError):
+        return job_name({})
 
 
 def _pb_any(v):
