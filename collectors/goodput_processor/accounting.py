@@ -223,6 +223,8 @@ class _Acc:
         #: whether any attempt has elastic spans (their buckets go into the result)
         self.elastic = False
         self.kept: list[tuple] = []  # per attempt: step numbers, attempt, starts, times
+        #: per attempt: where its wasted region starts (ns; its end when it has none)
+        self.wasted_start: list[int] = []
 
     def attempt(self, a: Attempt, bound: int | None, has_next: bool) -> tuple[int, int]:
         """Account attempt ``a``; ``bound``: highest kept step (None = all). -> (kept, wasted)."""
@@ -266,6 +268,7 @@ class _Acc:
                 sv = (kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound)
                 if sv.any():
                     ws = max(ws, int(e[sv].max()))
+        self.wasted_start.append(a1 if ws is None else min(ws, a1))
         if ws is not None and ws < a1:
             ps, pe = np.append(ps, ws), np.append(pe, a1)
             lv = np.append(lv, np.int16(level["wasted_progress"]))
@@ -365,7 +368,7 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
     result = replace(result, stragglers=straggler_report(attempts, bounds))
     # --- end stragglers
     # --- recovery phases, badput by host (goodput_processor.recovery, .attribution)
-    recs = recovery_report(job, attempts, bounds, resume, result)
+    recs = recovery_report(job, attempts, bounds, resume, result, acc.wasted_start)
     hosts, unattributed = host_badput(attempts, result, recs)
     result = replace(result, recovery=recs, host_badput=hosts,
                      slowdown_unattributed_s=unattributed)

@@ -69,7 +69,6 @@ from .timeline import (
     F_ERROR,
     F_NONBLOCKING,
     K_CHECKPOINT_RESTORE,
-    K_CHECKPOINT_SAVE,
     K_JOB_END,
     K_LAUNCHER_EVENT,
     K_PROGRAM_STARTUP,
@@ -249,27 +248,6 @@ def _minus(pieces: list, other: list) -> int:
     return total
 
 
-def _wasted_start(d: np.ndarray, a, bound: int | None) -> int:
-    """Start of the wasted region of attempt ``a`` (primary rows ``d``), as the accounting."""
-    sel = np.flatnonzero((d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0))
-    s = np.clip(d[sel, C_START], a.start_ns, a.end_ns)  # columns, not row copies
-    e = np.clip(d[sel, C_END], a.start_ns, a.end_ns)
-    ok = e > s
-    sel, s, e = sel[ok], s[ok], e[ok]
-    if not len(sel):
-        return a.end_ns
-    kept = np.ones(len(sel), bool) if bound is None else d[sel, C_IVAL] <= bound
-    if not kept.any():
-        return int(s.min())
-    ws = int(e[kept].max())
-    if bound is not None:
-        sv = ((d[:, C_KIND] == K_CHECKPOINT_SAVE) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0)
-              & (d[:, C_IVAL] == bound))
-        if sv.any():
-            ws = max(ws, int(np.clip(d[sv, C_END], a.start_ns, a.end_ns).max()))
-    return min(ws, a.end_ns)
-
-
 def _restart_phases(r, bound: int | None, result, resume: int | None) -> tuple[dict, int]:
     """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
     recompilation_warmup (ns or None), and the start of its first kept step (ns)."""
@@ -356,7 +334,8 @@ def _pod_evidence(a, r) -> dict:
 
 
 def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | None],
-                    resumes: Sequence[int | None], result) -> tuple[Recovery, ...]:
+                    resumes: Sequence[int | None], result,
+                    wasted_start: Sequence[int]) -> tuple[Recovery, ...]:
     """One :class:`Recovery` per disruption of the job, in attempt order.
 
     Args:
@@ -366,6 +345,8 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
         resumes: per attempt, its resume step (None = unknown).
         result: the accounting's :class:`~goodput_processor.report.JobResult` (for the
             steps, the ideal step time and the anomalous flags).
+        wasted_start: per attempt, where the accounting's wasted region starts (ns since
+            the epoch; the attempt's end when it has none).
     """
     failures = launcher_failures(job)
     out = []
@@ -381,7 +362,7 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
               "termination": a.end_ns - t_fail,
               "rescheduling": max(r.start_ns - a.end_ns, 0), **rest}
         phases = {k: (None if ns[k] is None else ns[k] / _NS) for k in PHASES}
-        lost = (a.end_ns - _wasted_start(a.primary.data, a, bounds[i])
+        lost = (a.end_ns - wasted_start[i]
                 + sum(ns[k] or 0 for k in PHASES[2:]))
         evidence = _pod_evidence(a, r)
         seen = failures.get((ff.host, next((p.pid for p in a.processes
