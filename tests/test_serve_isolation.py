@@ -166,3 +166,32 @@ def test_a_job_whose_accounting_raises_is_reported_failed(tmp_path, monkeypatch)
     console = Console(record=True, width=200)
     render_table(store.results(), console)
     assert "Job broken   FAILED: accounting failed" in console.export_text()
+
+
+def test_a_job_past_its_custom_type_limit_is_flagged_in_report_and_metrics(tmp_path):
+    """--max-custom-types: spans of further types are skipped and counted; the report
+    warns over_limit and the goodput.job.over_limit gauge counts them per limit."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from goodput_processor.metrics import GoodputMetrics
+    from goodput_processor.serve import LiveStore
+    from goodput_processor.serve.limits import Limits
+
+    t = Timeline(job="many").job_start(0).steps(0, 5, start=1, step_time=1)
+    for i, kind in enumerate(("eval", "sdc", "profile")):
+        t = t.custom(kind, 10 + i, 10.5 + i)
+    store = LiveStore(min_interval_s=0, limits=Limits(max_custom_types=2))
+    for line in t.job_end(20).write(tmp_path / "many").read_bytes().splitlines():
+        store.ingest_json(json.loads(line), ("test", 1))
+    (r,) = store.results()
+    assert r.over_limit == {"custom_types": 1} and r.skipped["over_limit"] == 1
+    assert [w.code for w in r.warnings] == ["over_limit"]
+    reader = InMemoryMetricReader()
+    GoodputMetrics(lambda: [store.snapshot(n) for n in store.jobs()],
+                   MeterProvider(metric_readers=[reader]))
+    points = [(dict(p.attributes), p.value)
+              for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics
+              if m.name == "goodput.job.over_limit" for p in m.data.data_points]
+    assert points == [({"goodput.job.name": "many", "goodput.limit": "custom_types"}, 1)]

@@ -363,7 +363,8 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
             recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
         ))
     result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
-    result = replace(result, warnings=tuple(job_warnings(job, attempts, result)))
+    result = replace(result, warnings=tuple(job_warnings(job, attempts, result)),
+                     over_limit=dict(job.over_limit))
     # --- stragglers (goodput_processor.stragglers): per-host step times, not in the buckets
     result = replace(result, stragglers=straggler_report(attempts, bounds))
     # --- end stragglers

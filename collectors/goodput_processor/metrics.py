@@ -366,9 +366,8 @@ class GoodputMetrics:
 
     @staticmethod
     def _obs_over_limit(s, a):
-        # serve's limits are on the spans, not the result: the over_limit warnings say them
-        return [Observation(1, {**a, ATTR_LIMIT: w.message.split(" ", 4)[3].rstrip(":")})
-                for w in s.result.warnings if w.code == "over_limit"]
+        return [Observation(n, {**a, ATTR_LIMIT: limit})
+                for limit, n in sorted(s.result.over_limit.items())]
 
     def _obs_job_errors(self, options: CallbackOptions):
         self._current(refresh=False)

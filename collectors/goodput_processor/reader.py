@@ -69,6 +69,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = ["ReadError", "RunDirError", "SpoolFormatError", "read_run_dir"]
 
 _KIND_CODES = {name: code for code, name in enumerate(tl.KIND_NAMES)}
+_K_CUSTOM = tl.K_CUSTOM_BADPUT
 # Per kind: attribute key -> slot (0 = ival, 1 = aux, 2 = string, 3 = blocking flag,
 # 4 = open flag).
 _BLOCKING = {schema.ATTR_BLOCKING: 3, schema.ATTR_OPEN: 4}
@@ -216,16 +217,19 @@ class _Reader:
             self.strings.append(s)
         return i
 
-    def type_sid(self, job: JobSpans, s: str) -> int | None:
-        """String id of a span's string attribute (a custom badput type, an end reason),
-        within the reader's limits: a value longer than ``max_string`` is cut to it, and
-        past ``max_custom_types`` distinct values in the job the answer is None (the span
-        is skipped as ``over_limit``). Both are counted in ``job.over_limit``."""
+    def type_sid(self, job: JobSpans, s: str, kind: int) -> int | None:
+        """String id of a span's string attribute (a custom badput type, an end reason, an
+        elastic or launcher event), within the reader's limits: a value longer than
+        ``max_string`` is cut to it; a custom badput type (``kind`` is the custom badput
+        kind) past ``max_custom_types`` distinct ones in the job gets None (the span is
+        skipped as ``over_limit``). Both are counted in ``job.over_limit``. Other strings
+        are never refused: an end marker or an elastic record is structure."""
         if self.max_string is not None and len(s) > self.max_string:
             s = s[: self.max_string]
             job.over_limit["attribute_bytes"] += 1
         i = self._sid(s)
-        if self.max_custom_types is not None and i not in job.custom_sids:
+        if (self.max_custom_types is not None and kind == _K_CUSTOM
+                and i not in job.custom_sids):
             if len(job.custom_sids) >= self.max_custom_types:
                 job.over_limit["custom_types"] += 1
                 return None
@@ -408,7 +412,7 @@ class _Reader:
                             else:
                                 ival = x
                         elif slot == 2:
-                            sidx = self.type_sid(job, str(_attr_value(v)))
+                            sidx = self.type_sid(job, str(_attr_value(v)), kind)
                         else:
                             flags |= flag_bit(slot, _attr_value(v))
                 status = sp.get("status")

@@ -261,6 +261,9 @@ class JobResult:
     host_badput: tuple[HostBadput, ...] = ()
     #: Seconds of ``training_slowdown`` that no host's arrival at the step's end explains.
     slowdown_unattributed_s: float = 0.0
+    #: Values past each of ``goodput serve``'s per-job limits, ``{limit: count}``
+    #: (``custom_types``, ``attribute_bytes``); empty in ``goodput report``.
+    over_limit: dict = field(default_factory=dict)
 
 
 def format_duration(seconds: float | None) -> str:

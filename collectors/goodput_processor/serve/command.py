@@ -333,7 +333,7 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     lim.add_argument("--max-jobs", default="1000", metavar="N",
                      help="jobs tracked at once (default 1000)")
     lim.add_argument("--max-custom-types", default="64", metavar="N",
-                     help="distinct custom badput types (and end reasons) per job (default 64)")
+                     help="distinct custom badput types per job (default 64)")
     lim.add_argument("--max-attribute-bytes", default="1024", metavar="N",
                      help="longest string attribute kept, and longest job name (default 1024)")
     lim.add_argument("--max-job-spans-per-second", default="100000", metavar="N",

@@ -104,7 +104,7 @@ def _spans(reader: rd._Reader, spans, job, proc, where) -> None:
                         else:
                             ival = x
                     elif slot == 2:
-                        sidx = reader.type_sid(job, str(v))
+                        sidx = reader.type_sid(job, str(v), kind)
                     else:
                         flags |= rd.flag_bit(slot, v)
             if sp.status.code == 2:
