@@ -195,3 +195,33 @@ def test_a_job_past_its_custom_type_limit_is_flagged_in_report_and_metrics(tmp_p
               for sm in rm.scope_metrics for m in sm.metrics
               if m.name == "goodput.job.over_limit" for p in m.data.data_points]
     assert points == [({"goodput.job.name": "many", "goodput.limit": "custom_types"}, 1)]
+
+
+def test_goodput_report_isolates_a_job_whose_accounting_raises(tmp_path, monkeypatch, capsys):
+    """The same isolation in goodput report: the failed job in the JSON and the table,
+    the others unchanged, and --strict exits 3."""
+    from goodput_processor import accounting
+    from goodput_processor.cli import main
+
+    run = tmp_path / "run"
+    for job in ("alpha", "broken"):
+        Timeline(job=job).job_start(0).steps(0, 10, start=1, step_time=1).job_end(12).write(
+            run / job)
+    assert main(["report", str(run), "--format", "json"]) == 0
+    before = {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
+    real = accounting.account
+
+    def account(job, *a, **kw):  # the fault: this job's accounting raises
+        if job.name == "broken":
+            raise RuntimeError("injected fault")
+        return real(job, *a, **kw)
+
+    monkeypatch.setattr(accounting, "account", account)
+    assert main(["report", str(run), "--format", "json"]) == 0
+    after = {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
+    assert after["alpha"] == before["alpha"] and after["alpha"]["error"] is None
+    assert after["broken"]["error"] == "accounting failed: RuntimeError: injected fault"
+    assert after["broken"]["total_time_s"] == 0
+    assert main(["report", str(run)]) == 0
+    assert "Job broken   FAILED: accounting failed" in capsys.readouterr().out
+    assert main(["report", str(run), "--strict"]) == 3

@@ -9,6 +9,7 @@ step-level time inside it (``np.bincount``). Seconds (floats) appear only in the
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import replace
@@ -53,6 +54,8 @@ from .timeline import (
     as_of,
     is_phase,
 )
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["AttemptResult", "JobResult", "StepArrays", "StepTimeSummary", "account",
            "report_run_dir", "resume_step"]
@@ -335,10 +338,7 @@ def account(
 
 def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
     """:func:`account`, also returning the attempts and the running totals."""
-    if ideal_step_time_s is not None and not (
-        math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
-    ):
-        raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
+    _check_ideal(ideal_step_time_s)
     attempts = build_attempts(job, now_ns)
     acc = _Acc(job, attempts, keep_segments)
     resume = [resume_step(a.primary.data) for a in attempts]
@@ -495,10 +495,36 @@ def _mfu(run: dict, steps: int, productive_ns: int) -> float | None:
     return mfu if math.isfinite(mfu) else None
 
 
+def _check_ideal(ideal_step_time_s) -> None:
+    if ideal_step_time_s is not None and not (
+        math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
+    ):
+        raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
+
+
+def isolated(job: str, compute, on_error=None) -> JobResult:
+    """``compute()`` (a job's accounting), or :func:`failed_result` of ``job`` when it
+    raises: one job's spans never stop a report or a service, and the job is reported as
+    failed instead of guessed. ``on_error(exc)`` is called inside the handler (so
+    ``logging.exception`` there has the traceback). Check the caller's arguments before:
+    every exception of ``compute`` counts as the job's."""
+    try:
+        return compute()
+    except Exception as e:  # noqa: BLE001 - the job is reported failed, never dropped
+        if on_error is not None:
+            on_error(e)
+        return failed_result(job, f"accounting failed: {type(e).__name__}: {e}")
+
+
+_EMPTY: list = []  # the result of a job without spans, made once
+
+
 def failed_result(job: str, error: str) -> JobResult:
     """The result of a job that could not be accounted: zero time, no steps, ``error`` set
-    (``goodput serve`` reports a job this way instead of failing the other jobs)."""
-    return replace(account(JobSpans(job)), error=error)
+    (:func:`isolated`). Built from the result of an empty job, made once."""
+    if not _EMPTY:
+        _EMPTY.append(_account(JobSpans(""), None, 0, False)[0])
+    return replace(_EMPTY[0], job=job, error=error)
 
 
 def report_run_dir(
@@ -517,11 +543,15 @@ def report_run_dir(
     ``now_ns=at_ns`` too). ``exclusions_ns``: ``(start_ns, end_ns)`` pairs left out
     (:func:`~goodput_processor.windows.account_excluding`).
 
+    A job whose accounting raises is reported failed (``error`` set, :func:`isolated`),
+    and logged; the other jobs are reported as usual.
+
     Raises:
         RunDirError, SpoolFormatError: see :func:`~goodput_processor.reader.read_run_dir`.
         KeyError: ``job`` is given and not in the run directory (message lists the jobs).
         ValueError: bad ``ideal_step_time_s``.
     """
+    _check_ideal(ideal_step_time_s)
     spans = read_run_dir(path)
     names = sorted(spans.jobs)
     if job is not None:
@@ -539,8 +569,12 @@ def report_run_dir(
         if exclusions_ns:
             from .windows import account_excluding  # windows imports this module
 
-            r = account_excluding(js, exclusions_ns, ideal_step_time_s, now_ns)
+            def compute(js=js):
+                return account_excluding(js, exclusions_ns, ideal_step_time_s, now_ns)
         else:
-            r = account(js, ideal_step_time_s, now_ns)
+            def compute(js=js):
+                return account(js, ideal_step_time_s, now_ns)
+        r = isolated(name, compute, lambda e, n=name: _log.exception(
+            "goodput report: accounting job %r failed; it is reported as failed", n))
         results.append(replace(r, warnings=skipped_files + r.warnings) if skipped_files else r)
     return results

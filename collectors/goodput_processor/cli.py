@@ -135,9 +135,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         definitions.render(args.definitions, results)
     warned = sum(len(getattr(r, "warnings", ())) for r in results)
-    if args.strict and warned:
-        print(f"{PROG}: {warned} warning(s): the report cannot be fully trusted (--strict)",
-              file=sys.stderr)
+    failed = sum(1 for r in results if getattr(r, "error", None))
+    if args.strict and (warned or failed):
+        print(f"{PROG}: {warned} warning(s), {failed} job(s) not accounted: the report "
+              "cannot be fully trusted (--strict)", file=sys.stderr)
         return 3
     return 0
 

@@ -89,7 +89,7 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
           "warnings": [{"code": str, "message": str,  # what the input could not settle
                         "attempt": int | null, "process": int | null,
                         "file": str | null}],
-          "error": str | null  # goodput serve: why the job could not be accounted
+          "error": str | null  # why the job could not be accounted (then all is 0)
         }
       ]
     }
@@ -244,8 +244,9 @@ class JobResult:
     stragglers: StragglerReport | None = None
     #: What the input could not settle (:class:`ReportWarning`), in attempt order.
     warnings: tuple[ReportWarning, ...] = ()
-    #: Why the job could not be accounted (``goodput serve`` isolates such a job and
-    #: reports it with zero time and this message); None when it was.
+    #: Why the job could not be accounted (``goodput report`` and ``goodput serve``
+    #: isolate such a job and report it with zero time and this message,
+    #: :func:`~goodput_processor.accounting.isolated`); None when it was.
     error: str | None = None
     #: Stepping and available slice efficiency of an elastic job (:mod:`.elastic`); None
     #: without slice-count records.

@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import reader as rd
 from .. import timeline as tl
-from ..accounting import account, failed_result
+from ..accounting import account, isolated
 from ..report import JobResult, job_to_dict
 from ..timeline import JobSpans
 from .decode import ingest_pb
@@ -301,16 +301,17 @@ class LiveStore:
             KeyError: no job of that name has been seen.
         """
         spans = self.snapshot(name)
-        try:
-            return account(spans, self.ideal_step_time_s, now_ns)
-        except Exception as e:  # one job's spans must never take the service down
+
+        def on_error(_exc) -> None:
             with self._lock:
                 self.job_errors[name] += 1
                 n = self.job_errors[name]
             if n == 1 or n % 100 == 0:
                 _log.exception("goodput serve: accounting job %r failed (%d time(s)); it is "
                                "reported as failed, the other jobs carry on", name, n)
-            return failed_result(name, f"accounting failed: {type(e).__name__}: {e}")
+
+        return isolated(name, lambda: account(spans, self.ideal_step_time_s, now_ns),
+                        on_error)
 
     def results(self, now_ns: int | None = None, job: str | None = None) -> list[JobResult]:
         """Current :class:`JobResult` of every job (or only ``job``), sorted by job name.
