@@ -8,7 +8,7 @@ its own code (integer nanoseconds and numpy, no mgm import). Every rule below na
 mgm function it reproduces.
 
 **From spans to mgm events** (each attempt on its primary process, as in
-``docs/accounting.md``):
+``docs/accounting.md``; the stream is built in :mod:`.mgm_events`):
 
 ==============================================  ============================================
 span / attempt                                  mgm log entry
@@ -69,28 +69,31 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..attempts import build_attempts
-from ..elastic import slice_efficiency, slice_records
+from ..elastic import slice_efficiency
 from ..timeline import (
-    C_END,
-    C_FLAGS,
-    C_IVAL,
-    C_KIND,
-    C_SIDX,
-    C_START,
-    F_ENDLESS,
-    F_NONBLOCKING,
-    K_ACCELERATOR_INIT,
-    K_CHECKPOINT_RESTORE,
-    K_CHECKPOINT_SAVE,
-    K_CUSTOM_BADPUT,
-    K_DATA_LOADING,
-    K_ELASTIC_REINIT,
-    K_ELASTIC_WAIT,
-    K_STEP,
-    K_TRAINING_PREP,
-    NONE,
     JobSpans,
+)
+from .mgm_events import (
+    E_CUSTOM_END,
+    E_CUSTOM_START,
+    E_DL_END,
+    E_DL_START,
+    E_JOB_END,
+    E_JOB_START,
+    E_PREP_END,
+    E_PREP_START,
+    E_REINIT_END,
+    E_REINIT_START,
+    E_RESTORE,
+    E_SAVE,
+    E_STEP,
+    E_TPU_END,
+    E_TPU_START,
+    E_WAIT_END,
+    E_WAIT_START,
+    Events,
+    events,
+    pairs,
 )
 
 if TYPE_CHECKING:
@@ -132,28 +135,9 @@ _BREAKDOWN_ORDER = (
     "CUSTOM_BADPUT_EVENTS",
     "OTHER",
 )
-#: Custom badput type of a span without ``goodput.badput.type`` (mgm's recorder default).
-DEFAULT_CUSTOM_TYPE = "unknown"
 
 _NS = 1_000_000_000
 _EPS_S = 1e-9
-
-# Event kinds of the mgm stream.
-(E_JOB_START, E_JOB_END, E_STEP, E_TPU_START, E_TPU_END, E_PREP_START, E_PREP_END,
- E_DL_START, E_DL_END, E_CUSTOM_START, E_CUSTOM_END, E_SAVE, E_RESTORE, E_WAIT_START,
- E_WAIT_END, E_REINIT_START, E_REINIT_END) = range(17)
-#: Span kind -> (start event, end event) for the paired phases.
-_PAIRED = {
-    K_ACCELERATOR_INIT: (E_TPU_START, E_TPU_END),
-    K_TRAINING_PREP: (E_PREP_START, E_PREP_END),
-    K_DATA_LOADING: (E_DL_START, E_DL_END),
-    K_CUSTOM_BADPUT: (E_CUSTOM_START, E_CUSTOM_END),
-    K_ELASTIC_WAIT: (E_WAIT_START, E_WAIT_END),
-    K_ELASTIC_REINIT: (E_REINIT_START, E_REINIT_END),
-}
-# Order of events at equal times (the order the recorder writes them).
-_R_JOB_START, _R_END, _R_STEP, _R_START, _R_END_ZERO, _R_JOB_END = range(6)
-
 
 @dataclass(frozen=True)
 class MgmResult:
@@ -234,117 +218,6 @@ class MgmResult:
                 "available": self.slice_efficiency[1]},
             "excluded_time_s": self.excluded_time_s,
         }
-
-
-# --- the event stream ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Events:
-    """mgm events in stream order: time (ns), kind (``E_*``), value (step number for
-    steps, checkpoint step for save/restore, index into ``types`` for custom badput and
-    into ``wait_types`` for elastic waits), duration (ns, save/restore only). ``types``:
-    upper-cased custom badput types; ``wait_types``: elastic wait event types as written."""
-
-    t: np.ndarray
-    kind: np.ndarray
-    val: np.ndarray
-    dur: np.ndarray
-    types: tuple[str, ...]
-    wait_types: tuple[str, ...] = ()
-
-    def subset(self, mask: np.ndarray) -> _Events:
-        return _Events(self.t[mask], self.kind[mask], self.val[mask], self.dur[mask],
-                       self.types, self.wait_types)
-
-
-def _events(job: JobSpans, now_ns: int | None) -> tuple[_Events, int | None, np.ndarray]:
-    """The mgm event stream of ``job`` (see the module docstring), the end of its last
-    attempt (ns; None without attempts) and the slice-count records of the attempts'
-    primary processes (:func:`~goodput_processor.elastic.slice_records`)."""
-    attempts = build_attempts(job, now_ns)
-    types: dict[str, int] = {}
-    wait_types: dict[str, int] = {}
-    cols: list[tuple] = []  # (t, rank, kind, val, dur) arrays per chunk
-
-    def add(t, rank, kind, val=None, dur=None):
-        t = np.asarray(t, np.int64).reshape(-1)
-        n = len(t)
-        cols.append((t, np.full(n, rank, np.int8) if np.isscalar(rank) else rank,
-                     np.full(n, kind, np.int8),
-                     np.zeros(n, np.int64) if val is None else val,
-                     np.zeros(n, np.int64) if dur is None else dur))
-
-    for a in attempts:
-        add(a.start_ns, _R_JOB_START, E_JOB_START)
-        d = a.primary.data
-        kinds, start, end, ival = d[:, C_KIND], d[:, C_START], d[:, C_END], d[:, C_IVAL]
-        blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
-        # a phase whose end is inferred (in flight at a kill, or at --at) logged its start only
-        recorded_end = (d[:, C_FLAGS] & F_ENDLESS) == 0
-        sel = (kinds == K_STEP) & (ival != NONE)
-        add(start[sel], _R_STEP, E_STEP, ival[sel])
-        for k, (ek_start, ek_end) in _PAIRED.items():
-            sel = (kinds == k) & blocking
-            if not sel.any():
-                continue
-            val = None
-            if k == K_CUSTOM_BADPUT:
-                names = [(job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE).upper()
-                         for s in d[sel, C_SIDX]]
-                val = np.array([types.setdefault(n, len(types)) for n in names], np.int64)
-            elif k == K_ELASTIC_WAIT:  # mgm's ElasticGoodputRecorder default: 'unknown'
-                names = [job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE
-                         for s in d[sel, C_SIDX]]
-                val = np.array([wait_types.setdefault(n, len(wait_types)) for n in names],
-                               np.int64)
-            s, e = start[sel], end[sel]
-            # A span's start and end interleave so that pairing sees them in write order.
-            add(s, _R_START, ek_start, val)
-            ended = recorded_end[sel]
-            add(e[ended], np.where(e > s, _R_END, _R_END_ZERO).astype(np.int8)[ended], ek_end,
-                None if val is None else val[ended])
-        for k, ek in ((K_CHECKPOINT_SAVE, E_SAVE), (K_CHECKPOINT_RESTORE, E_RESTORE)):
-            # Orbax logs a checkpoint's statistics once it is done: not for one in flight
-            sel = (kinds == k) & blocking & recorded_end
-            add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
-        if a.end_reason not in ("killed", "running", "restart"):
-            add(a.end_ns, _R_JOB_END, E_JOB_END)
-    slices = slice_records(job, [a.primary for a in attempts])
-    if not cols:
-        z = np.zeros(0, np.int64)
-        return _Events(z, z.astype(np.int8), z, z, ()), None, slices
-    t, rank, kind, val, dur = (np.concatenate(c) for c in zip(*cols, strict=True))
-    order = np.lexsort((np.arange(len(t)), rank, t))
-    ev = _Events(t[order], kind[order], val[order], dur[order], tuple(types),
-                 tuple(wait_types))
-    return ev, attempts[-1].end_ns, slices
-
-
-def _pairs(ev: _Events, k_start: int, k_end: int, by_val: bool = False):
-    """Start/end times of mgm's pairs of one phase: an end closes the latest start after
-    the previous end (a second start overwrites the first; an end without start is
-    ignored), per value when ``by_val`` (custom badput types).
-
-    mgm 0.2.3: ``_get_current_productive_and_unproductive_time`` (tpu_init,
-    training_prep, data_loading), ``_extract_custom_sync_intervals`` (custom, per type).
-    Returns ``(start_t, end_t, val, end_pos)`` arrays, ``end_pos`` = stream index of the end.
-    """
-    pos = np.flatnonzero((ev.kind == k_start) | (ev.kind == k_end))
-    if by_val:
-        pos = pos[np.lexsort((pos, ev.val[pos]))]  # grouped by type, stream order within
-    if len(pos) < 2:
-        z = np.zeros(0, np.int64)
-        return z, z, z, z
-    is_start = ev.kind[pos] == k_start
-    close = ~is_start[1:] & is_start[:-1]
-    if by_val:
-        close &= ev.val[pos[1:]] == ev.val[pos[:-1]]
-    ends, starts = pos[1:][close], pos[:-1][close]
-    if by_val:
-        o = np.argsort(ends, kind="stable")
-        ends, starts = ends[o], starts[o]
-    return ev.t[starts], ev.t[ends], ev.val[ends], ends
 
 
 # --- mgm's calculator ------------------------------------------------------------------
@@ -435,7 +308,7 @@ def _segment(num, t, bound: int, custom) -> _Segment | None:
     return seg
 
 
-def _checkpoint_total_s(ev: _Events, kind: int) -> float:
+def _checkpoint_total_s(ev: Events, kind: int) -> float:
     """Sum over checkpoint steps of the mean duration of that step's entries (seconds).
 
     mgm 0.2.3 ``CheckpointBadputCalculator.calculate_save_operation_checkpoint_manager_
@@ -474,21 +347,21 @@ def _overlap_ns(a_s, a_e, b_s, b_e) -> int:
     return total
 
 
-def _elastic(ev: _Events, unprod: dict[str, float], present: set) -> None:
+def _elastic(ev: Events, unprod: dict[str, float], present: set) -> None:
     """mgm 0.2.3 ``ElasticGoodputCalculator._get_current_productive_and_unproductive_time``
     on top of the base rules: each elastic wait (paired per event type, kept if start <
     end) is ELASTIC_SCALE_UP when its type contains ``scale_up`` (any case), else
     ELASTIC_SLICE_DOWN; each reinitialisation pair (start < end) is ELASTIC_REINITIALIZATION;
     with any reinitialisation, TPU_INITIALIZATION and TRAINING_PREP lose their overlap with
     the reinitialisation intervals (at least 0)."""
-    ws, we, wv, _ = _pairs(ev, E_WAIT_START, E_WAIT_END, by_val=True)
+    ws, we, wv, _ = pairs(ev, E_WAIT_START, E_WAIT_END, by_val=True)
     for s, e, v in zip(ws.tolist(), we.tolist(), wv.tolist(), strict=True):
         if s < e:
             name = ("ELASTIC_SCALE_UP" if "scale_up" in ev.wait_types[v].lower()
                     else "ELASTIC_SLICE_DOWN")
             unprod[name] += (e - s) / _NS
             present.add(name)
-    rs, re_, _, _ = _pairs(ev, E_REINIT_START, E_REINIT_END)
+    rs, re_, _, _ = pairs(ev, E_REINIT_START, E_REINIT_END)
     keep = rs < re_
     rs, re_ = rs[keep], re_[keep]
     if not len(rs):
@@ -497,14 +370,14 @@ def _elastic(ev: _Events, unprod: dict[str, float], present: set) -> None:
     present.add("ELASTIC_REINITIALIZATION")
     for name, (k0, k1) in (("TPU_INITIALIZATION", (E_TPU_START, E_TPU_END)),
                            ("TRAINING_PREP", (E_PREP_START, E_PREP_END))):
-        s, e, _, _ = _pairs(ev, k0, k1)
+        s, e, _, _ = pairs(ev, k0, k1)
         ok = s < e
         overlap = _overlap_ns(s[ok], e[ok], rs, re_)
         if overlap > 0:
             unprod[name] = max(0.0, unprod[name] - overlap / _NS)
 
 
-def _calculate(ev: _Events, elastic: bool = False) -> _Core:
+def _calculate(ev: Events, elastic: bool = False) -> _Core:
     """mgm 0.2.3 ``_get_current_productive_and_unproductive_time`` on the event stream.
 
     Rules (seconds; all from that function and its helpers unless named):
@@ -514,7 +387,7 @@ def _calculate(ev: _Events, elastic: bool = False) -> _Core:
       as bound (:func:`_segment`); the new segment starts with the repeated step.
     - At each disruption, INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION += latest job start
       before it - start of the step recorded just before it, when positive.
-    - TPU_INITIALIZATION, TRAINING_PREP: sums of the start/end pairs (:func:`_pairs`).
+    - TPU_INITIALIZATION, TRAINING_PREP: sums of the start/end pairs (:func:`pairs`).
     - Data loading pairs: DATA_LOADING_SYNC is the first pair after the job start and
       after each disruption, plus at each disruption the last pair completed since the
       previous one (so one data loading can count twice); DATA_LOADING_ASYNC is all
@@ -547,7 +420,7 @@ def _calculate(ev: _Events, elastic: bool = False) -> _Core:
             seen = {n}
         else:
             seen.add(n)
-    cs, ce, cv, _ = _pairs(ev, E_CUSTOM_START, E_CUSTOM_END, by_val=True)
+    cs, ce, cv, _ = pairs(ev, E_CUSTOM_START, E_CUSTOM_END, by_val=True)
     keep = cs < ce  # mgm keeps a custom interval only if start < end
     custom = (cs[keep], ce[keep], cv[keep])
 
@@ -586,9 +459,9 @@ def _calculate(ev: _Events, elastic: bool = False) -> _Core:
     # repeat (it may be the same one twice); the rest is DATA_LOADING_ASYNC.
     for name, (k0, k1) in (("TPU_INITIALIZATION", (E_TPU_START, E_TPU_END)),
                            ("TRAINING_PREP", (E_PREP_START, E_PREP_END))):
-        s, e, _, _ = _pairs(ev, k0, k1)
+        s, e, _, _ = pairs(ev, k0, k1)
         unprod[name] = int((e - s).sum()) / _NS
-    ds, de, _, dpos = _pairs(ev, E_DL_START, E_DL_END)
+    ds, de, _, dpos = pairs(ev, E_DL_START, E_DL_END)
     dl = de - ds
     sync_ns, armed, last = 0, True, None
     marks = sorted([(int(p), 0, int(x)) for p, x in zip(dpos, dl, strict=True)]
@@ -661,7 +534,7 @@ def compute_ideal_step_time(step_times_s) -> float | None:
     return float(np.mean(x[x <= med + 3 * mad]))
 
 
-def _step_times(ev: _Events) -> dict[int, float]:
+def _step_times(ev: Events) -> dict[int, float]:
     """mgm 0.2.3 ``_get_step_times``: over all step events in stream order, the time from
     a step start to the next one when the next number is one higher, keyed by the first
     step's number (a later occurrence overwrites an earlier one). Raw seconds: custom
@@ -675,7 +548,7 @@ def _step_times(ev: _Events) -> dict[int, float]:
     return out
 
 
-def _finish(job: str, ev: _Events, total_ns: int, ideal_step_time_s, interval,
+def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
             elastic: bool = False, slices=None) -> MgmResult:
     """Validity checks, sanitising, OTHER and percentages as mgm 0.2.3 ``get_job_goodput``
     / ``_compute_job_goodput_interval_metrics`` do (``elastic``: with the rules and the
@@ -781,7 +654,7 @@ def account_mgm(
         math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
     ):
         raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
-    ev, last_end, slices = _events(job, now_ns)
+    ev, last_end, slices = events(job, now_ns)
     if elastic is None:
         elastic = bool(len(slices)) or bool(
             np.isin(ev.kind, (E_WAIT_START, E_WAIT_END, E_REINIT_START, E_REINIT_END)).any())

@@ -37,6 +37,11 @@ from .mgm import (
     _BREAKDOWN_ORDER,
     _NS,
     BADPUT_TYPES,
+    ELASTIC_TYPES,
+    MgmResult,
+    compute_ideal_step_time,
+)
+from .mgm_events import (
     E_CUSTOM_END,
     E_CUSTOM_START,
     E_DL_END,
@@ -48,11 +53,8 @@ from .mgm import (
     E_STEP,
     E_TPU_END,
     E_TPU_START,
-    ELASTIC_TYPES,
-    MgmResult,
-    _events,
-    _pairs,
-    compute_ideal_step_time,
+    events,
+    pairs,
 )
 
 __all__ = ["account_mgm_excluding", "normalize_exclusions"]
@@ -169,11 +171,11 @@ def account_mgm_excluding(
     ):
         raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
     excl = normalize_exclusions(exclusions_ns)
-    ev, last_end, _ = _events(job, now_ns)
+    ev, last_end, _ = events(job, now_ns)
     js = ev.t[ev.kind == E_JOB_START]
     if not len(js):
         raise ValueError(f"job {job.name!r} has no spans: mgm cannot compute goodput")
-    cs, ce, cv, _ = _pairs(ev, E_CUSTOM_START, E_CUSTOM_END, by_val=True)
+    cs, ce, cv, _ = pairs(ev, E_CUSTOM_START, E_CUSTOM_END, by_val=True)
     custom = [(s, e, ev.types[v]) for s, e, v in zip(cs.tolist(), ce.tolist(), cv.tolist(),
                                                      strict=True) if s < e]
     prod = excluded = 0

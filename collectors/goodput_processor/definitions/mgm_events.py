@@ -1,0 +1,167 @@
+"""The event stream of ``--definitions mgm``: a job's spans as ml-goodput-measurement's log.
+
+mgm 0.2.3 computes from its Cloud Logging entries, one per recorder call, in the order they
+were written. :func:`events` turns a job's spans (the attempts' primary processes, found
+as :func:`~goodput_processor.attempts.build_attempts` finds them) into that stream: a step
+start per step, a start and an end per paired phase (accelerator init, training prep, data
+loading, custom badput, elastic waits and reinitialisation), one entry per checkpoint save
+and restore (Orbax's statistics), the job's start and its logged end. :func:`pairs` pairs
+starts and ends as mgm does. The calculator is :mod:`.mgm`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..attempts import build_attempts
+from ..elastic import slice_records
+from ..timeline import (
+    C_END,
+    C_FLAGS,
+    C_IVAL,
+    C_KIND,
+    C_SIDX,
+    C_START,
+    F_ENDLESS,
+    F_NONBLOCKING,
+    K_ACCELERATOR_INIT,
+    K_CHECKPOINT_RESTORE,
+    K_CHECKPOINT_SAVE,
+    K_CUSTOM_BADPUT,
+    K_DATA_LOADING,
+    K_ELASTIC_REINIT,
+    K_ELASTIC_WAIT,
+    K_STEP,
+    K_TRAINING_PREP,
+    NONE,
+    JobSpans,
+)
+
+#: Custom badput type of a span without ``goodput.badput.type`` (mgm's recorder default).
+DEFAULT_CUSTOM_TYPE = "unknown"
+
+# Event kinds of the mgm stream.
+(E_JOB_START, E_JOB_END, E_STEP, E_TPU_START, E_TPU_END, E_PREP_START, E_PREP_END,
+ E_DL_START, E_DL_END, E_CUSTOM_START, E_CUSTOM_END, E_SAVE, E_RESTORE, E_WAIT_START,
+ E_WAIT_END, E_REINIT_START, E_REINIT_END) = range(17)
+#: Span kind -> (start event, end event) for the paired phases.
+_PAIRED = {
+    K_ACCELERATOR_INIT: (E_TPU_START, E_TPU_END),
+    K_TRAINING_PREP: (E_PREP_START, E_PREP_END),
+    K_DATA_LOADING: (E_DL_START, E_DL_END),
+    K_CUSTOM_BADPUT: (E_CUSTOM_START, E_CUSTOM_END),
+    K_ELASTIC_WAIT: (E_WAIT_START, E_WAIT_END),
+    K_ELASTIC_REINIT: (E_REINIT_START, E_REINIT_END),
+}
+# Order of events at equal times (the order the recorder writes them).
+_R_JOB_START, _R_END, _R_STEP, _R_START, _R_END_ZERO, _R_JOB_END = range(6)
+
+
+@dataclass(frozen=True)
+class Events:
+    """mgm events in stream order: time (ns), kind (``E_*``), value (step number for
+    steps, checkpoint step for save/restore, index into ``types`` for custom badput and
+    into ``wait_types`` for elastic waits), duration (ns, save/restore only). ``types``:
+    upper-cased custom badput types; ``wait_types``: elastic wait event types as written."""
+
+    t: np.ndarray
+    kind: np.ndarray
+    val: np.ndarray
+    dur: np.ndarray
+    types: tuple[str, ...]
+    wait_types: tuple[str, ...] = ()
+
+    def subset(self, mask: np.ndarray) -> Events:
+        return Events(self.t[mask], self.kind[mask], self.val[mask], self.dur[mask],
+                       self.types, self.wait_types)
+
+
+def events(job: JobSpans, now_ns: int | None) -> tuple[Events, int | None, np.ndarray]:
+    """The mgm event stream of ``job`` (see the module docstring), the end of its last
+    attempt (ns; None without attempts) and the slice-count records of the attempts'
+    primary processes (:func:`~goodput_processor.elastic.slice_records`)."""
+    attempts = build_attempts(job, now_ns)
+    types: dict[str, int] = {}
+    wait_types: dict[str, int] = {}
+    cols: list[tuple] = []  # (t, rank, kind, val, dur) arrays per chunk
+
+    def add(t, rank, kind, val=None, dur=None):
+        t = np.asarray(t, np.int64).reshape(-1)
+        n = len(t)
+        cols.append((t, np.full(n, rank, np.int8) if np.isscalar(rank) else rank,
+                     np.full(n, kind, np.int8),
+                     np.zeros(n, np.int64) if val is None else val,
+                     np.zeros(n, np.int64) if dur is None else dur))
+
+    for a in attempts:
+        add(a.start_ns, _R_JOB_START, E_JOB_START)
+        d = a.primary.data
+        kinds, start, end, ival = d[:, C_KIND], d[:, C_START], d[:, C_END], d[:, C_IVAL]
+        blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
+        # a phase whose end is inferred (in flight at a kill, or at --at) logged its start only
+        recorded_end = (d[:, C_FLAGS] & F_ENDLESS) == 0
+        sel = (kinds == K_STEP) & (ival != NONE)
+        add(start[sel], _R_STEP, E_STEP, ival[sel])
+        for k, (ek_start, ek_end) in _PAIRED.items():
+            sel = (kinds == k) & blocking
+            if not sel.any():
+                continue
+            val = None
+            if k == K_CUSTOM_BADPUT:
+                names = [(job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE).upper()
+                         for s in d[sel, C_SIDX]]
+                val = np.array([types.setdefault(n, len(types)) for n in names], np.int64)
+            elif k == K_ELASTIC_WAIT:  # mgm's ElasticGoodputRecorder default: 'unknown'
+                names = [job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE
+                         for s in d[sel, C_SIDX]]
+                val = np.array([wait_types.setdefault(n, len(wait_types)) for n in names],
+                               np.int64)
+            s, e = start[sel], end[sel]
+            # A span's start and end interleave so that pairing sees them in write order.
+            add(s, _R_START, ek_start, val)
+            ended = recorded_end[sel]
+            add(e[ended], np.where(e > s, _R_END, _R_END_ZERO).astype(np.int8)[ended], ek_end,
+                None if val is None else val[ended])
+        for k, ek in ((K_CHECKPOINT_SAVE, E_SAVE), (K_CHECKPOINT_RESTORE, E_RESTORE)):
+            # Orbax logs a checkpoint's statistics once it is done: not for one in flight
+            sel = (kinds == k) & blocking & recorded_end
+            add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
+        if a.end_reason not in ("killed", "running", "restart"):
+            add(a.end_ns, _R_JOB_END, E_JOB_END)
+    slices = slice_records(job, [a.primary for a in attempts])
+    if not cols:
+        z = np.zeros(0, np.int64)
+        return Events(z, z.astype(np.int8), z, z, ()), None, slices
+    t, rank, kind, val, dur = (np.concatenate(c) for c in zip(*cols, strict=True))
+    order = np.lexsort((np.arange(len(t)), rank, t))
+    ev = Events(t[order], kind[order], val[order], dur[order], tuple(types),
+                 tuple(wait_types))
+    return ev, attempts[-1].end_ns, slices
+
+
+def pairs(ev: Events, k_start: int, k_end: int, by_val: bool = False):
+    """Start/end times of mgm's pairs of one phase: an end closes the latest start after
+    the previous end (a second start overwrites the first; an end without start is
+    ignored), per value when ``by_val`` (custom badput types).
+
+    mgm 0.2.3: ``_get_current_productive_and_unproductive_time`` (tpu_init,
+    training_prep, data_loading), ``_extract_custom_sync_intervals`` (custom, per type).
+    Returns ``(start_t, end_t, val, end_pos)`` arrays, ``end_pos`` = stream index of the end.
+    """
+    pos = np.flatnonzero((ev.kind == k_start) | (ev.kind == k_end))
+    if by_val:
+        pos = pos[np.lexsort((pos, ev.val[pos]))]  # grouped by type, stream order within
+    if len(pos) < 2:
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    is_start = ev.kind[pos] == k_start
+    close = ~is_start[1:] & is_start[:-1]
+    if by_val:
+        close &= ev.val[pos[1:]] == ev.val[pos[:-1]]
+    ends, starts = pos[1:][close], pos[:-1][close]
+    if by_val:
+        o = np.argsort(ends, kind="stable")
+        ends, starts = ends[o], starts[o]
+    return ev.t[starts], ev.t[ends], ev.val[ends], ends
