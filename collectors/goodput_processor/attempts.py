@@ -111,6 +111,10 @@ class Attempt:
         return self.end_ns - self.start_ns
 
 
+#: Up to this many open records of one kind in a process are resolved one by one (no sort).
+_FEW_OPEN = 16
+
+
 def resolve_open(d: np.ndarray) -> np.ndarray:
     """One process's rows with its ``goodput.open`` records resolved.
 
@@ -128,30 +132,50 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
         return d
     last_alive = int(d[:, C_END].max())
     kinds = d[:, C_KIND]
-    op = d[is_open]
+    open_idx = np.flatnonzero(is_open)
+    op = d[open_idx]
     keep = np.ones(len(op), bool)
+    end = np.full(len(op), last_alive, np.int64)
     for kind in np.unique(op[:, C_KIND]):
         rows = np.flatnonzero(op[:, C_KIND] == kind)
-        done = np.sort(d[~is_open & (kinds == kind), C_START])  # columns, not row copies
         starts = op[rows, C_START]
-        if len(done):
-            pos = np.minimum(np.searchsorted(done, starts), len(done) - 1)
-            keep[rows[done[pos] == starts]] = False
+        of_kind = kinds == kind
+        all_starts = d[of_kind, C_START]  # complete and open records of this kind
+        done = d[of_kind & ~is_open, C_START]
+        if len(rows) <= _FEW_OPEN:  # the usual case: a few phases in flight, no sort
+            for j, st in zip(rows.tolist(), starts.tolist(), strict=True):
+                if len(done) and (done == st).any():
+                    keep[j] = False
+                later = all_starts[all_starts > st]
+                if len(later):
+                    end[j] = min(end[j], int(later.min()))
+        else:
+            done = np.sort(done)
+            if len(done):
+                pos = np.minimum(np.searchsorted(done, starts), len(done) - 1)
+                keep[rows[done[pos] == starts]] = False
+            later = np.sort(all_starts)  # ... or until the next phase of its kind began
+            pos = np.searchsorted(later, starts, side="right")
+            has = pos < len(later)
+            end[rows[has]] = np.minimum(end[rows[has]], later[pos[has]])
         _, first = np.unique(starts, return_index=True)  # one per phase start
         dup = np.ones(len(rows), bool)
         dup[first] = False
         keep[rows[dup]] = False
-    op = op[keep].copy()
-    end = np.full(len(op), last_alive, np.int64)
-    for kind in np.unique(op[:, C_KIND]):  # ... or until the next phase of its kind began
-        rows = np.flatnonzero(op[:, C_KIND] == kind)
-        later = np.sort(d[kinds == kind, C_START])
-        pos = np.searchsorted(later, op[rows, C_START], side="right")
-        has = pos < len(later)
-        end[rows[has]] = np.minimum(end[rows[has]], later[pos[has]])
+    op, end = op[keep], end[keep]  # (a copy: ``op`` was taken by index)
     op[:, C_END] = np.maximum(op[:, C_END], end)
     op[:, C_FLAGS] = (op[:, C_FLAGS] & ~F_OPEN) | F_ENDLESS
-    return np.concatenate((d[~is_open], op)) if len(op) else d[~is_open]
+    # the other rows in file order, then the open records kept: copied run by run
+    out = np.empty((len(d) - len(open_idx) + len(op), d.shape[1]), d.dtype)
+    pos, prev = 0, 0
+    for i in open_idx.tolist() + [len(d)]:
+        n = i - prev
+        if n:
+            out[pos : pos + n] = d[prev:i]
+            pos += n
+        prev = i + 1
+    out[pos:] = op
+    return out
 
 
 def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:

@@ -174,6 +174,8 @@ def stacked(a) -> tuple[np.ndarray, np.ndarray, list]:
     procs = [p for p in a.processes if len(p.data)]
     if not procs:
         return np.zeros((0, NCOLS), np.int64), np.zeros(0, np.int64), procs
+    if len(procs) == 1:  # the rows themselves, not a copy (read only)
+        return procs[0].data, np.zeros(len(procs[0].data), np.int64), procs
     lengths = np.fromiter((len(p.data) for p in procs), np.int64, len(procs))
     return (np.concatenate([p.data for p in procs]),
             np.repeat(np.arange(len(procs)), lengths), procs)
