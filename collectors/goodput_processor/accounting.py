@@ -160,7 +160,11 @@ def _disjoint_totals(starts, ends, levels, cut: int, nlevels: int) -> np.ndarray
             levels = levels[order]
         if not (starts[1:] >= np.maximum.accumulate(ends[:-1])).all():
             return None
-    return _int_bincount(levels.astype(np.int64), ends - starts, nlevels)
+    lengths = ends - starts
+    out = np.zeros(nlevels, np.int64)
+    for lv in np.flatnonzero(np.bincount(levels, minlength=nlevels)):  # a few levels: exact
+        out[lv] = int(lengths[levels == lv].sum())                       # int64 sums
+    return out
 
 
 def _step_times(b, owner, step_level, ss, se):

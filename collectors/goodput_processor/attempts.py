@@ -131,7 +131,7 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     if not is_open.any():
         return d
     last_alive = int(d[:, C_END].max())
-    kinds = d[:, C_KIND]
+    kinds, start_col = d[:, C_KIND], d[:, C_START]
     open_idx = np.flatnonzero(is_open)
     op = d[open_idx]
     keep = np.ones(len(op), bool)
@@ -140,8 +140,8 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
         rows = np.flatnonzero(op[:, C_KIND] == kind)
         starts = op[rows, C_START]
         of_kind = kinds == kind
-        all_starts = d[of_kind, C_START]  # complete and open records of this kind
-        done = d[of_kind & ~is_open, C_START]
+        all_starts = start_col[of_kind]  # complete and open records of this kind
+        done = all_starts[~is_open[of_kind]]
         if len(rows) <= _FEW_OPEN:  # the usual case: a few phases in flight, no sort
             for j, st in zip(rows.tolist(), starts.tolist(), strict=True):
                 if len(done) and (done == st).any():
@@ -165,17 +165,8 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     op, end = op[keep], end[keep]  # (a copy: ``op`` was taken by index)
     op[:, C_END] = np.maximum(op[:, C_END], end)
     op[:, C_FLAGS] = (op[:, C_FLAGS] & ~F_OPEN) | F_ENDLESS
-    # the other rows in file order, then the open records kept: copied run by run
-    out = np.empty((len(d) - len(open_idx) + len(op), d.shape[1]), d.dtype)
-    pos, prev = 0, 0
-    for i in open_idx.tolist() + [len(d)]:
-        n = i - prev
-        if n:
-            out[pos : pos + n] = d[prev:i]
-            pos += n
-        prev = i + 1
-    out[pos:] = op
-    return out
+    # the other rows in file order, then the open records kept
+    return np.concatenate((np.compress(~is_open, d, axis=0), op))
 
 
 def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:
