@@ -11,7 +11,6 @@ them on the same examples):
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,7 +135,9 @@ def to_json(definitions: str, results: Sequence, indent: int | None = 2) -> str:
         return report_json(results, indent=indent)
     doc = {"schema": REPORT_SCHEMA, "definitions": definitions,
            "jobs": [r.to_json_dict() for r in results]}
-    return json.dumps(doc, indent=indent, allow_nan=False)
+    from ..report import dumps
+
+    return dumps(doc, indent)
 
 
 def render(definitions: str, results: Sequence, console=None) -> None:

@@ -211,7 +211,8 @@ class MgmResult:
             "last_recorded_step": self.last_recorded_step,
             "disruptions": self.disruptions,
             "ideal_step_time_s": self.ideal_step_time_s,
-            "step_deviation_s": {str(k): v for k, v in self.step_deviation_s.items()},
+            "step_deviation_s": dict(zip(map(str, self.step_deviation_s),
+                                         self.step_deviation_s.values(), strict=True)),
             "elastic": self.elastic,
             "slice_efficiency": None if self.slice_efficiency is None else {
                 "stepping": self.slice_efficiency[0],
@@ -463,20 +464,7 @@ def _calculate(ev: Events, elastic: bool = False) -> _Core:
         unprod[name] = int((e - s).sum()) / _NS
     ds, de, _, dpos = pairs(ev, E_DL_START, E_DL_END)
     dl = de - ds
-    sync_ns, armed, last = 0, True, None
-    marks = sorted([(int(p), 0, int(x)) for p, x in zip(dpos, dl, strict=True)]
-                   + [(int(step_pos[i]), 1, 0) for i in cuts])
-    for _pos, is_repeat, x in marks:
-        if is_repeat:
-            armed = True
-            if last is not None:
-                sync_ns += last
-                last = None
-        else:
-            last = x
-            if armed:
-                sync_ns += x
-                armed = False
+    sync_ns = _sync_data_loading_ns(dpos, dl, step_pos[cuts])
     unprod["DATA_LOADING_SYNC"] = sync_ns / _NS
     if len(dl):
         present.add("DATA_LOADING_SYNC")
@@ -518,6 +506,24 @@ def _calculate(ev: Events, elastic: bool = False) -> _Core:
     )
 
 
+def _sync_data_loading_ns(pos: np.ndarray, dur: np.ndarray, repeats: np.ndarray) -> int:
+    """DATA_LOADING_SYNC (ns) of :func:`_calculate`: data loadings at stream positions
+    ``pos`` lasting ``dur`` ns, cut into runs by the repeated steps at positions ``repeats``
+    (increasing; a data loading at a repeat's position comes before it): the first data
+    loading of every run, plus the last one of every run a repeat closes."""
+    if not len(pos):
+        return 0
+    order = np.argsort(pos, kind="stable")
+    run = np.searchsorted(repeats, pos[order], side="left")
+    dur = dur[order]
+    first = np.ones(len(run), bool)
+    first[1:] = run[1:] != run[:-1]
+    last = np.ones(len(run), bool)
+    last[:-1] = run[1:] != run[:-1]
+    closed = last & (run < len(repeats))
+    return int(dur[first].sum()) + int(dur[closed].sum())
+
+
 def compute_ideal_step_time(step_times_s) -> float | None:
     """mgm 0.2.3 ``goodput_utils.compute_ideal_step_time`` (seconds in, seconds out).
 
@@ -542,10 +548,8 @@ def _step_times(ev: Events) -> dict[int, float]:
     sel = ev.kind == E_STEP
     num, t = ev.val[sel], ev.t[sel]
     ok = np.flatnonzero(num[1:] == num[:-1] + 1)
-    out: dict[int, float] = {}
-    for n, dt in zip(num[ok].tolist(), ((t[ok + 1] - t[ok]) / _NS).tolist(), strict=True):
-        out[n] = dt
-    return out
+    # (dict of pairs: a later occurrence of a number overwrites an earlier one)
+    return dict(zip(num[ok].tolist(), ((t[ok + 1] - t[ok]) / _NS).tolist(), strict=True))
 
 
 def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
@@ -583,7 +587,9 @@ def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
     ideal = ideal_step_time_s
     if ideal is None:
         ideal = compute_ideal_step_time(step_times.values())
-    deviation = {} if ideal is None else {n: abs(x - ideal) for n, x in step_times.items()}
+    deviation = {} if ideal is None else dict(zip(
+        step_times, np.abs(np.fromiter(step_times.values(), np.float64, len(step_times))
+                           - ideal).tolist(), strict=True))
     return MgmResult(
         job=job,
         total_time_s=total,

@@ -255,7 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _report(self, query: dict) -> None:
         """One page of the JSON report (see the module docstring)."""
-        from ..report import to_json_dict
+        from ..report import dumps, to_json_dict
 
         store = self.server.app.store
         job = query.get("job", [None])[0]
@@ -277,8 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
             results = _results_for(store, page)
         doc = to_json_dict(results)
         doc["next_page_token"] = token
-        self._reply(200, json.dumps(doc, indent=2, allow_nan=False).encode(),
-                    "application/json")
+        self._reply(200, dumps(doc).encode(), "application/json")
 
     def _report_html(self, job: str | None) -> None:
         try:
