@@ -19,11 +19,13 @@ intervals (1 s) of now (``goodput_processor.attempts.build_attempts``), and the 
 The processor reads "now" in one place, ``time.time_ns()`` in ``goodput_processor.attempts``
 (every surface measured here calls ``build_attempts`` without ``now_ns``); the benchmark
 replaces that module's ``time`` (as ``recorded_job.py`` does the recorder's) with a clock
-that runs at real speed from an anchor set before each poll: 0.5 s after the last line fed
-(warm poll), 0.5 s after the last new line ("60 s new"), 1.0 s after it ("nothing new").
-mgm 0.2.3 reads ``datetime.datetime.now`` in its ``goodput`` module: the same clock there.
-Each child checks that the last attempt is ``running`` at the "nothing new" anchor and that
-the surface did read the clock (column ``run``).
+set before each poll, which does not move during it (a poll that takes seconds would
+otherwise see the job die under it, and account it differently part way): 0.5 s after the
+last line fed (warm poll), 0.5 s after the last new line ("60 s new"), 1.0 s after it
+("nothing new": no new data, but a later now). mgm 0.2.3 reads ``datetime.datetime.now``
+in its ``goodput`` module: the same clock there. Each child checks that the last attempt
+is ``running`` at the "nothing new" moment and that the timed polls read the clock
+(column ``run``).
 
 **Per surface and definitions**, in a fresh child process each (peak RSS = its maximum
 resident set size, ``wait4``; ``--repeat`` rounds, surfaces interleaved, medians shown):
@@ -227,21 +229,22 @@ def prepare(base: Path, steps: int) -> dict:
 
 
 class ShiftedClock:
-    """Stands in for the ``time`` module in ``goodput_processor.attempts``: ``time_ns`` runs
-    at real speed from the simulated moment given to :meth:`anchor`; counts its reads."""
+    """Stands in for the ``time`` module in ``goodput_processor.attempts``: ``time_ns`` is
+    the simulated moment given to :meth:`anchor` (it stands still until the next anchor);
+    counts its reads."""
 
     def __init__(self):
-        self.offset = 0
+        self.now = 0
         self.reads = 0
 
     def anchor(self, sim_ns: int) -> None:
-        """From now on, ``time_ns()`` is ``sim_ns`` plus the real time elapsed since."""
-        self.offset = time.time_ns() - sim_ns
+        """From now on, ``time_ns()`` is ``sim_ns``."""
+        self.now = sim_ns
 
     def time_ns(self) -> int:
         """The simulated now, in ns since the epoch."""
         self.reads += 1
-        return time.time_ns() - self.offset
+        return self.now
 
     def __getattr__(self, name):
         return getattr(time, name)
@@ -492,7 +495,7 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
     clock.anchor(last + half)
     none, body = _timed(poll)
     reads = clock.reads - reads
-    at = clock.time_ns()
+    at = clock.now
     if surface == "serve-report":
         doc = json.loads(body)["jobs"][0]
         running, value = doc["attempts"][-1]["end_reason"], doc["goodput"] * 100
