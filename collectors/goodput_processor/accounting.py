@@ -22,6 +22,7 @@ from .attempts import Attempt, build_attempts
 from .attribution import host_badput
 from .checks import file_warnings, job_warnings
 from .elastic import slice_efficiency, slice_records
+from .memo import AccountingMemo, rows_key
 from .reader import read_run_dir
 from .recovery import recovery_report
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
@@ -194,11 +195,15 @@ def _int_bincount(idx: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return hs * _SPLIT + ls
 
 
-def _custom_types(job: JobSpans, attempts: list[Attempt]) -> list[str]:
+def _custom_types(job: JobSpans, attempts: list[Attempt], memo=None) -> list[str]:
     types = set()
     for a in attempts:
         d = a.primary.data
-        for s in np.unique(d[d[:, C_KIND] == K_CUSTOM_BADPUT][:, C_SIDX]):
+
+        def sids(d=d):
+            return np.unique(d[d[:, C_KIND] == K_CUSTOM_BADPUT][:, C_SIDX]).tolist()
+
+        for s in sids() if memo is None else memo.get(("custom", rows_key(d)), sids):
             types.add(_type_name(job, s))
     return sorted(types)
 
@@ -234,8 +239,10 @@ def _elastic_lost(d: np.ndarray, snum: np.ndarray, ss: np.ndarray) -> np.ndarray
 class _Acc:
     """Running totals of one job's accounting, per priority level (ns)."""
 
-    def __init__(self, job: JobSpans, attempts: list[Attempt], keep_segments: bool = False):
+    def __init__(self, job: JobSpans, attempts: list[Attempt], keep_segments: bool = False,
+                 memo: AccountingMemo | None = None):
         self.job = job
+        self.memo = memo
         # For windows: per attempt (boundaries, owner level, kept-step index of step-level
         # segments (-1: not kept / not a step segment)); None = not kept.
         self.segments: list[tuple] | None = [] if keep_segments else None
@@ -243,7 +250,8 @@ class _Acc:
         self.names: list[str] = []
         for name in _PRIORITY:
             if name == "custom":
-                self.names += [schema.custom_bucket(t) for t in _custom_types(job, attempts)]
+                self.names += [schema.custom_bucket(t)
+                               for t in _custom_types(job, attempts, memo)]
             else:
                 self.names.append(name)
         self.level = {n: i for i, n in enumerate(self.names)}
@@ -260,17 +268,51 @@ class _Acc:
         self.wasted_start: list[int] = []
 
     def attempt(self, a: Attempt, bound: int | None, has_next: bool) -> tuple[int, int]:
-        """Account attempt ``a``; ``bound``: highest kept step (None = all). -> (kept, wasted)."""
+        """Account attempt ``a``; ``bound``: highest kept step (None = all). -> (kept, wasted).
+
+        With a memo, the attempt's part is taken from it when its inputs are unchanged: the
+        primary's rows, the attempt's bounds and number, ``bound``, ``has_next``, the
+        levels, whether an earlier attempt was elastic and whether segments are kept.
+        """
+        if self.memo is None:
+            part = self._part(a, bound, has_next)
+        else:
+            key = ("attempt", a.attempt, a.start_ns, a.end_ns, rows_key(a.primary.data),
+                   bound, has_next, tuple(self.names), self.elastic,
+                   self.segments is not None)
+            part = self.memo.get(key, lambda: self._part(a, bound, has_next))
+        ns, async_ns, elastic, kept, ws, counts, segments = part
+        for lev in range(self.other + 1):
+            self.ns[lev] += int(ns[lev])
+        for k, v in async_ns.items():
+            self.async_ns[k] = self.async_ns.get(k, 0) + v
+        self.elastic |= elastic
+        self.wasted_start.append(ws)
+        if self.segments is not None:
+            b, owner, seg_kept = segments
+            if self._kept_before:
+                seg_kept = np.where(seg_kept >= 0, seg_kept + self._kept_before, -1)
+            self.segments.append((b, owner, seg_kept))
+        self._kept_before += len(kept[0])
+        self.kept.append(kept)
+        return counts
+
+    def _part(self, a: Attempt, bound: int | None, has_next: bool) -> tuple:
+        """What attempt ``a`` adds (see :meth:`attempt`): ``(ns per level (int64 array),
+        asynchronous ns by bucket, has elastic spans, kept-step arrays, wasted-region start,
+        (kept, wasted) step counts, segments or None)``; reads ``self`` only for the levels
+        and ``self.elastic`` (an earlier attempt was elastic)."""
         d, a0, a1, job, level = a.primary.data, a.start_ns, a.end_ns, self.job, self.level
+        level_ns = np.zeros(self.other + 1, np.int64)
+        async_ns: dict[str, int] = {}
         kinds = d[:, C_KIND]
         s, e = np.clip(d[:, C_START], a0, a1), np.clip(d[:, C_END], a0, a1)
         phase = is_phase(kinds)
         blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
         for r in np.flatnonzero(phase & ~blocking):  # asynchronous work: reported, not badput
             key = _row_bucket(job, int(kinds[r]), int(d[r, C_SIDX]))
-            self.async_ns[key] = self.async_ns.get(key, 0) + int(e[r] - s[r])
-        if ((kinds == K_ELASTIC_WAIT) | (kinds == K_ELASTIC_REINIT)).any():
-            self.elastic = True
+            async_ns[key] = async_ns.get(key, 0) + int(e[r] - s[r])
+        elastic = bool(((kinds == K_ELASTIC_WAIT) | (kinds == K_ELASTIC_REINIT)).any())
         use = phase & blocking & (e > s)
         ps, pe, pk = s[use], e[use], kinds[use]
         lv = self.kind_level[pk]
@@ -290,7 +332,7 @@ class _Acc:
         snum = d[:, C_IVAL][use][is_step][order]
         scount = _step_counts(d[:, C_AUX][use][is_step][order])
         kept = np.ones(len(ss), bool) if bound is None else snum <= bound
-        if self.elastic:  # steps an elastic event inside this attempt threw away
+        if self.elastic or elastic:  # steps an elastic event inside this attempt threw away
             kept &= ~_elastic_lost(d, snum, ss)
         # The wasted region: from the end of the last kept step (or of the blocking save of
         # checkpoint `bound`, if later; or the first step if none is kept) to the end.
@@ -301,7 +343,7 @@ class _Acc:
                 sv = (kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound)
                 if sv.any():
                     ws = max(ws, int(e[sv].max()))
-        self.wasted_start.append(a1 if ws is None else min(ws, a1))
+        wasted_start = a1 if ws is None else min(ws, a1)
         # Process startup: from the attempt's start to the primary's first phase (any).
         first = int(s[phase].min()) if phase.any() else a1
         cut = ws if ws is not None and ws < a1 else a1  # where the wasted region starts
@@ -313,8 +355,7 @@ class _Acc:
             # (the wasted region outranks process startup where they meet)
             totals[level["process_startup"]] += max(0, min(first, cut) - a0)
             totals[self.other] += (a1 - a0) - int(totals.sum())
-            for lev in range(self.other + 1):
-                self.ns[lev] += int(totals[lev])
+            level_ns += totals
             net = np.maximum(np.minimum(se, cut) - ss, 0)
         else:
             if cut < a1:
@@ -326,42 +367,46 @@ class _Acc:
             b, owner = _paint(a0, a1, ps, pe, lv, self.other)
             seg_len = np.diff(b)
             for lev in range(self.other + 1):
-                self.ns[lev] += int(seg_len[owner == lev].sum())
+                level_ns[lev] += int(seg_len[owner == lev].sum())
             net = _step_times(b, owner, level["step"], ss, se)
         # Step time of steps that are not kept but lie outside the wasted region (e.g.
         # step numbers out of order) is thrown-away work too.
         lost = int(net[~kept].sum())
-        self.ns[level["wasted_progress"]] += lost
-        self.ns[level["step"]] -= lost
+        level_ns[level["wasted_progress"]] += lost
+        level_ns[level["step"]] -= lost
+        segments = None
         if self.segments is not None:
-            self._keep_segments(b, owner, level["step"], ss, se, kept)
-        self.kept.append((snum[kept], np.full(int(kept.sum()), a.attempt), ss[kept], net[kept],
-                          scount[kept]))
-        return int(scount[kept].sum()), int(scount[~kept].sum())
+            segments = _kept_segments(b, owner, level["step"], ss, se, kept)
+        kept_arrays = (snum[kept], np.full(int(kept.sum()), a.attempt), ss[kept], net[kept],
+                       scount[kept])
+        return (level_ns, async_ns, elastic, kept_arrays, wasted_start,
+                (int(scount[kept].sum()), int(scount[~kept].sum())), segments)
 
 
-    def _keep_segments(self, b, owner, step_level, ss, se, kept) -> None:
-        """Remember this attempt's painted segments, for :func:`account_windows`."""
-        seg_kept = np.full(len(owner), -1, np.int64)
-        if len(ss):
-            mask = owner == step_level
-            seg_start = b[:-1][mask]
-            j = np.searchsorted(ss, seg_start, side="right") - 1
-            miss = se[j] <= seg_start
-            if miss.any():  # as in _step_times: the covering step with the latest end
-                cummax = np.maximum.accumulate(se)
-                pam = np.maximum.accumulate(np.where(se == cummax, np.arange(len(ss)), 0))
-                j[miss] = pam[j[miss]]
-            rank = np.cumsum(kept) - 1 + self._kept_before
-            seg_kept[mask] = np.where(kept[j], rank[j], -1)
-        self._kept_before += int(kept.sum())
-        self.segments.append((b, owner, seg_kept))
+def _kept_segments(b, owner, step_level, ss, se, kept) -> tuple:
+    """One attempt's painted segments, for :func:`account_windows`: ``(boundaries,
+    owner level, rank of the kept step of each step-level segment among the attempt's
+    kept steps (-1: none))``."""
+    seg_kept = np.full(len(owner), -1, np.int64)
+    if len(ss):
+        mask = owner == step_level
+        seg_start = b[:-1][mask]
+        j = np.searchsorted(ss, seg_start, side="right") - 1
+        miss = se[j] <= seg_start
+        if miss.any():  # as in _step_times: the covering step with the latest end
+            cummax = np.maximum.accumulate(se)
+            pam = np.maximum.accumulate(np.where(se == cummax, np.arange(len(ss)), 0))
+            j[miss] = pam[j[miss]]
+        rank = np.cumsum(kept) - 1
+        seg_kept[mask] = np.where(kept[j], rank[j], -1)
+    return b, owner, seg_kept
 
 
 def account(
     job: JobSpans,
     ideal_step_time_s: float | None = None,
     now_ns: int | None = None,
+    memo: AccountingMemo | None = None,
 ) -> JobResult:
     """Account one job's spans into goodput buckets (``docs/accounting.md``).
 
@@ -369,6 +414,9 @@ def account(
         job: one job's spans, e.g. ``read_run_dir(path).jobs[name]``.
         ideal_step_time_s: ideal step time in seconds; None = median of kept step times.
         now_ns: "now" (ns since the epoch) for telling a running attempt; default now.
+        memo: results of an earlier accounting of the same job, whose rows have only grown
+            at the end since (:mod:`goodput_processor.memo`): what the new rows cannot
+            change is taken from it. The result is the same with or without.
 
     Returns:
         A :class:`JobResult`. A job without any usable span gets total 0.
@@ -376,15 +424,26 @@ def account(
     Raises:
         ValueError: ``ideal_step_time_s`` is not a finite number > 0.
     """
-    return _account(job, ideal_step_time_s, now_ns, False)[0]
+    return _account(job, ideal_step_time_s, now_ns, False, memo)[0]
 
 
-def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
-    """:func:`account`, also returning the attempts and the running totals."""
+def _account(job, ideal_step_time_s, now_ns, keep_segments: bool, memo=None):
+    """:func:`account`, also returning the attempts and the running totals; one round of
+    ``memo`` (:meth:`~goodput_processor.memo.AccountingMemo.end_round`)."""
     _check_ideal(ideal_step_time_s)
-    attempts = build_attempts(job, now_ns)
-    acc = _Acc(job, attempts, keep_segments)
-    resume = [resume_step(a.primary.data) for a in attempts]
+    if memo is None:
+        return _account_with(job, ideal_step_time_s, now_ns, keep_segments, None)
+    try:
+        return _account_with(job, ideal_step_time_s, now_ns, keep_segments, memo)
+    finally:
+        memo.end_round()
+
+
+def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
+    attempts = build_attempts(job, now_ns, memo)
+    acc = _Acc(job, attempts, keep_segments, memo)
+    resume = [_memo(memo, ("resume", rows_key(a.primary.data)), resume_step, a.primary.data)
+              for a in attempts]
     rows, recovery_ns, bounds = [], 0, []
     for i, a in enumerate(attempts):
         later = [r for r in resume[i + 1 :] if r is not None]
@@ -392,11 +451,14 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
         bounds.append(min(later) if later else None)
         kept, wasted = acc.attempt(a, bounds[-1], has_next)
         if has_next and bounds[-1] is not None:  # a peer may have flushed steps it lost
-            wasted = max([wasted] + [_wasted_steps(p.data, a, bounds[-1])
-                                     for p in a.processes[1:]])
+            wasted = max([wasted] + [
+                _memo(memo, ("wasted", rows_key(p.data), a.start_ns, a.end_ns, bounds[-1]),
+                      _wasted_steps, p.data, a, bounds[-1])
+                for p in a.processes[1:]])
         if has_next:
             recovery_ns += attempts[i + 1].start_ns - a.end_ns
-        errors = sum(int(((p.data[:, C_FLAGS] & F_ERROR) != 0).sum()) for p in a.processes)
+        errors = sum(_memo(memo, ("errors", rows_key(p.data)), _error_spans, p.data)
+                     for p in a.processes)
         rows.append(AttemptResult(
             attempt=a.attempt, start_ns=a.start_ns, end_ns=a.end_ns,
             duration_s=a.duration_ns / _NS, end_reason=a.end_reason, cut=a.cut,
@@ -406,18 +468,28 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool):
             recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
         ))
     result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
-    result = replace(result, warnings=tuple(job_warnings(job, attempts, result)),
+    result = replace(result, warnings=tuple(job_warnings(job, attempts, result, memo)),
                      over_limit=dict(job.over_limit))
     # --- stragglers (goodput_processor.stragglers): per-host step times, not in the buckets
     result = replace(result, stragglers=straggler_report(attempts, bounds))
     # --- end stragglers
     # --- recovery phases, badput by host (goodput_processor.recovery, .attribution)
-    recs = recovery_report(job, attempts, bounds, resume, result, acc.wasted_start)
+    recs = recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo)
     hosts, unattributed = host_badput(attempts, result, recs)
     result = replace(result, recovery=recs, host_badput=hosts,
                      slowdown_unattributed_s=unattributed)
     # --- end recovery
     return result, attempts, acc
+
+
+def _memo(memo, key, fn, *args):
+    """``fn(*args)``, kept in ``memo`` under ``key`` when there is a memo."""
+    return fn(*args) if memo is None else memo.get(key, lambda: fn(*args))
+
+
+def _error_spans(d: np.ndarray) -> int:
+    """Rows of one process with status ERROR."""
+    return int(((d[:, C_FLAGS] & F_ERROR) != 0).sum())
 
 
 def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s):
@@ -477,7 +549,8 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     run = _run_attributes(attempts)
     mfu = _mfu(run, int(cnt.sum()), buckets[schema.PRODUCTIVE])
     goodput = buckets[schema.PRODUCTIVE] / total_ns if total_ns else 0.0
-    slices = slice_efficiency(slice_records(job, [p for a in attempts for p in a.processes]),
+    slices = slice_efficiency(slice_records(job, [p for a in attempts for p in a.processes],
+                                            acc.memo),
                               attempts[0].start_ns, attempts[-1].end_ns) if attempts else None
     return JobResult(
         job=job.name,

@@ -38,6 +38,7 @@ import numpy as np
 
 from goodput import schema
 
+from .memo import AccountingMemo, rows_key
 from .report import ReportWarning
 from .timeline import (
     C_AUX,
@@ -255,18 +256,28 @@ def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None) -> _Run:
     )
 
 
-def _runs(job: JobSpans) -> list[_Run]:
+def _runs(job: JobSpans, memo=None) -> list[_Run]:
     runs = []
-    for (attempt, _index, _inst), proc in sorted(job.processes.items()):
+    for key, proc in sorted(job.processes.items()):
         if not len(proc.data) or proc.run.get(schema.RES_PROCESS_ROLE) == "launcher":
             continue  # a launcher's own process (its events: goodput_processor.recovery)
-        proc = replace(proc, data=resolve_open(proc.data))
-        if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
-            runs.append(_run(job, proc, None))
-        else:
-            for part, p in enumerate(_split_runs(proc)):
-                runs.append(_run(job, p, (attempt, part)))
+        if memo is None:
+            runs += _process_runs(job, key[0], proc)
+        else:  # the resource's attributes may change without a new row
+            ident = repr((proc.host, proc.process_count, proc.schema_version,
+                          sorted(proc.run.items()), proc.instance, proc.pid,
+                          proc.process_start_ns, proc.attempt_source, proc.index_source))
+            runs += memo.get(("runs", key, rows_key(proc.data), ident),
+                             lambda proc=proc, a=key[0]: _process_runs(job, a, proc))
     return runs
+
+
+def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans) -> list[_Run]:
+    """The runs of one resource, its open records resolved."""
+    proc = replace(proc, data=resolve_open(proc.data))
+    if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
+        return [_run(job, proc, None)]
+    return [_run(job, p, (attempt, part)) for part, p in enumerate(_split_runs(proc))]
 
 
 def _group(runs: list[_Run]) -> list[list[_Run]]:
@@ -313,13 +324,16 @@ def _number(groups: list[list[_Run]]) -> list[int]:
     return out
 
 
-def build_attempts(job: JobSpans, now_ns: int | None = None) -> list[Attempt]:
+def build_attempts(job: JobSpans, now_ns: int | None = None,
+                   memo: AccountingMemo | None = None) -> list[Attempt]:
     """Attempts of ``job`` ordered by start, with ends cut at the next attempt's start.
 
     Args:
         job: the job's spans as read by :func:`goodput_processor.reader.read_run_dir`.
         now_ns: "now" in ns since the Unix epoch, to tell a running last attempt from a
             killed one; default ``time.time_ns()``.
+        memo: per-process results of an earlier call on the same job
+            (:mod:`goodput_processor.memo`).
 
     Returns:
         One :class:`Attempt` per attempt found (empty list if the job has no spans); its
@@ -327,7 +341,7 @@ def build_attempts(job: JobSpans, now_ns: int | None = None) -> list[Attempt]:
     """
     if now_ns is None:
         now_ns = time.time_ns()
-    groups = _group(_runs(job))
+    groups = _group(_runs(job, memo))
     numbers = _number(groups)
     attempts = []
     for i, (g, number) in enumerate(zip(groups, numbers, strict=True)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attempts import Attempt
+from .memo import rows_key
 from .report import JobResult, ReportWarning
 from .timeline import (
     C_END,
@@ -42,39 +43,21 @@ _PLAUSIBLE_NS = 10**18
 _MS = 1_000_000
 
 
-def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult) -> list:
-    """The warnings of one accounted job (see the module docstring)."""
+def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
+                 memo=None) -> list:
+    """The warnings of one accounted job (see the module docstring). ``memo``: an
+    :class:`~goodput_processor.memo.AccountingMemo` keeping each attempt's."""
     out = [w for a in attempts for w in a.warnings]
     out += _missing_attempts(attempts)
     reached = None  # highest step of the attempts so far
     for i, a in enumerate(attempts):
-        d = a.primary.data
-        kinds = d[:, C_KIND]
-        sel = np.flatnonzero((kinds == K_STEP) & (d[:, C_IVAL] != NONE))
-        nums, starts, ends = d[sel, C_IVAL], d[sel, C_START], d[sel, C_END]
-        if len(starts) > 1 and not (np.diff(starts) > 0).all():
-            # in time order, ties by step number: the order spans arrived in must not matter
-            order = np.lexsort((ends, nums, starts))
-            nums, starts, ends = nums[order], starts[order], ends[order]
-        restored = bool((kinds == K_CHECKPOINT_RESTORE).any())
-        if i and len(nums) and reached is not None and not restored and nums[0] <= reached:
-            out.append(ReportWarning(
-                "steps_restart_without_restore",
-                f"attempt {a.attempt} starts at step {int(nums[0])}, at or below step "
-                f"{reached} reached before, and records no checkpoint restore: its earlier "
-                "steps count as wasted. If it resumed from a checkpoint, record the restore "
-                "(goodput.checkpoint_restore(step=...) or an instrumented checkpoint API)",
-                a.attempt, a.primary.index))
-        back = int((np.diff(nums) < 0).sum())
-        if back:
-            out.append(ReportWarning(
-                "steps_backwards",
-                f"attempt {a.attempt}: the step number goes down {back} time(s) within the "
-                "attempt (a counter reset, or two loops recording steps)",
-                a.attempt, a.primary.index))
-        out += _clock(a, d, starts, ends)
-        if len(nums):
-            reached = int(nums.max()) if reached is None else max(reached, int(nums.max()))
+        if memo is None:
+            found, reached = _attempt_warnings(a, i, reached)
+        else:
+            key = ("warnings", rows_key(a.primary.data), a.attempt, a.start_ns,
+                   a.primary.index, i > 0, reached)
+            found, reached = memo.get(key, lambda a=a, i=i, r=reached: _attempt_warnings(a, i, r))
+        out += found
     counts = [(a.attempt, a.declared_process_count) for a in attempts
               if a.declared_process_count is not None]
     for (a0, n0), (a1, n1) in zip(counts, counts[1:], strict=False):
@@ -105,6 +88,40 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult) -> l
                 "--max-attribute-bytes"}.get(limit, f"{n} value(s) past the limit {limit}")
         out.append(ReportWarning("over_limit", f"goodput serve limit {limit}: {what}"))
     return out
+
+
+def _attempt_warnings(a: Attempt, i: int, reached: int | None) -> tuple[list, int | None]:
+    """The warnings of attempt ``a`` (the ``i``-th) from its primary's steps, given the
+    highest step reached before it; -> (warnings, highest step reached so far)."""
+    out: list = []
+    d = a.primary.data
+    kinds = d[:, C_KIND]
+    sel = np.flatnonzero((kinds == K_STEP) & (d[:, C_IVAL] != NONE))
+    nums, starts, ends = d[sel, C_IVAL], d[sel, C_START], d[sel, C_END]
+    if len(starts) > 1 and not (np.diff(starts) > 0).all():
+        # in time order, ties by step number: the order spans arrived in must not matter
+        order = np.lexsort((ends, nums, starts))
+        nums, starts, ends = nums[order], starts[order], ends[order]
+    restored = bool((kinds == K_CHECKPOINT_RESTORE).any())
+    if i and len(nums) and reached is not None and not restored and nums[0] <= reached:
+        out.append(ReportWarning(
+            "steps_restart_without_restore",
+            f"attempt {a.attempt} starts at step {int(nums[0])}, at or below step "
+            f"{reached} reached before, and records no checkpoint restore: its earlier "
+            "steps count as wasted. If it resumed from a checkpoint, record the restore "
+            "(goodput.checkpoint_restore(step=...) or an instrumented checkpoint API)",
+            a.attempt, a.primary.index))
+    back = int((np.diff(nums) < 0).sum())
+    if back:
+        out.append(ReportWarning(
+            "steps_backwards",
+            f"attempt {a.attempt}: the step number goes down {back} time(s) within the "
+            "attempt (a counter reset, or two loops recording steps)",
+            a.attempt, a.primary.index))
+    out += _clock(a, d, starts, ends)
+    if len(nums):
+        reached = int(nums.max()) if reached is None else max(reached, int(nums.max()))
+    return out, reached
 
 
 def _missing_attempts(attempts: list[Attempt]) -> list:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .memo import rows_key
 from .timeline import C_AUX, C_IVAL, C_KIND, C_SIDX, C_START, K_ELASTIC_SLICES, NONE, JobSpans
 
 __all__ = ["SliceEfficiency", "slice_efficiency", "slice_records"]
@@ -50,17 +51,22 @@ def _count(v: int) -> int:
     return 0 if v == NONE else int(v)
 
 
-def slice_records(job: JobSpans, processes=None) -> np.ndarray:
+def slice_records(job: JobSpans, processes=None, memo=None) -> np.ndarray:
     """The job's slice-count records, as an ``(n, 4)`` int64 array of ``(time ns, stepping,
     available, total)`` rows sorted by time (ties in the order read), from the
     ``goodput.elastic_slices`` markers of ``processes`` (default every process of the job;
     a record written by several processes at the same time and with the same counts is
-    kept once). An absent count is 0; ``total`` is at least 1.
+    kept once). An absent count is 0; ``total`` is at least 1. ``memo``: an
+    :class:`~goodput_processor.memo.AccountingMemo` keeping each process's markers.
     """
     rows = []
     for p in (job.processes.values() if processes is None else processes):
         d = p.data
-        for r in d[d[:, C_KIND] == K_ELASTIC_SLICES]:
+
+        def markers(d=d):
+            return d[d[:, C_KIND] == K_ELASTIC_SLICES]
+
+        for r in markers() if memo is None else memo.get(("slices", rows_key(d)), markers):
             sidx = int(r[C_SIDX])
             try:
                 available = int(job.strings[sidx]) if sidx >= 0 else 0

@@ -127,13 +127,15 @@ def snapshot(
     windows_s: Sequence[float] = DEFAULT_WINDOWS_S,
     ideal_step_time_s: float | None = None,
     now_ns: int | None = None,
+    memo=None,
 ) -> JobSnapshot:
-    """Account ``job`` with rolling windows (see :func:`~.windows.account_windows`).
+    """Account ``job`` with rolling windows (see :func:`~.windows.account_windows`; ``memo``:
+    an :class:`~goodput_processor.memo.AccountingMemo` of earlier snapshots of the job).
 
     Raises:
         ValueError: a window is not a number of seconds > 0, or bad ``ideal_step_time_s``.
     """
-    result, windows = account_windows(job, windows_s, ideal_step_time_s, now_ns)
+    result, windows = account_windows(job, windows_s, ideal_step_time_s, now_ns, memo)
     return JobSnapshot(result, windows)
 
 

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .metrics import DEFAULT_WINDOWS_S, GoodputMetrics, JobSnapshot, snapshot
+from .metrics import DEFAULT_WINDOWS_S, GoodputMetrics, JobSnapshot
 from .reader import RunDirError
 from .serve.store import LiveStore
 from .serve.tail import SpoolTailer
@@ -234,14 +234,19 @@ class GoodputMonitor:
                 raise RunDirError(f"run directory {self.run_dir!r} holds no goodput spans yet")
             if self._job is not None:
                 names = [n for n in names if n == self._job]
-            snaps = [snapshot(self._store.snapshot(n), self.windows_s, self._ideal)
-                     for n in names]
+            snaps = [self._store.snapshot_windows(n, self.windows_s) for n in names]
         except Exception as e:  # counted and logged, never raised
             self.errors += 1
             log.warning("goodput monitor: reading %s failed: %s", self.run_dir, e)
             return False
         self._snaps = snaps
         ok = True
+        failed = [s.result.job for s in snaps if s.result.error is not None]
+        if failed:  # reported failed (and left out of the gauges); the others go on
+            ok = False
+            self.errors += len(failed)
+            log.warning("goodput monitor: accounting failed for job(s) %s", ", ".join(failed))
+            snaps = [s for s in snaps if s.result.error is None]
         if self._tb_dir is not None:
             for s in snaps:
                 try:

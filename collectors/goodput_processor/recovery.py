@@ -57,6 +57,7 @@ import numpy as np
 
 from goodput import schema
 
+from .memo import rows_key
 from .timeline import (
     C_AUX,
     C_END,
@@ -250,9 +251,11 @@ def _minus(pieces: list, other: list) -> int:
     return total
 
 
-def _restart_phases(r, bound: int | None, result, resume: int | None) -> tuple[dict, int]:
-    """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
-    recompilation_warmup (ns or None), and the start of its first kept step (ns)."""
+def _restart_rows(r, bound: int | None) -> tuple:
+    """What :func:`_restart_phases` reads of attempt ``r``'s primary rows (clipped to the
+    attempt): the first phase's start, the first kept step's start, the restore time and
+    pieces before it, the compilation pieces before it, the blocking compilation spans,
+    the kept steps' starts (sorted) and ends, and whether a restore was recorded."""
     d = r.primary.data
     kinds, flags = d[:, C_KIND], d[:, C_FLAGS]
     blocking = (flags & F_NONBLOCKING) == 0
@@ -268,20 +271,41 @@ def _restart_phases(r, bound: int | None, result, resume: int | None) -> tuple[d
     comp = (kinds == K_PROGRAM_STARTUP) & blocking
     restore_ns, rest_pieces = _union_ns(s[rest], e[rest], first, t_fk)
     _, comp_pieces = _union_ns(s[comp], e[comp], first, t_fk)
+    ks, ke = s[kept], e[kept]
+    order = np.argsort(ks, kind="stable")
+    return (first, t_fk, restore_ns, rest_pieces, comp_pieces, s[comp], e[comp], ks[order],
+            ke[order], bool(rest.any()))
+
+
+def _restart_phases(r, bound: int | None, result, resume: int | None,
+                    memo=None) -> tuple[dict, int]:
+    """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
+    recompilation_warmup (ns or None), and the start of its first kept step (ns).
+    ``memo`` keeps what comes from ``r``'s rows (:func:`_restart_rows`)."""
+    if memo is None:
+        rows = _restart_rows(r, bound)
+    else:
+        rows = memo.get(("restart", r.attempt, r.start_ns, r.end_ns,
+                         rows_key(r.primary.data), bound), lambda: _restart_rows(r, bound))
+    first, t_fk, restore_ns, rest_pieces, comp_pieces, cs, ce, ks, ke, restored = rows
     compile_ns = _minus(comp_pieces, rest_pieces)
     # warm-up: the first kept step, and the leading steps slower than the attempt's level
     warm_ns, warm_end = 0, t_fk
-    if kept.any():
-        first_row = np.flatnonzero(kept & (s == t_fk))
-        warm_end = int(e[first_row].max()) if len(first_row) else t_fk
+
+    def ends_at(t: int) -> np.ndarray:  # ends of the kept steps starting at t
+        return ke[np.searchsorted(ks, t, "left"):np.searchsorted(ks, t, "right")]
+
+    if len(ks):
+        first_row = ends_at(t_fk)
+        warm_end = int(first_row.max()) if len(first_row) else t_fk
         idx, excess = warmup(result, r.attempt)
         if len(idx):
             warm_ns = int(round(float(excess.sum())))
-            ends = e[kept & (s == int(result.steps.start_ns[idx].max()))]
+            ends = ends_at(int(result.steps.start_ns[idx].max()))
             if len(ends):
                 warm_end = max(warm_end, int(ends.max()))
-        warm_ns += _union_ns(s[comp], e[comp], t_fk, warm_end)[0]
-    if rest.any():
+        warm_ns += _union_ns(cs, ce, t_fk, warm_end)[0]
+    if restored:
         restore = restore_ns
     elif resume is not None and resume > 0:
         restore = None  # resumed without a recorded restore: its time is in rendezvous_init
@@ -337,7 +361,7 @@ def _pod_evidence(a, r) -> dict:
 
 def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | None],
                     resumes: Sequence[int | None], result,
-                    wasted_start: Sequence[int]) -> tuple[Recovery, ...]:
+                    wasted_start: Sequence[int], memo=None) -> tuple[Recovery, ...]:
     """One :class:`Recovery` per disruption of the job, in attempt order.
 
     Args:
@@ -349,17 +373,27 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
             steps, the ideal step time and the anomalous flags).
         wasted_start: per attempt, where the accounting's wasted region starts (ns since
             the epoch; the attempt's end when it has none).
+        memo: an :class:`~goodput_processor.memo.AccountingMemo` keeping what comes from
+            one attempt's rows (its first failure and last progress, the restart's rows).
     """
     failures = launcher_failures(job)
     out = []
     for i in range(len(attempts) - 1):
         a, r = attempts[i], attempts[i + 1]
-        rows = stacked(a)
-        ff = _first_failure(job, a, failures, rows)
-        last = _last_progress(a, rows)
+
+        def failed(a=a):
+            rows = stacked(a)
+            return _first_failure(job, a, failures, rows), _last_progress(a, rows)
+
+        if memo is None:
+            ff, last = failed()
+        else:
+            key = ("failed", a.attempt, a.start_ns, a.end_ns, repr(sorted(failures.items())),
+                   tuple((p.index, p.host, p.pid, rows_key(p.data)) for p in a.processes))
+            ff, last = memo.get(key, failed)
         t_fail = max(ff.at_ns, last) if last is not None else ff.at_ns
         t_fail = min(max(t_fail, a.start_ns), a.end_ns)
-        rest, _t_fk = _restart_phases(r, bounds[i + 1], result, resumes[i + 1])
+        rest, _t_fk = _restart_phases(r, bounds[i + 1], result, resumes[i + 1], memo)
         ns = {"detection": None if last is None else t_fail - last,
               "termination": a.end_ns - t_fail,
               "rescheduling": max(r.start_ns - a.end_ns, 0), **rest}

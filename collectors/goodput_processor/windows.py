@@ -69,6 +69,7 @@ def account_windows(
     windows_s,
     ideal_step_time_s: float | None = None,
     now_ns: int | None = None,
+    memo=None,
 ) -> tuple[JobResult, tuple[WindowResult, ...]]:
     """:func:`account` plus goodput and badput over the last W seconds, for each W.
 
@@ -82,7 +83,7 @@ def account_windows(
     Args:
         job: one job's spans.
         windows_s: window lengths in seconds (numbers > 0), e.g. ``(60, 300, 900)``.
-        ideal_step_time_s, now_ns: as for :func:`account`.
+        ideal_step_time_s, now_ns, memo: as for :func:`account`.
 
     Returns:
         ``(result, windows)``: the :class:`JobResult` (identical to :func:`account`'s) and
@@ -92,7 +93,7 @@ def account_windows(
         ValueError: a window is not a finite number > 0, or bad ``ideal_step_time_s``.
     """
     windows = check_windows(windows_s)
-    result, attempts, acc = _account(job, ideal_step_time_s, now_ns, True)
+    result, attempts, acc = _account(job, ideal_step_time_s, now_ns, True, memo)
     out = []
     slow_frac = _slow_fractions(result)
     for w in windows:

@@ -116,9 +116,10 @@ def _metrics(args, store, budget=lambda: None):
     def jobs():
         for name in store.jobs():
             try:
-                yield store.snapshot(name)
+                snap = store.snapshot_windows(name, windows)
             except KeyError:  # left meanwhile
                 continue
+            yield snap
 
     GoodputMetrics(jobs, provider, windows_s=windows, ideal_step_time_s=store.ideal_step_time_s)
     add_serve_instruments(provider.get_meter("goodput_serve"), store, budget)

@@ -15,7 +15,6 @@ import logging
 import threading
 
 from .. import workload as wl
-from ..metrics import snapshot
 from .store import LiveStore
 
 __all__ = ["WorkloadPublisher"]
@@ -62,8 +61,10 @@ class WorkloadPublisher:
         series = []
         for name in self.store.jobs():
             try:
-                spans = self.store.snapshot(name)
-                snap = snapshot(spans, self.windows_s, self.store.ideal_step_time_s)
+                snap = self.store.snapshot_windows(name, self.windows_s)
+                if snap.result.error is not None:
+                    raise RuntimeError(snap.result.error)
+                spans = self.store.snapshot(name) if self.definitions == "mgm" else None
                 series += wl.job_series(snap, self.opts, self.definitions, spans=spans,
                                         ideal_step_time_s=self.store.ideal_step_time_s)
             except KeyError:  # left meanwhile

@@ -27,6 +27,7 @@ size (cut and reported as ``over_limit``). Idle jobs leave after ``retention_s``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -42,6 +43,7 @@ import numpy as np
 from .. import reader as rd
 from .. import timeline as tl
 from ..accounting import account, isolated
+from ..memo import AccountingMemo
 from ..report import JobResult, job_to_dict
 from ..timeline import JobSpans
 from .decode import ingest_pb
@@ -52,6 +54,53 @@ from .wal import ReplayStats, WriteAheadLog, job_slug
 __all__ = ["LiveStore"]
 
 _log = logging.getLogger(__name__)
+
+
+class _Rows:
+    """One process's rows as the store keeps them: ``data[:n]`` (int64, :data:`~goodput_
+    processor.timeline.COLUMNS`), in arrival order, without duplicates (the first of a
+    repeated (trace, span id) is kept), in an array that grows by half when full, and their
+    span ids sorted (for the duplicate check of new rows). Rows once taken never change."""
+
+    __slots__ = ("data", "n", "sids")
+
+    def __init__(self) -> None:
+        self.data = np.zeros((0, tl.NCOLS), np.int64)
+        self.n = 0
+        self.sids = np.zeros(0, np.int64)
+
+    def view(self) -> np.ndarray:
+        """The rows (a read-only view)."""
+        v = self.data[: self.n]
+        v.flags.writeable = False
+        return v
+
+    def nbytes(self) -> int:
+        return self.data.nbytes + self.sids.nbytes
+
+    def append(self, new: np.ndarray) -> int:
+        """Take ``new`` rows (arrival order); returns the number of duplicates dropped."""
+        new, ndup = tl.drop_duplicates(new)
+        sid = new[:, tl.C_SID]
+        pos = np.searchsorted(self.sids, sid)
+        if (self.sids[np.minimum(pos, len(self.sids) - 1)] == sid).any() if self.n else False:
+            # a span id seen before (a retried export): the exact check over all the rows
+            both, ndup2 = tl.drop_duplicates(np.concatenate((self.data[: self.n], new)))
+            new, ndup = both[self.n :], ndup + ndup2
+            sid = new[:, tl.C_SID]
+            pos = np.searchsorted(self.sids, sid)
+        k = len(new)
+        if not k:
+            return ndup
+        if self.n + k > len(self.data):
+            grown = np.empty((max(self.n + k, len(self.data) * 3 // 2, 64), tl.NCOLS), np.int64)
+            grown[: self.n] = self.data[: self.n]
+            self.data = grown
+        self.data[self.n : self.n + k] = new
+        self.n += k
+        order = np.argsort(sid, kind="stable")
+        self.sids = np.insert(self.sids, pos[order], sid[order])
+        return ndup
 
 
 class LiveStore:
@@ -91,6 +140,9 @@ class LiveStore:
         self._rate = RateLimiter(self.limits.max_job_spans_per_s, self.limits.burst_s)
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, JobResult]] = {}  # job -> (monotonic s, result)
+        self._rows: dict[str, dict[tuple, _Rows]] = {}  # job -> process -> rows taken
+        self._dups: Counter = Counter()  # job -> duplicates dropped from its rows
+        self._memos: dict[tuple, tuple] = {}  # (job, windows) -> (lock, AccountingMemo)
         self._last_seen: dict[str, float] = {}  # job -> wall-clock s of its last span
         #: Counters: ``requests``, ``spans`` (of any scope), ``lines`` (spool lines), and
         #: ``refused_<reason>`` for requests refused (see :meth:`count`).
@@ -267,18 +319,32 @@ class LiveStore:
             return sorted(self._reader.jobs)
 
     def snapshot(self, name: str) -> JobSpans:
-        """A copy of job ``name``'s spans, deduplicated, as ``read_run_dir`` gives them.
+        """Job ``name``'s spans, deduplicated, as ``read_run_dir`` gives them.
+
+        The rows that arrived since the last snapshot move from the reader's buffers to the
+        store's own arrays (:class:`_Rows`), duplicates dropped; each process's ``data`` is
+        a read-only view of them, which later arrivals never change. The cost follows
+        what arrived, not the job's history.
 
         Raises:
             KeyError: no job of that name has been seen.
         """
         with self._lock:
             job = self._reader.jobs[name]
+            rows = self._rows.setdefault(name, {})
             procs = {}
             for key, p in job.processes.items():
-                data = np.frombuffer(p._buf, np.int64).reshape(-1, tl.NCOLS).copy()
-                procs[key] = replace(p, data=data, run=dict(p.run), _buf=array("q"))
+                r = rows.get(key)
+                if r is None:
+                    r = rows[key] = _Rows()
+                if len(p._buf):
+                    new = np.frombuffer(p._buf, np.int64).reshape(-1, tl.NCOLS).copy()
+                    del p._buf[:]
+                    self._dups[name] += r.append(new)
+                procs[key] = replace(p, data=r.view(), run=dict(p.run), _buf=array("q"))
             skipped = Counter(job.skipped) + Counter(self._reader.skipped)
+            if self._dups[name]:
+                skipped["duplicate"] += self._dups[name]
             raw = self._reader._examples
             examples = [":".join(map(str, ex[:-1])) + ": " + ex[-1]
                         for ex in (raw.get(name, []) + raw.get(None, []))[: rd._MAX_EXAMPLES]]
@@ -286,32 +352,66 @@ class LiveStore:
                            strings=list(self._reader.strings),
                            schema_versions=set(job.schema_versions),
                            over_limit=Counter(job.over_limit))
-        for key, p in procs.items():
-            p.data, ndup = tl.drop_duplicates(p.data)
-            if ndup:
-                out.skipped["duplicate"] += ndup
-            out.processes[key] = p
+        out.processes.update(procs)
         return out
+
+    @contextlib.contextmanager
+    def memo(self, name: str, windows: bool = False):
+        """Job ``name``'s :class:`~goodput_processor.memo.AccountingMemo`, held for one
+        accounting (accountings of one job wait for each other; ``windows``: the memo of
+        the accountings with rolling windows, kept apart)."""
+        with self._lock:
+            lock, memo = self._memos.setdefault((name, windows),
+                                                (threading.Lock(), AccountingMemo()))
+        with lock:
+            yield memo
 
     def account(self, name: str, now_ns: int | None = None) -> JobResult:
         """Account job ``name`` now, isolated: an exception of the accounting gives a
         failed result (``error`` set, counted in :attr:`job_errors`), never raises.
+        What the job's new spans cannot change comes from its memo (:meth:`memo`).
 
         Raises:
             KeyError: no job of that name has been seen.
         """
-        spans = self.snapshot(name)
 
-        def on_error(_exc) -> None:
-            with self._lock:
-                self.job_errors[name] += 1
-                n = self.job_errors[name]
-            if n == 1 or n % 100 == 0:
-                _log.exception("goodput serve: accounting job %r failed (%d time(s)); it is "
-                               "reported as failed, the other jobs carry on", name, n)
+        with self.memo(name) as memo:
+            spans = self.snapshot(name)
+            return isolated(name, lambda: account(spans, self.ideal_step_time_s, now_ns,
+                                                  memo=memo),
+                            lambda _e: self._count_error(name))
 
-        return isolated(name, lambda: account(spans, self.ideal_step_time_s, now_ns),
-                        on_error)
+    def snapshot_windows(self, name: str, windows_s, now_ns: int | None = None):
+        """Job ``name`` accounted with rolling windows (a :class:`~goodput_processor.metrics.
+        JobSnapshot`, :func:`~goodput_processor.metrics.snapshot`), through its memo of
+        windowed accountings, isolated like :meth:`account` (a failure gives a snapshot of
+        a failed result, with no windows).
+
+        Raises:
+            KeyError: no job of that name has been seen.
+            ValueError: a window is not a number of seconds > 0.
+        """
+        from ..metrics import JobSnapshot, check_windows, snapshot
+
+        windows = check_windows(windows_s)
+        with self.memo(name, windows=True) as memo:
+            spans = self.snapshot(name)
+            out: list = []
+
+            def compute():
+                out.append(snapshot(spans, windows, self.ideal_step_time_s, now_ns, memo))
+                return out[0].result
+
+            result = isolated(name, compute, lambda _e: self._count_error(name))
+        return out[0] if out and out[0].result is result else JobSnapshot(result)
+
+    def _count_error(self, name: str) -> None:
+        with self._lock:
+            self.job_errors[name] += 1
+            n = self.job_errors[name]
+        if n == 1 or n % 100 == 0:
+            _log.exception("goodput serve: accounting job %r failed (%d time(s)); it is "
+                           "reported as failed, the other jobs carry on", name, n)
 
     def results(self, now_ns: int | None = None, job: str | None = None) -> list[JobResult]:
         """Current :class:`JobResult` of every job (or only ``job``), sorted by job name.
@@ -379,6 +479,10 @@ class LiveStore:
                 self._reader._examples.pop(name, None)
                 self._last_seen.pop(name, None)
                 self._cache.pop(name, None)
+                self._rows.pop(name, None)
+                self._dups.pop(name, None)
+                self._memos.pop((name, False), None)
+                self._memos.pop((name, True), None)
                 self._rate.forget(name)
             _log.info("goodput serve: job %r left after %g s without spans", name,
                       self.retention_s)
@@ -386,9 +490,11 @@ class LiveStore:
         return out
 
     def memory_bytes(self) -> dict[str, int]:
-        """Bytes held by each job's span buffers (``sys.getsizeof``, over-allocation included)."""
+        """Bytes held by each job's span rows: the reader's buffers (``sys.getsizeof``) and
+        the store's arrays, over-allocation included (not the memo)."""
         with self._lock:
             return {name: sum(sys.getsizeof(p._buf) for p in job.processes.values())
+                    + sum(r.nbytes() for r in self._rows.get(name, {}).values())
                     for name, job in self._reader.jobs.items()}
 
     def report_json(self, now_ns: int | None = None, job: str | None = None) -> str:

@@ -309,8 +309,10 @@ class GoodputCalculator:
     def _account(self, ideal_s=None):
         from goodput_processor.accounting import account
 
-        js, at = self._job()
-        return account(js, ideal_step_time_s=ideal_s, now_ns=at)
+        self._job()  # (makes the store)
+        with self._store.memo(self.job_name) as memo:  # what new spans cannot change
+            js, at = self._job()
+            return account(js, ideal_step_time_s=ideal_s, now_ns=at, memo=memo)
 
     # --- the incumbent's API --------------------------------------------------------------
 

@@ -1,0 +1,73 @@
+"""What one accounting of a job can hand to the next: per-process and per-attempt results
+kept between polls of a live job (``goodput serve``, the monitor, the drop-in calculator).
+
+A live job grows at its end: new spans land in the running attempt's processes, while the
+finished attempts' rows stay as they are. The accounting's per-process steps (open records
+resolved, the evidence of :mod:`.attempts`) and per-attempt steps (painting, resume step,
+warnings, the failed attempt's last progress) are pure functions of those rows and of a
+few numbers (the attempt's bounds, the kept-step bound, the bucket levels). An
+:class:`AccountingMemo` keeps their results keyed by exactly those inputs, so a poll
+recomputes only what new rows can change; the job-wide statistics (ideal step time, noise
+band, slowdown, percentiles) are recomputed from the kept steps every time. The result is
+the same, to the nanosecond, as accounting the job afresh (``tests/test_incremental.py``).
+
+A process's rows are identified by :func:`rows_key`: their number and the bytes of the last
+and the first row. That is exact for the rows of ``goodput serve`` and of a spool tailer,
+which only ever grow at the end (a duplicate is dropped where it arrives, so the rows kept
+never change); a caller that edits rows in place must not pass a memo.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["AccountingMemo", "rows_key"]
+
+_MISS = object()
+
+
+def rows_key(data: np.ndarray) -> tuple:
+    """Identity of one process's rows (an ``(n, NCOLS)`` int64 array): ``(n, last row
+    bytes, first row bytes)``."""
+    if not len(data):
+        return (0, b"", b"")
+    return (len(data), data[-1].tobytes(), data[0].tobytes())
+
+
+class AccountingMemo:
+    """Results of accounting steps kept from one accounting of a job to the next.
+
+    :meth:`get` returns the value kept under ``key`` or computes and keeps it;
+    :meth:`end_round`, called after each accounting, drops what that accounting did not
+    use, so the memo holds one accounting's worth of results (memory bounded by the job's
+    rows, not by the number of polls). Not thread-safe: one accounting at a time.
+    ``hits``/``misses`` count lookups (for tests and benchmarks).
+    """
+
+    def __init__(self) -> None:
+        self._old: dict = {}
+        self._new: dict = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key, compute):
+        """The value under ``key`` (a hashable tuple naming the step and all its inputs),
+        or ``compute()`` kept under it."""
+        value = self._new.get(key, _MISS)
+        if value is not _MISS:
+            return value
+        value = self._old.pop(key, _MISS)
+        if value is _MISS:
+            value = compute()
+            self.misses += 1
+        else:
+            self.hits += 1
+        self._new[key] = value
+        return value
+
+    def end_round(self) -> None:
+        """End of one accounting: results it did not use are dropped."""
+        self._old, self._new = self._new, {}
+
+    def __len__(self) -> int:
+        return len(self._old) + len(self._new)

@@ -1,0 +1,138 @@
+"""Accounting a live job poll after poll, with a memo, equals accounting it afresh (Hypothesis).
+
+A random job (restarts, redone steps, overlapping and open phases, checkpoints, custom
+badput) arrives in random batches: its spans in any order across and within processes, so
+that late spans of a dead attempt land after the next attempt's, with exact duplicates
+arriving again later. After every batch the job is accounted twice, with the memo that
+the previous polls filled (:class:`goodput_processor.memo.AccountingMemo`) and without
+any, and the two results must be equal field by field, buckets to the nanosecond and the
+per-step arrays element by element. The same holds for a live job in ``goodput serve``'s
+store fed batch by batch, for both definitions.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fast_paths import MS, T0, loop_jobs
+from test_properties import NOW, _feed, _lines, jobs
+
+from goodput_processor import to_json_dict
+from goodput_processor.accounting import account
+from goodput_processor.definitions.mgm import account_mgm
+from goodput_processor.memo import AccountingMemo
+from goodput_processor.serve.store import LiveStore
+from goodput_processor.timeline import C_END, NCOLS, JobSpans, ProcessSpans, drop_duplicates
+from goodput_processor.windows import account_windows
+
+SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def _state(r) -> tuple:
+    steps = tuple(np.asarray(a).tolist() for a in (
+        r.steps.step, r.steps.attempt, r.steps.start_ns, r.steps.time_ns, r.steps.count,
+        r.steps.anomalous))
+    return to_json_dict([r]), steps
+
+
+@st.composite
+def arrivals(draw):
+    """A job, and the order its rows arrive in: ``[(process key, row)]`` cut in batches."""
+    job = draw(loop_jobs())
+    rows = [(key, i) for key, p in job.processes.items() for i in range(len(p.data))]
+    order = draw(st.permutations(rows))
+    dups = draw(st.lists(st.sampled_from(rows), max_size=4)) if rows else []
+    order = list(order) + dups  # exact duplicates, arriving again later
+    cuts = sorted(draw(st.lists(st.integers(0, len(order)), max_size=6)))
+    batches = [order[a:b] for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
+    return job, [b for b in batches if b]
+
+
+def _snapshot(job: JobSpans, seen: dict) -> JobSpans:
+    """The job as a store holds it after the rows in ``seen``: each process's rows in
+    arrival order, duplicates dropped (the first kept)."""
+    out = JobSpans(job.name, strings=job.strings)
+    for key, idx in seen.items():
+        p = job.processes[key]
+        data, _ = drop_duplicates(p.data[idx]) if idx else (np.zeros((0, NCOLS), np.int64), 0)
+        out.processes[key] = ProcessSpans(p.job, p.attempt, p.index, host=p.host,
+                                          process_count=p.process_count, data=data)
+    return out
+
+
+@SETTINGS
+@given(case=arrivals(), ideal=st.sampled_from([None, 0.01]), running=st.booleans())
+def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running):
+    job, batches = case
+    memo = AccountingMemo()
+    seen: dict = {}
+    for batch in batches:
+        for key, i in batch:
+            seen.setdefault(key, []).append(i)
+        snap = _snapshot(job, seen)
+        last = max(int(p.data[:, C_END].max()) for p in snap.processes.values() if len(p.data))
+        now = last + (MS if running else 10**12)
+        fresh = account(snap, ideal, now)
+        again = account(snap, ideal, now, memo=memo)
+        assert _state(again) == _state(fresh)
+        assert len(memo) < 10 * (len(snap.processes) + 1) * 4  # one poll's worth, at most
+
+
+def test_the_memo_is_used_when_only_the_running_attempt_grows():
+    """Two attempts; new rows arrive for the second one only: the first attempt's results
+    (its runs, painting, warnings, failure) come from the memo."""
+    n = 200
+    job = JobSpans("grow")
+    for attempt in range(2):
+        t0 = T0 + attempt * 10**12
+        starts = t0 + np.arange(n) * 10 * MS
+        d = np.zeros((n, NCOLS), np.int64)
+        d[:, 0], d[:, 1], d[:, 2] = starts, starts + 10 * MS, 8  # steps
+        d[:, 3], d[:, 4], d[:, 6], d[:, 7] = np.arange(n), -(2**63), -1, attempt
+        d[:, 8] = np.arange(n) + attempt * n
+        job.processes[(attempt, 0, "")] = ProcessSpans("grow", attempt, 0, data=d)
+    full = job.processes[(1, 0, "")].data
+    memo = AccountingMemo()
+    for k in (50, 100, 150, 200):
+        job.processes[(1, 0, "")].data = full[:k]
+        now = int(full[k - 1, 1]) + MS
+        hits = memo.hits
+        got = account(job, None, now, memo=memo)
+        assert _state(got) == _state(account(job, None, now))
+        if k > 50:
+            assert memo.hits - hits >= 3  # runs, resume, attempt part, warnings, failure
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(pairs=jobs(), seed=st.integers(0, 2**32 - 1))
+def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed):
+    """``goodput serve``'s store, fed through its three ingest paths in random batches and
+    polled after each one (with its memo), gives what accounting the job afresh gives, with
+    either definitions."""
+    rng = random.Random(seed)
+    reqs = _lines(pairs, rng)
+    store = LiveStore(min_interval_s=0)
+    for k in range(0, len(reqs), 2):
+        _feed(store, reqs[k : k + 2], rng)
+        for name in store.jobs():
+            (live,) = store.results(now_ns=NOW, job=name)
+            fresh = account(store.snapshot(name), None, NOW)
+            assert _state(live) == _state(fresh)
+            with store.memo(name, windows=True) as memo:
+                _, w_live = account_windows(store.snapshot(name), (60, 600), None, NOW, memo)
+            _, w_fresh = account_windows(store.snapshot(name), (60, 600), None, NOW)
+            assert w_live == w_fresh
+            try:
+                m_fresh = account_mgm(store.snapshot(name), now_ns=NOW).to_json_dict()
+            except ValueError as e:  # the incumbent's own refusals, the same both ways
+                m_fresh = str(e)
+            try:
+                m_live = account_mgm(store.snapshot(name), now_ns=NOW).to_json_dict()
+            except ValueError as e:
+                m_live = str(e)
+            assert m_live == m_fresh
