@@ -17,9 +17,11 @@ import random
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from otlp_fixtures import T0_NS, otlp_span, resource
 from test_fast_paths import MS, T0, loop_jobs
-from test_properties import NOW, _feed, _lines, jobs
+from test_properties import NOW, NS, _feed, _lines, jobs
 
+from goodput import schema
 from goodput_processor import to_json_dict
 from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
@@ -136,3 +138,28 @@ def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed
             except ValueError as e:
                 m_live = str(e)
             assert m_live == m_fresh
+
+
+def _steps(n: int, first: int = 0) -> list:
+    """``n`` one-second steps of job "prop" (attempt 0, process 0), from step ``first``."""
+    res = resource("prop", 0, 0, 1)
+    return [(res, otlp_span(schema.STEP, T0_NS + k * NS, T0_NS + (k + 1) * NS,
+                            {schema.ATTR_STEP: k}, trace_id="1" * 32, span_id=k + 1))
+            for k in range(first, first + n)]
+
+
+def test_a_finished_job_is_not_accounted_again_until_it_changes():
+    """No attempt running: the store answers a later poll with the same result object
+    (nothing changed, and a later now changes nothing); a new span gives a new result,
+    equal to accounting afresh."""
+    store = LiveStore(min_interval_s=0)
+    _feed(store, _lines(_steps(10), None), random.Random(0))
+    (a,) = store.results(now_ns=NOW)
+    assert a.attempts[-1].end_reason != "running" and a.step_time.count == 10
+    (b,) = store.results(now_ns=NOW + 10**12)
+    assert b is a
+    assert _state(b) == _state(account(store.snapshot("prop"), None, NOW + 10**12))
+    _feed(store, _lines(_steps(1, 10), None), random.Random(0))
+    (c,) = store.results(now_ns=NOW + 10**12)
+    assert c is not a and c.step_time.count == 11
+    assert _state(c) == _state(account(store.snapshot("prop"), None, NOW + 10**12))

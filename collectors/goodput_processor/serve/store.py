@@ -142,6 +142,7 @@ class LiveStore:
         self._cache: dict[str, tuple[float, JobResult]] = {}  # job -> (monotonic s, result)
         self._rows: dict[str, dict[tuple, _Rows]] = {}  # job -> process -> rows taken
         self._dups: Counter = Counter()  # job -> duplicates dropped from its rows
+        self._done: dict[str, tuple] = {}  # job -> (version, now, result): nothing running
         self._memos: dict[tuple, tuple] = {}  # (job, windows) -> (lock, AccountingMemo)
         self._last_seen: dict[str, float] = {}  # job -> wall-clock s of its last span
         #: Counters: ``requests``, ``spans`` (of any scope), ``lines`` (spool lines), and
@@ -369,17 +370,45 @@ class LiveStore:
     def account(self, name: str, now_ns: int | None = None) -> JobResult:
         """Account job ``name`` now, isolated: an exception of the accounting gives a
         failed result (``error`` set, counted in :attr:`job_errors`), never raises.
-        What the job's new spans cannot change comes from its memo (:meth:`memo`).
+        What the job's new spans cannot change comes from its memo (:meth:`memo`). A job
+        with no attempt running is not accounted again while nothing of it changed: its
+        result does not depend on a later now.
 
         Raises:
             KeyError: no job of that name has been seen.
         """
-
+        now = time.time_ns() if now_ns is None else now_ns
         with self.memo(name) as memo:
             spans = self.snapshot(name)
-            return isolated(name, lambda: account(spans, self.ideal_step_time_s, now_ns,
-                                                  memo=memo),
-                            lambda _e: self._count_error(name))
+            with self._lock:
+                version = self._version(name)
+            done = self._done.get(name)
+            if done is not None and done[0] == version and done[1] <= now:
+                return done[2]
+            result = isolated(name, lambda: account(spans, self.ideal_step_time_s, now,
+                                                    memo=memo),
+                              lambda _e: self._count_error(name))
+            if (result.error is None and result.attempts
+                    and result.attempts[-1].end_reason != "running"):
+                self._done[name] = (version, now, result)
+            else:
+                self._done.pop(name, None)
+            return result
+
+    def _version(self, name: str) -> tuple:
+        """What a job's result depends on besides now (under the lock, after
+        :meth:`snapshot`): counts of its processes, rows taken and waiting, skips, examples
+        and strings, and its resources' attributes."""
+        job = self._reader.jobs[name]
+        return (len(job.processes), sum(r.n for r in self._rows.get(name, {}).values()),
+                sum(len(p._buf) for p in job.processes.values()),
+                sum(job.skipped.values()), sum(self._reader.skipped.values()),
+                self._dups[name], len(self._reader._examples.get(name, ())),
+                len(self._reader._examples.get(None, ())), len(self._reader.strings),
+                sum(job.over_limit.values()), len(job.schema_versions),
+                hash(tuple((repr(p.run), p.host, p.process_count, p.pid, p.process_start_ns,
+                            p.attempt_source, p.index_source, p.schema_version)
+                           for p in job.processes.values())))
 
     def snapshot_windows(self, name: str, windows_s, now_ns: int | None = None):
         """Job ``name`` accounted with rolling windows (a :class:`~goodput_processor.metrics.
@@ -481,6 +510,7 @@ class LiveStore:
                 self._cache.pop(name, None)
                 self._rows.pop(name, None)
                 self._dups.pop(name, None)
+                self._done.pop(name, None)
                 self._memos.pop((name, False), None)
                 self._memos.pop((name, True), None)
                 self._rate.forget(name)
