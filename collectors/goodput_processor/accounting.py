@@ -266,6 +266,8 @@ class _Acc:
         self.kept: list[tuple] = []  # per attempt: step numbers, attempt, starts, times
         #: per attempt: where its wasted region starts (ns; its end when it has none)
         self.wasted_start: list[int] = []
+        #: per attempt: the memo key of its part (None without a memo)
+        self.part_keys: list = []
 
     def attempt(self, a: Attempt, bound: int | None, has_next: bool) -> tuple[int, int]:
         """Account attempt ``a``; ``bound``: highest kept step (None = all). -> (kept, wasted).
@@ -276,11 +278,13 @@ class _Acc:
         """
         if self.memo is None:
             part = self._part(a, bound, has_next)
+            self.part_keys.append(None)
         else:
             key = ("attempt", a.attempt, a.start_ns, a.end_ns, rows_key(a.primary.data),
                    bound, has_next, tuple(self.names), self.elastic,
                    self.segments is not None)
             part = self.memo.get(key, lambda: self._part(a, bound, has_next))
+            self.part_keys.append(key)
         ns, async_ns, elastic, kept, ws, counts, segments = part
         for lev in range(self.other + 1):
             self.ns[lev] += int(ns[lev])
@@ -501,18 +505,19 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     else:
         snum = satt = sstart = t = cnt = np.zeros(0, np.int64)
     per_step = t / cnt if len(t) else np.zeros(0)  # ns per step (float)
+    # the order statistics below, from sorted arrays when a memo keeps the finished part
+    per_sorted, diffs = _sorted_stats(acc, t, cnt, per_step)
     if ideal_step_time_s is not None:
         ideal, source = round(ideal_step_time_s * _NS), "given"
     elif len(t):
-        ideal, source = float(np.median(per_step)), "estimated"
+        ideal, source = float(np.median(per_sorted)), "estimated"
     else:
         ideal, source = None, None
     tol = float(_MIN_TOL_NS)
     if ideal is not None:
         tol = max(tol, _MIN_TOL_REL * ideal)
-    single = t[cnt == 1]  # the noise estimate uses recorded (single) steps only
-    if len(single) >= 2:
-        sigma = float(np.median(np.abs(np.diff(single)))) / (math.sqrt(2) * _MAD_NORMAL)
+    if len(diffs) >= 1:  # the noise estimate uses recorded (single) steps only
+        sigma = float(np.median(diffs)) / (math.sqrt(2) * _MAD_NORMAL)
         tol = max(3 * sigma, tol)
     if ideal is not None:
         anomalous = per_step > ideal + tol
@@ -544,7 +549,8 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     if sum(buckets.values()) != total_ns:  # pragma: no cover - a bug, never expected
         raise AssertionError(f"buckets {buckets} do not sum to total {total_ns} ns")
     ts = per_step / _NS
-    pct = [float(x) for x in np.percentile(ts, [50, 90, 99, 100])] if len(ts) else [None] * 4
+    pct = ([float(x) for x in np.percentile(per_sorted / _NS, [50, 90, 99, 100])] if len(ts)
+           else [None] * 4)
     valid = snum[snum != NONE]
     run = _run_attributes(attempts)
     mfu = _mfu(run, int(cnt.sum()), buckets[schema.PRODUCTIVE])
@@ -581,6 +587,28 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         useful_compute=None if mfu is None else goodput * mfu,
         slice_efficiency=slices,
     )
+
+
+def _sorted_stats(acc: _Acc, t, cnt, per_step) -> tuple[np.ndarray, np.ndarray]:
+    """``(per-step times, |differences of consecutive single-step times|)``, both for order
+    statistics only (medians, percentiles: the same values in any order). Without a memo
+    they are given unsorted (numpy partitions them); with one, sorted: the finished
+    attempts' part is sorted once and kept under their parts' keys, and the last attempt's
+    merged in (timsort of two sorted runs), so a poll does not partition the whole job."""
+    single = cnt == 1
+    if acc.memo is None or len(acc.kept) < 2:
+        return per_step, np.abs(np.diff(t[single]))
+    n0 = len(t) - len(acc.kept[-1][0])  # steps of the attempts before the last
+
+    def prefix():
+        ts0 = t[:n0][single[:n0]]
+        return np.sort(per_step[:n0]), np.sort(np.abs(np.diff(ts0))), ts0[-1:]
+
+    ps, pd, last = acc.memo.get(("sorted_steps", tuple(acc.part_keys[:-1])), prefix)
+    tail = np.concatenate((last, t[n0:][single[n0:]]))  # (with the boundary's difference)
+    merged = (np.sort(np.concatenate((ps, np.sort(per_step[n0:]))), kind="stable"),
+              np.sort(np.concatenate((pd, np.sort(np.abs(np.diff(tail))))), kind="stable"))
+    return merged
 
 
 def _run_attributes(attempts) -> dict:
