@@ -329,10 +329,17 @@ def warmup(result, attempt: int) -> tuple[np.ndarray, np.ndarray]:
     none = np.zeros(0, np.int64), np.zeros(0)
     if result.ideal_step_time_s is None or not len(st.attempt):
         return none
-    mine = np.flatnonzero(st.attempt == attempt)
+    att = st.attempt
+    if (att[1:] >= att[:-1]).all():  # as the accounting makes them: attempt by attempt
+        mine = np.arange(np.searchsorted(att, attempt, "left"),
+                         np.searchsorted(att, attempt, "right"))
+    else:
+        mine = np.flatnonzero(att == attempt)
     if not len(mine):
         return none
-    mine = mine[np.argsort(st.start_ns[mine], kind="stable")]
+    starts = st.start_ns[mine]
+    if not (starts[1:] >= starts[:-1]).all():
+        mine = mine[np.argsort(starts, kind="stable")]
     per = st.time_ns[mine] / st.count[mine]
     level = max(result.ideal_step_time_s * _NS, float(np.median(per)))
     above = per > level + (result.noise_tolerance_s or 0.0) * _NS
