@@ -16,7 +16,7 @@ journal and kept aside ("new data").
 **"Now".** A running attempt is one seen alive within ``RUNNING_INTERVALS`` (3) heartbeat
 intervals (1 s) of now (``goodput_processor.attempts.build_attempts``), and the polls of a
 10^6-step job take seconds, so the real clock cannot stay within 3 s of a recorded job.
-The processor reads "now" in one place, ``time.time_ns()`` in ``goodput_processor.attempts``
+The processor reads "now" in one place, ``goodput_processor.attempts.clock_ns`` (its ``time``)
 (every surface measured here calls ``build_attempts`` without ``now_ns``); the benchmark
 replaces that module's ``time`` (as ``recorded_job.py`` does the recorder's) with a clock
 set before each poll, which does not move during it (a poll that takes seconds would

@@ -61,7 +61,7 @@ from .timeline import (
 )
 
 __all__ = ["DEFAULT_HEARTBEAT_INTERVAL_MS", "RUNNING_INTERVALS", "Attempt", "build_attempts",
-           "resolve_open"]
+           "clock_ns", "resolve_open"]
 
 #: Heartbeat interval assumed when no ``goodput.job_start`` carries one (ms).
 DEFAULT_HEARTBEAT_INTERVAL_MS = 1000
@@ -324,6 +324,12 @@ def _number(groups: list[list[_Run]]) -> list[int]:
     return out
 
 
+def clock_ns() -> int:
+    """"Now" for the accounting (ns since the Unix epoch): the one place the processor
+    reads the wall clock to tell a running attempt (benchmarks replace it)."""
+    return time.time_ns()
+
+
 def build_attempts(job: JobSpans, now_ns: int | None = None,
                    memo: AccountingMemo | None = None) -> list[Attempt]:
     """Attempts of ``job`` ordered by start, with ends cut at the next attempt's start.
@@ -331,7 +337,7 @@ def build_attempts(job: JobSpans, now_ns: int | None = None,
     Args:
         job: the job's spans as read by :func:`goodput_processor.reader.read_run_dir`.
         now_ns: "now" in ns since the Unix epoch, to tell a running last attempt from a
-            killed one; default ``time.time_ns()``.
+            killed one; default :func:`clock_ns`.
         memo: per-process results of an earlier call on the same job
             (:mod:`goodput_processor.memo`).
 
@@ -340,7 +346,7 @@ def build_attempts(job: JobSpans, now_ns: int | None = None,
         processes carry the attempt's number and their rank as found.
     """
     if now_ns is None:
-        now_ns = time.time_ns()
+        now_ns = clock_ns()
     groups = _group(_runs(job, memo))
     numbers = _number(groups)
     attempts = []

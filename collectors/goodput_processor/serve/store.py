@@ -43,6 +43,7 @@ import numpy as np
 from .. import reader as rd
 from .. import timeline as tl
 from ..accounting import account, isolated
+from ..attempts import clock_ns
 from ..memo import AccountingMemo
 from ..report import JobResult, job_to_dict
 from ..timeline import JobSpans
@@ -377,7 +378,7 @@ class LiveStore:
         Raises:
             KeyError: no job of that name has been seen.
         """
-        now = time.time_ns() if now_ns is None else now_ns
+        now = clock_ns() if now_ns is None else now_ns
         with self.memo(name) as memo:
             spans = self.snapshot(name)
             with self._lock:
