@@ -22,7 +22,7 @@ from .attempts import Attempt, build_attempts
 from .attribution import host_badput
 from .checks import file_warnings, job_warnings
 from .elastic import slice_efficiency, slice_records
-from .memo import AccountingMemo, rows_key
+from .memo import AccountingMemo, cached, rows_key
 from .reader import read_run_dir
 from .recovery import recovery_report
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
@@ -203,7 +203,7 @@ def _custom_types(job: JobSpans, attempts: list[Attempt], memo=None) -> list[str
         def sids(d=d):
             return np.unique(d[d[:, C_KIND] == K_CUSTOM_BADPUT][:, C_SIDX]).tolist()
 
-        for s in sids() if memo is None else memo.get(("custom", rows_key(d)), sids):
+        for s in cached(memo, ("custom", rows_key(d)), sids):
             types.add(_type_name(job, s))
     return sorted(types)
 
@@ -266,7 +266,7 @@ class _Acc:
         self.kept: list[tuple] = []  # per attempt: step numbers, attempt, starts, times
         #: per attempt: where its wasted region starts (ns; its end when it has none)
         self.wasted_start: list[int] = []
-        #: per attempt: the memo key of its part (None without a memo)
+        #: per attempt: the memo key of its part
         self.part_keys: list = []
 
     def attempt(self, a: Attempt, bound: int | None, has_next: bool) -> tuple[int, int]:
@@ -276,15 +276,10 @@ class _Acc:
         primary's rows, the attempt's bounds and number, ``bound``, ``has_next``, the
         levels, whether an earlier attempt was elastic and whether segments are kept.
         """
-        if self.memo is None:
-            part = self._part(a, bound, has_next)
-            self.part_keys.append(None)
-        else:
-            key = ("attempt", a.attempt, a.start_ns, a.end_ns, rows_key(a.primary.data),
-                   bound, has_next, tuple(self.names), self.elastic,
-                   self.segments is not None)
-            part = self.memo.get(key, lambda: self._part(a, bound, has_next))
-            self.part_keys.append(key)
+        key = ("attempt", a.attempt, a.start_ns, a.end_ns, rows_key(a.primary.data), bound,
+               has_next, tuple(self.names), self.elastic, self.segments is not None)
+        part = cached(self.memo, key, lambda: self._part(a, bound, has_next))
+        self.part_keys.append(key)
         ns, async_ns, elastic, kept, ws, counts, segments = part
         for lev in range(self.other + 1):
             self.ns[lev] += int(ns[lev])
@@ -446,8 +441,8 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool, memo=None):
 def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     attempts = build_attempts(job, now_ns, memo)
     acc = _Acc(job, attempts, keep_segments, memo)
-    resume = [_memo(memo, ("resume", rows_key(a.primary.data)), resume_step, a.primary.data)
-              for a in attempts]
+    resume = [cached(memo, ("resume", rows_key(a.primary.data)),
+                     lambda a=a: resume_step(a.primary.data)) for a in attempts]
     rows, recovery_ns, bounds = [], 0, []
     for i, a in enumerate(attempts):
         later = [r for r in resume[i + 1 :] if r is not None]
@@ -456,12 +451,12 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
         kept, wasted = acc.attempt(a, bounds[-1], has_next)
         if has_next and bounds[-1] is not None:  # a peer may have flushed steps it lost
             wasted = max([wasted] + [
-                _memo(memo, ("wasted", rows_key(p.data), a.start_ns, a.end_ns, bounds[-1]),
-                      _wasted_steps, p.data, a, bounds[-1])
+                cached(memo, ("wasted", rows_key(p.data), a.start_ns, a.end_ns, bounds[-1]),
+                       lambda p=p, a=a: _wasted_steps(p.data, a, bounds[-1]))
                 for p in a.processes[1:]])
         if has_next:
             recovery_ns += attempts[i + 1].start_ns - a.end_ns
-        errors = sum(_memo(memo, ("errors", rows_key(p.data)), _error_spans, p.data)
+        errors = sum(cached(memo, ("errors", rows_key(p.data)), lambda p=p: _error_spans(p.data))
                      for p in a.processes)
         rows.append(AttemptResult(
             attempt=a.attempt, start_ns=a.start_ns, end_ns=a.end_ns,
@@ -484,11 +479,6 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
                      slowdown_unattributed_s=unattributed)
     # --- end recovery
     return result, attempts, acc
-
-
-def _memo(memo, key, fn, *args):
-    """``fn(*args)``, kept in ``memo`` under ``key`` when there is a memo."""
-    return fn(*args) if memo is None else memo.get(key, lambda: fn(*args))
 
 
 def _error_spans(d: np.ndarray) -> int:

@@ -38,7 +38,7 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import AccountingMemo, rows_key
+from .memo import AccountingMemo, cached, rows_key
 from .report import ReportWarning
 from .timeline import (
     C_AUX,
@@ -261,14 +261,12 @@ def _runs(job: JobSpans, memo=None) -> list[_Run]:
     for key, proc in sorted(job.processes.items()):
         if not len(proc.data) or proc.run.get(schema.RES_PROCESS_ROLE) == "launcher":
             continue  # a launcher's own process (its events: goodput_processor.recovery)
-        if memo is None:
-            runs += _process_runs(job, key[0], proc)
-        else:  # the resource's attributes may change without a new row
-            ident = repr((proc.host, proc.process_count, proc.schema_version,
-                          sorted(proc.run.items()), proc.instance, proc.pid,
-                          proc.process_start_ns, proc.attempt_source, proc.index_source))
-            runs += memo.get(("runs", key, rows_key(proc.data), ident),
-                             lambda proc=proc, a=key[0]: _process_runs(job, a, proc))
+        # (the resource's attributes may change without a new row: they are in the key)
+        ident = repr((proc.host, proc.process_count, proc.schema_version,
+                      sorted(proc.run.items()), proc.instance, proc.pid,
+                      proc.process_start_ns, proc.attempt_source, proc.index_source))
+        runs += cached(memo, ("runs", key, rows_key(proc.data), ident),
+                       lambda proc=proc, a=key[0]: _process_runs(job, a, proc))
     return runs
 
 

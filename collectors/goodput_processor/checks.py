@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attempts import Attempt
-from .memo import rows_key
+from .memo import cached, rows_key
 from .report import JobResult, ReportWarning
 from .timeline import (
     C_END,
@@ -51,12 +51,9 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
     out += _missing_attempts(attempts)
     reached = None  # highest step of the attempts so far
     for i, a in enumerate(attempts):
-        if memo is None:
-            found, reached = _attempt_warnings(a, i, reached)
-        else:
-            key = ("warnings", rows_key(a.primary.data), a.attempt, a.start_ns,
-                   a.primary.index, i > 0, reached)
-            found, reached = memo.get(key, lambda a=a, i=i, r=reached: _attempt_warnings(a, i, r))
+        key = ("warnings", rows_key(a.primary.data), a.attempt, a.start_ns, a.primary.index,
+               i > 0, reached)
+        found, reached = cached(memo, key, lambda a=a, i=i, r=reached: _attempt_warnings(a, i, r))
         out += found
     counts = [(a.attempt, a.declared_process_count) for a in attempts
               if a.declared_process_count is not None]

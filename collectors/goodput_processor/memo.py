@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AccountingMemo", "rows_key"]
+__all__ = ["AccountingMemo", "cached", "rows_key"]
 
 _MISS = object()
 
@@ -32,6 +32,12 @@ def rows_key(data: np.ndarray) -> tuple:
     if not len(data):
         return (0, b"", b"")
     return (len(data), data[-1].tobytes(), data[0].tobytes())
+
+
+def cached(memo: AccountingMemo | None, key, compute):
+    """``compute()``, kept in ``memo`` under ``key`` (:meth:`AccountingMemo.get`); without
+    a memo, just ``compute()``."""
+    return compute() if memo is None else memo.get(key, compute)
 
 
 class AccountingMemo:

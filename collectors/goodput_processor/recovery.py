@@ -57,7 +57,7 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import rows_key
+from .memo import cached, rows_key
 from .timeline import (
     C_AUX,
     C_END,
@@ -282,11 +282,8 @@ def _restart_phases(r, bound: int | None, result, resume: int | None,
     """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
     recompilation_warmup (ns or None), and the start of its first kept step (ns).
     ``memo`` keeps what comes from ``r``'s rows (:func:`_restart_rows`)."""
-    if memo is None:
-        rows = _restart_rows(r, bound)
-    else:
-        rows = memo.get(("restart", r.attempt, r.start_ns, r.end_ns,
-                         rows_key(r.primary.data), bound), lambda: _restart_rows(r, bound))
+    rows = cached(memo, ("restart", r.attempt, r.start_ns, r.end_ns, rows_key(r.primary.data),
+                         bound), lambda: _restart_rows(r, bound))
     first, t_fk, restore_ns, rest_pieces, comp_pieces, cs, ce, ks, ke, restored = rows
     compile_ns = _minus(comp_pieces, rest_pieces)
     # warm-up: the first kept step, and the leading steps slower than the attempt's level
@@ -392,12 +389,9 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
             rows = stacked(a)
             return _first_failure(job, a, failures, rows), _last_progress(a, rows)
 
-        if memo is None:
-            ff, last = failed()
-        else:
-            key = ("failed", a.attempt, a.start_ns, a.end_ns, repr(sorted(failures.items())),
-                   tuple((p.index, p.host, p.pid, rows_key(p.data)) for p in a.processes))
-            ff, last = memo.get(key, failed)
+        key = ("failed", a.attempt, a.start_ns, a.end_ns, repr(sorted(failures.items())),
+               tuple((p.index, p.host, p.pid, rows_key(p.data)) for p in a.processes))
+        ff, last = cached(memo, key, failed)
         t_fail = max(ff.at_ns, last) if last is not None else ff.at_ns
         t_fail = min(max(t_fail, a.start_ns), a.end_ns)
         rest, _t_fk = _restart_phases(r, bounds[i + 1], result, resumes[i + 1], memo)

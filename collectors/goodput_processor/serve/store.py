@@ -426,14 +426,11 @@ class LiveStore:
         windows = check_windows(windows_s)
         with self.memo(name, windows=True) as memo:
             spans = self.snapshot(name)
-            out: list = []
-
-            def compute():
-                out.append(snapshot(spans, windows, self.ideal_step_time_s, now_ns, memo))
-                return out[0].result
-
-            result = isolated(name, compute, lambda _e: self._count_error(name))
-        return out[0] if out and out[0].result is result else JobSnapshot(result)
+            snap = isolated(name, lambda: snapshot(spans, windows, self.ideal_step_time_s,
+                                                   now_ns, memo),
+                            lambda _e: self._count_error(name))
+        # (isolated gives a failed JobResult instead of the snapshot when it raises)
+        return snap if isinstance(snap, JobSnapshot) else JobSnapshot(snap)
 
     def _count_error(self, name: str) -> None:
         with self._lock:
