@@ -50,58 +50,12 @@ from ..timeline import JobSpans
 from .decode import ingest_pb
 from .encode import json_line, pb_line, split_json, split_pb
 from .limits import Limits, RateLimiter, Refused
+from .rows import ProcessRows
 from .wal import ReplayStats, WriteAheadLog, job_slug
 
 __all__ = ["LiveStore"]
 
 _log = logging.getLogger(__name__)
-
-
-class _Rows:
-    """One process's rows as the store keeps them: ``data[:n]`` (int64, :data:`~goodput_
-    processor.timeline.COLUMNS`), in arrival order, without duplicates (the first of a
-    repeated (trace, span id) is kept), in an array that grows by half when full, and their
-    span ids sorted (for the duplicate check of new rows). Rows once taken never change."""
-
-    __slots__ = ("data", "n", "sids")
-
-    def __init__(self) -> None:
-        self.data = np.zeros((0, tl.NCOLS), np.int64)
-        self.n = 0
-        self.sids = np.zeros(0, np.int64)
-
-    def view(self) -> np.ndarray:
-        """The rows (a read-only view)."""
-        v = self.data[: self.n]
-        v.flags.writeable = False
-        return v
-
-    def nbytes(self) -> int:
-        return self.data.nbytes + self.sids.nbytes
-
-    def append(self, new: np.ndarray) -> int:
-        """Take ``new`` rows (arrival order); returns the number of duplicates dropped."""
-        new, ndup = tl.drop_duplicates(new)
-        sid = new[:, tl.C_SID]
-        pos = np.searchsorted(self.sids, sid)
-        if (self.sids[np.minimum(pos, len(self.sids) - 1)] == sid).any() if self.n else False:
-            # a span id seen before (a retried export): the exact check over all the rows
-            both, ndup2 = tl.drop_duplicates(np.concatenate((self.data[: self.n], new)))
-            new, ndup = both[self.n :], ndup + ndup2
-            sid = new[:, tl.C_SID]
-            pos = np.searchsorted(self.sids, sid)
-        k = len(new)
-        if not k:
-            return ndup
-        if self.n + k > len(self.data):
-            grown = np.empty((max(self.n + k, len(self.data) * 3 // 2, 64), tl.NCOLS), np.int64)
-            grown[: self.n] = self.data[: self.n]
-            self.data = grown
-        self.data[self.n : self.n + k] = new
-        self.n += k
-        order = np.argsort(sid, kind="stable")
-        self.sids = np.insert(self.sids, pos[order], sid[order])
-        return ndup
 
 
 class LiveStore:
@@ -141,7 +95,7 @@ class LiveStore:
         self._rate = RateLimiter(self.limits.max_job_spans_per_s, self.limits.burst_s)
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, JobResult]] = {}  # job -> (monotonic s, result)
-        self._rows: dict[str, dict[tuple, _Rows]] = {}  # job -> process -> rows taken
+        self._rows: dict[str, dict[tuple, ProcessRows]] = {}  # job -> process -> rows taken
         self._dups: Counter = Counter()  # job -> duplicates dropped from its rows
         self._done: dict[str, tuple] = {}  # job -> (version, now, result): nothing running
         self._memos: dict[tuple, tuple] = {}  # (job, windows) -> (lock, AccountingMemo)
@@ -324,9 +278,9 @@ class LiveStore:
         """Job ``name``'s spans, deduplicated, as ``read_run_dir`` gives them.
 
         The rows that arrived since the last snapshot move from the reader's buffers to the
-        store's own arrays (:class:`_Rows`), duplicates dropped; each process's ``data`` is
-        a read-only view of them, which later arrivals never change. The cost follows
-        what arrived, not the job's history.
+        store's own arrays (:class:`~goodput_processor.serve.rows.ProcessRows`), duplicates
+        dropped; each process's ``data`` is a read-only view of them, which later arrivals
+        never change. The cost follows what arrived, not the job's history.
 
         Raises:
             KeyError: no job of that name has been seen.
@@ -338,7 +292,7 @@ class LiveStore:
             for key, p in job.processes.items():
                 r = rows.get(key)
                 if r is None:
-                    r = rows[key] = _Rows()
+                    r = rows[key] = ProcessRows()
                 if len(p._buf):
                     new = np.frombuffer(p._buf, np.int64).reshape(-1, tl.NCOLS).copy()
                     del p._buf[:]
