@@ -26,6 +26,7 @@ from .memo import AccountingMemo, cached, rows_key
 from .reader import read_run_dir
 from .recovery import recovery_report
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
+from .steptimes import step_stats
 from .stragglers import straggler_report
 from .timeline import (
     C_AUX,
@@ -81,9 +82,6 @@ _PRIORITY = ("wasted_progress", "elastic_slice_down", "elastic_scale_up", "check
              "program_startup", "accelerator_init", "training_prep", "process_startup", "step")
 #: Noise band floors (absolute ns, and relative to the ideal step time) and the
 #: normal-distribution constant of docs/accounting.md.
-_MIN_TOL_NS = 1_000
-_MIN_TOL_REL = 0.05
-_MAD_NORMAL = 0.6745
 #: Split of int64 ns for exact float sums: 2**26 (low parts sum exactly over 2**27 terms).
 _SPLIT = 1 << 26
 
@@ -474,7 +472,7 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     # --- end stragglers
     # --- recovery phases, badput by host (goodput_processor.recovery, .attribution)
     recs = recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo)
-    hosts, unattributed = host_badput(attempts, result, recs)
+    hosts, unattributed = host_badput(attempts, result, recs, memo=memo)
     result = replace(result, recovery=recs, host_badput=hosts,
                      slowdown_unattributed_s=unattributed)
     # --- end recovery
@@ -488,37 +486,13 @@ def _error_spans(d: np.ndarray) -> int:
 
 def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s):
     """Ideal step time, noise band, slowdown and the :class:`JobResult` (see the docs)."""
-    level_names, level_ns, kept_parts = acc.names, acc.ns, acc.kept
+    level_names, level_ns = acc.names, acc.ns
     total_ns = attempts[-1].end_ns - attempts[0].start_ns if attempts else 0
-    if kept_parts:
-        snum, satt, sstart, t, cnt = (np.concatenate(c) for c in zip(*kept_parts, strict=True))
-    else:
-        snum = satt = sstart = t = cnt = np.zeros(0, np.int64)
-    per_step = t / cnt if len(t) else np.zeros(0)  # ns per step (float)
-    # the order statistics below, from sorted arrays when a memo keeps the finished part
-    per_sorted, diffs = _sorted_stats(acc, t, cnt, per_step)
-    if ideal_step_time_s is not None:
-        ideal, source = round(ideal_step_time_s * _NS), "given"
-    elif len(t):
-        ideal, source = float(np.median(per_sorted)), "estimated"
-    else:
-        ideal, source = None, None
-    tol = float(_MIN_TOL_NS)
-    if ideal is not None:
-        tol = max(tol, _MIN_TOL_REL * ideal)
-    if len(diffs) >= 1:  # the noise estimate uses recorded (single) steps only
-        sigma = float(np.median(diffs)) / (math.sqrt(2) * _MAD_NORMAL)
-        tol = max(3 * sigma, tol)
-    if ideal is not None:
-        anomalous = per_step > ideal + tol
-        deviation = (per_step - ideal) / _NS
-    else:
-        anomalous = np.zeros(len(t), bool)
-        deviation = np.full(len(t), np.nan)
-    n_anom = int(cnt[anomalous].sum())
-    slowdown = round(int(t[anomalous].sum()) - n_anom * ideal) if n_anom else 0
+    given = None if ideal_step_time_s is None else round(ideal_step_time_s * _NS)
+    stats = step_stats(acc.kept, given, NONE, acc.memo, acc.part_keys)
+    ideal, tol, slowdown = stats.ideal_ns, stats.tol_ns, stats.slowdown_ns
     kept_ns = level_ns[acc.level["step"]]
-    if kept_ns != int(t.sum()):  # pragma: no cover - a bug, never expected
+    if kept_ns != stats.time_ns:  # pragma: no cover - a bug, never expected
         raise AssertionError("kept step time must equal the step-level time")
     buckets = {schema.PRODUCTIVE: kept_ns - slowdown}
     customs = [n for n in level_names if n.startswith(schema.CUSTOM_PREFIX)]
@@ -538,16 +512,13 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
             buckets[name] = level_ns[acc.level[name]]
     if sum(buckets.values()) != total_ns:  # pragma: no cover - a bug, never expected
         raise AssertionError(f"buckets {buckets} do not sum to total {total_ns} ns")
-    ts = per_step / _NS
-    pct = ([float(x) for x in np.percentile(per_sorted / _NS, [50, 90, 99, 100])] if len(ts)
-           else [None] * 4)
-    valid = snum[snum != NONE]
     run = _run_attributes(attempts)
-    mfu = _mfu(run, int(cnt.sum()), buckets[schema.PRODUCTIVE])
+    mfu = _mfu(run, stats.steps, buckets[schema.PRODUCTIVE])
     goodput = buckets[schema.PRODUCTIVE] / total_ns if total_ns else 0.0
     slices = slice_efficiency(slice_records(job, [p for a in attempts for p in a.processes],
                                             acc.memo),
                               attempts[0].start_ns, attempts[-1].end_ns) if attempts else None
+    has_steps = any(len(p[0]) for p in acc.kept)
     return JobResult(
         job=job.name,
         start_ns=attempts[0].start_ns if attempts else 0,
@@ -559,11 +530,12 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         badput_s={k: v / _NS for k, v in buckets.items() if k != schema.PRODUCTIVE},
         buckets_ns=buckets,
         disruptions=max(len(attempts) - 1, 0),
-        max_productive_step=int(valid.max()) if len(valid) else None,
+        max_productive_step=stats.max_step,
         ideal_step_time_s=None if ideal is None else ideal / _NS,
-        ideal_step_time_source=source,
-        noise_tolerance_s=tol / _NS if len(t) else None,
-        step_time=StepTimeSummary(int(cnt.sum()), *pct, anomalous_steps=n_anom),
+        ideal_step_time_source=stats.source,
+        noise_tolerance_s=tol / _NS if has_steps else None,
+        step_time=StepTimeSummary(stats.steps, *stats.percentiles_s,
+                                  anomalous_steps=stats.anomalous),
         attempts=tuple(attempt_rows),
         async_work_s={k: v / _NS for k, v in sorted(acc.async_ns.items())},
         skipped={**dict.fromkeys(SKIP_REASONS, 0), **job.skipped},
@@ -571,34 +543,12 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         recorder_errors=sum(a.recorder_errors for a in attempts),
         recorder_dropped=sum(a.recorder_dropped for a in attempts),
         schema_version=",".join(sorted(job.schema_versions)) or None,
-        steps=StepArrays(snum, satt, sstart, t, ts, deviation, anomalous, cnt),
+        steps=StepArrays(acc.kept, ideal, tol, acc.part_keys),
         run=run,
         mfu=mfu,
         useful_compute=None if mfu is None else goodput * mfu,
         slice_efficiency=slices,
     )
-
-
-def _sorted_stats(acc: _Acc, t, cnt, per_step) -> tuple[np.ndarray, np.ndarray]:
-    """``(per-step times, |differences of consecutive single-step times|)``, both for order
-    statistics only (medians, percentiles: the same values in any order). Without a memo
-    they are given unsorted (numpy partitions them); with one, sorted: the finished
-    attempts' part is sorted once and kept under their parts' keys, and the last attempt's
-    merged in (timsort of two sorted runs), so a poll does not partition the whole job."""
-    single = cnt == 1
-    if acc.memo is None or len(acc.kept) < 2:
-        return per_step, np.abs(np.diff(t[single]))
-    n0 = len(t) - len(acc.kept[-1][0])  # steps of the attempts before the last
-
-    def prefix():
-        ts0 = t[:n0][single[:n0]]
-        return np.sort(per_step[:n0]), np.sort(np.abs(np.diff(ts0))), ts0[-1:]
-
-    ps, pd, last = acc.memo.get(("sorted_steps", tuple(acc.part_keys[:-1])), prefix)
-    tail = np.concatenate((last, t[n0:][single[n0:]]))  # (with the boundary's difference)
-    merged = (np.sort(np.concatenate((ps, np.sort(per_step[n0:]))), kind="stable"),
-              np.sort(np.concatenate((pd, np.sort(np.abs(np.diff(tail))))), kind="stable"))
-    return merged
 
 
 def _run_attributes(attempts) -> dict:

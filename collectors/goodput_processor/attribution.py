@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .memo import cached, rows_key
 from .recovery import stacked, warmup
 from .timeline import (
     C_END,
@@ -98,74 +99,95 @@ def _arrivals(d: np.ndarray, key: np.ndarray, steps_wanted: np.ndarray):
     return key[ss], st[:, C_IVAL], arrival
 
 
-def slowdown_by_host(attempts: Sequence, result) -> tuple[dict[tuple, int], int]:
+def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple, int], int]:
     """Attributed slowdown per host process, ``{(host, rank): ns}``, and the unattributed ns.
 
     ``result`` is the accounting's :class:`~goodput_processor.report.JobResult` (its kept
-    steps, anomalous flags and ideal step time).
+    steps, anomalous flags and ideal step time). ``memo`` keeps each attempt's share under
+    its inputs (its steps' part, its processes' rows, the ideal step time and noise band).
     """
-    st = result.steps
     out: dict[tuple, int] = {}
     unattributed = 0
-    if result.ideal_step_time_s is None or not len(st.anomalous) or not st.anomalous.any():
+    if result.ideal_step_time_s is None or not result.step_time.anomalous_steps:
         return out, 0
-    ideal = result.ideal_step_time_s * _NS
     for a in attempts:
-        idx = np.flatnonzero((st.attempt == a.attempt) & st.anomalous)
-        if not len(idx):
+        off, part, pkey = result.steps.of_attempt(a.attempt)
+        if part is None:
             continue
-        excess = st.time_ns[idx] - st.count[idx] * ideal  # float ns per anomalous step
-        if a is not attempts[0]:  # its warm-up after a restart is the disruption's badput
-            widx, wex = warmup(result, a.attempt)
-            pos = np.searchsorted(idx, widx)
-            ok = (pos < len(idx)) & (idx[np.minimum(pos, len(idx) - 1)] == widx)
-            excess[pos[ok]] -= wex[ok]
-            excess = np.maximum(excess, 0)
-        if len(a.processes) == 1:
-            key = (a.primary.host, a.primary.index)
-            out[key] = out.get(key, 0) + int(round(float(excess.sum())))
-            continue
-        nums = st.step[idx]
-        numbered = nums != NONE
-        unattributed += int(round(float(excess[~numbered].sum())))
-        nums, excess = nums[numbered], excess[numbered]
-        order = np.argsort(nums, kind="stable")
-        nums, excess = nums[order], excess[order]
-        d, rowkey, procs = stacked(a)
-        keys = [(p.host, p.index) for p in procs]
-        who, num, arr = _arrivals(d, rowkey, nums)
-        if not len(num):
-            unattributed += int(round(float(excess.sum())))
-            continue
-        # latest arrival first within each step number
-        o = np.lexsort((-arr, num))
-        who, num, arr = who[o], num[o], arr[o]
-        starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1])))
-        ends = np.append(starts[1:], len(num))
-        pos = np.arange(len(num)) - np.repeat(starts, ends - starts) + 1  # 1-based position
-        nxt = np.append(arr[1:], 0)
-        d = np.where(np.isin(np.arange(len(num)), ends - 1), 0, arr - nxt).astype(float)
-        c = d / pos
-        suffix = np.append(np.cumsum(c[::-1])[::-1], 0.0)
-        blame = suffix[:-1] - np.repeat(suffix[ends], ends - starts)
-        spread = (arr[starts] - arr[ends - 1]).astype(float)  # a1 - ak per step number
-        step_excess = excess[np.searchsorted(nums, num[starts])]
-        scale = np.where(spread > 0, np.minimum(1.0, np.maximum(step_excess, 0) / np.where(
-            spread > 0, spread, 1)), 0.0)
-        blame *= np.repeat(scale, ends - starts)
-        got = np.bincount(who, weights=blame, minlength=len(keys))
-        for k, v in zip(keys, got, strict=True):
-            if v > 0:
-                out[k] = out.get(k, 0) + int(round(float(v)))
-        attributed = float(blame.sum())
-        seen = np.isin(nums, num[starts])
-        unattributed += int(round(float(excess[~seen].sum()) + float(step_excess.sum())
-                                  - attributed))
+        key = ("slow_by_host", pkey, a is attempts[0], result.ideal_step_time_s,
+               result.noise_tolerance_s, tuple(rows_key(p.data) for p in a.processes))
+        got, lost = cached(memo if pkey is not None else None, key,
+                           lambda a=a, off=off, part=part: _attempt_slowdown(
+                               a, a is attempts[0], result, off, part, memo))
+        for k, v in got.items():
+            out[k] = out.get(k, 0) + v
+        unattributed += lost
     return out, max(unattributed, 0)
 
 
+def _attempt_slowdown(a, first: bool, result, off: int, part: tuple,
+                      memo) -> tuple[dict[tuple, int], int]:
+    """One attempt's share of :func:`slowdown_by_host`: ``({(host, rank): ns}, unattributed
+    ns)``; ``off``, ``part``: where its kept steps begin in ``result.steps`` and their
+    arrays."""
+    out: dict[tuple, int] = {}
+    unattributed = 0
+    ideal = result.ideal_step_time_s * _NS
+    snum, _att, _start, t, cnt = part
+    st = result.steps
+    mine = np.flatnonzero(t / cnt > st.ideal_ns + st.tol_ns)
+    if not len(mine):
+        return out, 0
+    idx = mine + off
+    excess = t[mine] - cnt[mine] * ideal  # float ns per anomalous step
+    if not first:  # its warm-up after a restart is the disruption's badput
+        widx, wex, _ = warmup(result, a.attempt, memo)
+        pos = np.searchsorted(idx, widx)
+        ok = (pos < len(idx)) & (idx[np.minimum(pos, len(idx) - 1)] == widx)
+        excess[pos[ok]] -= wex[ok]
+        excess = np.maximum(excess, 0)
+    if len(a.processes) == 1:
+        return {(a.primary.host, a.primary.index): int(round(float(excess.sum())))}, 0
+    nums = snum[mine]
+    numbered = nums != NONE
+    unattributed += int(round(float(excess[~numbered].sum())))
+    nums, excess = nums[numbered], excess[numbered]
+    order = np.argsort(nums, kind="stable")
+    nums, excess = nums[order], excess[order]
+    d, rowkey, procs = stacked(a)
+    keys = [(p.host, p.index) for p in procs]
+    who, num, arr = _arrivals(d, rowkey, nums)
+    if not len(num):
+        return out, unattributed + int(round(float(excess.sum())))
+    # latest arrival first within each step number
+    o = np.lexsort((-arr, num))
+    who, num, arr = who[o], num[o], arr[o]
+    starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1])))
+    ends = np.append(starts[1:], len(num))
+    pos = np.arange(len(num)) - np.repeat(starts, ends - starts) + 1  # 1-based position
+    nxt = np.append(arr[1:], 0)
+    d = np.where(np.isin(np.arange(len(num)), ends - 1), 0, arr - nxt).astype(float)
+    c = d / pos
+    suffix = np.append(np.cumsum(c[::-1])[::-1], 0.0)
+    blame = suffix[:-1] - np.repeat(suffix[ends], ends - starts)
+    spread = (arr[starts] - arr[ends - 1]).astype(float)  # a1 - ak per step number
+    step_excess = excess[np.searchsorted(nums, num[starts])]
+    scale = np.where(spread > 0, np.minimum(1.0, np.maximum(step_excess, 0) / np.where(
+        spread > 0, spread, 1)), 0.0)
+    blame *= np.repeat(scale, ends - starts)
+    got = np.bincount(who, weights=blame, minlength=len(keys))
+    for k, v in zip(keys, got, strict=True):
+        if v > 0:
+            out[k] = out.get(k, 0) + int(round(float(v)))
+    attributed = float(blame.sum())
+    seen = np.isin(nums, num[starts])
+    unattributed += int(round(float(excess[~seen].sum()) + float(step_excess.sum())
+                              - attributed))
+    return out, unattributed
+
+
 def host_badput(attempts: Sequence, result, recoveries: Sequence = (),
-                top: int = DEFAULT_TOP) -> tuple[tuple[HostBadput, ...], float]:
+                top: int = DEFAULT_TOP, memo=None) -> tuple[tuple[HostBadput, ...], float]:
     """The hosts that caused the most badput, and the slowdown attributed to none.
 
     Args:
@@ -173,6 +195,8 @@ def host_badput(attempts: Sequence, result, recoveries: Sequence = (),
         result: its :class:`~goodput_processor.report.JobResult`.
         recoveries: its :class:`~goodput_processor.recovery.Recovery` records.
         top: how many hosts to list (>= 1), most badput first (ties: lower rank first).
+        memo: an :class:`~goodput_processor.memo.AccountingMemo` (see
+            :func:`slowdown_by_host`).
 
     Returns:
         ``(hosts, unattributed_slowdown_s)``; hosts with no badput are left out.
@@ -182,7 +206,7 @@ def host_badput(attempts: Sequence, result, recoveries: Sequence = (),
     """
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top!r}")
-    slow, unattributed = slowdown_by_host(attempts, result)
+    slow, unattributed = slowdown_by_host(attempts, result, memo)
     caused: dict[tuple, list] = {}
     for rec in recoveries:
         key = (rec.first_failure.host, rec.first_failure.process)

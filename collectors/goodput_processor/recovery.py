@@ -295,10 +295,10 @@ def _restart_phases(r, bound: int | None, result, resume: int | None,
     if len(ks):
         first_row = ends_at(t_fk)
         warm_end = int(first_row.max()) if len(first_row) else t_fk
-        idx, excess = warmup(result, r.attempt)
+        idx, excess, starts = warmup(result, r.attempt, memo)
         if len(idx):
             warm_ns = int(round(float(excess.sum())))
-            ends = ends_at(int(result.steps.start_ns[idx].max()))
+            ends = ends_at(int(starts.max()))
             if len(ends):
                 warm_end = max(warm_end, int(ends.max()))
         warm_ns += _union_ns(cs, ce, t_fk, warm_end)[0]
@@ -313,35 +313,39 @@ def _restart_phases(r, bound: int | None, result, resume: int | None,
             "recompilation_warmup": compile_ns + warm_ns}, t_fk
 
 
-def warmup(result, attempt: int) -> tuple[np.ndarray, np.ndarray]:
+def warmup(result, attempt: int, memo=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The warm-up steps of an attempt: indexes into ``result.steps`` of its leading kept steps
-    (in time order) slower than its own level, and each one's warm-up excess (float ns).
+    (in time order) slower than its own level, each one's warm-up excess (float ns), and
+    their starts (int64 ns).
 
     The level is the larger of the ideal step time and the attempt's median step time, so
     that an attempt slow throughout (a slow host) has no warm-up: only steps more than the
     noise band above it, from its first kept step on, are warm-up; their excess over the
     level is recompilation and warm-up, the rest of their excess stays training slowdown.
+    ``memo`` keeps the attempt's median step time under its part's key; the leading steps
+    are read from the front until the first one at or below the level.
     """
-    st = result.steps
-    none = np.zeros(0, np.int64), np.zeros(0)
-    if result.ideal_step_time_s is None or not len(st.attempt):
+    none = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+    if result.ideal_step_time_s is None:
         return none
-    att = st.attempt
-    if (att[1:] >= att[:-1]).all():  # as the accounting makes them: attempt by attempt
-        mine = np.arange(np.searchsorted(att, attempt, "left"),
-                         np.searchsorted(att, attempt, "right"))
-    else:
-        mine = np.flatnonzero(att == attempt)
-    if not len(mine):
+    off, part, key = result.steps.of_attempt(attempt)
+    if part is None:
         return none
-    starts = st.start_ns[mine]
-    if not (starts[1:] >= starts[:-1]).all():
-        mine = mine[np.argsort(starts, kind="stable")]
-    per = st.time_ns[mine] / st.count[mine]
-    level = max(result.ideal_step_time_s * _NS, float(np.median(per)))
-    above = per > level + (result.noise_tolerance_s or 0.0) * _NS
-    lead = len(above) if above.all() else int(np.argmin(above))
-    return mine[:lead], (per[:lead] - level) * st.count[mine[:lead]]
+    _snum, _att, starts, t, cnt = part  # in time order, as the accounting makes them
+    median = cached(memo if key is not None else None, ("step_median", key),
+                    lambda: float(np.median(t / cnt)))
+    level = max(result.ideal_step_time_s * _NS, median)
+    thr = level + (result.noise_tolerance_s or 0.0) * _NS
+    lead, size = 0, 64
+    while lead < len(t):  # the leading run above thr, read in growing blocks
+        above = t[lead:lead + size] / cnt[lead:lead + size] > thr
+        if not above.all():
+            lead += int(np.argmin(above))
+            break
+        lead += len(above)
+        size *= 8
+    per = t[:lead] / cnt[:lead]
+    return np.arange(off, off + lead), (per - level) * cnt[:lead], starts[:lead]
 
 
 def _pod_evidence(a, r) -> dict:

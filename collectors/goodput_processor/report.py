@@ -103,9 +103,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from goodput import schema
+
+from .steptimes import StepArrays
 
 try:
     import orjson as _orjson
@@ -155,28 +155,6 @@ class StepTimeSummary:
     p99_s: float | None
     max_s: float | None
     anomalous_steps: int
-
-
-@dataclass(frozen=True)
-class StepArrays:
-    """Per kept step span, in time order (all arrays of the same length).
-
-    ``step``: step number (int64, ``NONE`` if the span had none); ``attempt``: attempt
-    number (int64); ``start_ns``: span start (int64, ns since the epoch); ``time_ns``: the
-    span's time after the overlap rules (int64 ns); ``count``: steps the span covers (int64,
-    1 for a recorded step; more only for imported logs, ``goodput.step.count``);
-    ``time_s``/``deviation_s``: time per step (``time_ns / count``) and that minus the ideal
-    step time (float64 seconds; deviation NaN without an ideal); ``anomalous``: bool.
-    """
-
-    step: np.ndarray
-    attempt: np.ndarray
-    start_ns: np.ndarray
-    time_ns: np.ndarray
-    time_s: np.ndarray
-    deviation_s: np.ndarray
-    anomalous: np.ndarray
-    count: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,294 @@
+"""Step-time statistics of a job's kept steps (``docs/accounting.md``, "Ideal step time"
+and "Training slowdown"), and the per-step arrays of the result, built on demand.
+
+The accounting hands over the kept steps as one *part* per attempt: ``(step numbers,
+attempt numbers, starts (ns), times (ns), counts)``, int64 arrays in time order. From them:
+
+- the ideal step time (the median time per step, unless given), the noise band (3 sigma of
+  the differences of consecutive single-step times, sigma from their median absolute value,
+  at least 5 % of the ideal and 1 µs), the percentiles (linear interpolation between
+  closest ranks, numpy's default ``linear`` method, Hyndman & Fan type 7), and the count
+  and time of the anomalous steps (time per step above ideal + band);
+- :class:`StepArrays`, whose arrays are concatenated from the parts when first read.
+
+Without a memo, order statistics come from ``np.partition`` of all steps. With a
+:class:`~goodput_processor.memo.AccountingMemo`, the finished attempts' steps are sorted
+once (with running sums of time and count in that order) and kept; a poll sorts only the
+last attempt's steps and answers each order statistic and threshold sum with binary
+searches over the two sorted runs. Both ways give the same numbers, bit for bit
+(``tests/test_incremental.py``): every statistic is a function of selected values and
+integer sums, never of a floating-point sum's order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .memo import cached
+
+__all__ = ["StepArrays", "StepStats", "step_stats"]
+
+_NS = 1_000_000_000
+_MIN_TOL_NS = 1_000
+_MIN_TOL_REL = 0.05
+_MAD_NORMAL = 0.6745
+_QUANTILES = (0.5, 0.9, 0.99, 1.0)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What the accounting takes from the kept steps. ``ideal_ns``, ``tol_ns``: float ns
+    (``ideal_ns`` None without steps and without a given ideal); ``source``: "given",
+    "estimated" or None; ``percentiles_s``: p50, p90, p99, max in seconds (None without
+    steps); ``anomalous``: steps (counts) above ideal + band; ``slowdown_ns``: their time
+    above the ideal (int ns); ``steps``/``time_ns``: kept steps and their time;
+    ``max_step``: highest step number (None if none)."""
+
+    ideal_ns: float | None
+    source: str | None
+    tol_ns: float
+    percentiles_s: tuple
+    anomalous: int
+    slowdown_ns: int
+    steps: int
+    time_ns: int
+    max_step: int | None
+
+
+class _Sorted:
+    """Kept steps of some attempts for order statistics: time per step sorted (float64
+    ns), running sums of time (int64 ns) and count in that order (length n + 1), the sorted
+    absolute differences of consecutive single-step times (float64 ns, in time order
+    within these steps), their first and last single-step times, totals, and the highest
+    step number."""
+
+    def __init__(self, t: np.ndarray, cnt: np.ndarray, snum: np.ndarray, none: int):
+        per = t / cnt
+        order = np.argsort(per, kind="stable")
+        self.per = per[order]
+        self.cum_t = np.concatenate(([0], np.cumsum(t[order])))
+        self.cum_cnt = np.concatenate(([0], np.cumsum(cnt[order])))
+        single = t[cnt == 1]
+        self.diffs = np.sort(np.abs(np.diff(single)).astype(np.float64))
+        self.first = single[:1]
+        self.last = single[-1:]
+        valid = snum[snum != none]
+        self.max_step = int(valid.max()) if len(valid) else None
+
+    def above(self, thr: float) -> tuple[int, int]:
+        """(count, time ns) of the steps whose time per step is > ``thr``."""
+        i = int(np.searchsorted(self.per, thr, "right"))
+        return int(self.cum_cnt[-1] - self.cum_cnt[i]), int(self.cum_t[-1] - self.cum_t[i])
+
+
+def _kth(a: np.ndarray, b: np.ndarray, ks) -> list[float]:
+    """The ``ks``-th smallest (0-based) values of the union of sorted ``a`` and ``b``;
+    O(len(b) log len(a))."""
+    if not len(b):
+        return [float(a[k]) for k in ks]
+    if not len(a):
+        return [float(b[k]) for k in ks]
+    pos = np.searchsorted(a, b, "right") + np.arange(len(b))  # b's places in the merge
+    out = []
+    for k in ks:
+        j = int(np.searchsorted(pos, k, "right"))  # b's values at merged places <= k
+        out.append(float(b[j - 1]) if j and pos[j - 1] == k else float(a[k - j]))
+    return out
+
+
+def _median(kth, n: int) -> float:
+    """Median of ``n`` values given their order statistics ``kth(list of ranks)``, as
+    ``np.median``: the middle one, or the mean of the two middle ones."""
+    if n % 2:
+        return kth([n // 2])[0]
+    lo, hi = kth([n // 2 - 1, n // 2])
+    return (lo + hi) / 2
+
+
+def _quantiles(kth, n: int, scale: float) -> list[float]:
+    """``_QUANTILES`` of ``n`` values scaled by ``1/scale``, linear interpolation between
+    closest ranks (Hyndman & Fan type 7; numpy's ``linear``, with its ``_lerp``)."""
+    ranks = []
+    for q in _QUANTILES:
+        v = (n - 1) * q
+        lo = math.floor(v)
+        ranks += [lo, min(lo + 1, n - 1)]
+    vals = [x / scale for x in kth(ranks)]
+    out = []
+    for i, q in enumerate(_QUANTILES):
+        v = (n - 1) * q
+        g = v - math.floor(v)
+        a, b = vals[2 * i], vals[2 * i + 1]
+        out.append(a + (b - a) * g if g < 0.5 else b - (b - a) * (1 - g))
+    return out
+
+
+def _finish(ideal_given_ns, n: int, kth_per, nd: int, kth_diff, above, steps: int,
+            time_ns: int, max_step) -> StepStats:
+    """The statistics from order-statistic and threshold functions (see :func:`step_stats`)."""
+    if ideal_given_ns is not None:
+        ideal, source = ideal_given_ns, "given"
+    elif n:
+        ideal, source = _median(kth_per, n), "estimated"
+    else:
+        ideal, source = None, None
+    tol = float(_MIN_TOL_NS)
+    if ideal is not None:
+        tol = max(tol, _MIN_TOL_REL * ideal)
+    if nd >= 1:  # the noise estimate uses recorded (single) steps only
+        sigma = _median(kth_diff, nd) / (math.sqrt(2) * _MAD_NORMAL)
+        tol = max(3 * sigma, tol)
+    n_anom, t_anom = above(ideal + tol) if ideal is not None and n else (0, 0)
+    slowdown = round(t_anom - n_anom * ideal) if n_anom else 0
+    pct = tuple(_quantiles(kth_per, n, _NS)) if n else (None,) * 4
+    return StepStats(ideal, source, tol, pct, n_anom, slowdown, steps, time_ns, max_step)
+
+
+def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
+               part_keys: list | None = None) -> StepStats:
+    """:class:`StepStats` of the kept steps ``parts`` (one per attempt, see the module
+    docstring). ``ideal_given_ns``: the given ideal step time (ns) or None; ``none``: the
+    step number of a step span without one. With ``memo``, the parts but the last are
+    sorted once and kept under their ``part_keys`` (the memo keys of the attempts' parts)."""
+    if memo is None or len(parts) < 2:
+        return _fresh(parts, ideal_given_ns, none)
+    head = cached(memo, ("sorted_steps", tuple(part_keys[:-1])), lambda: _Sorted(*(
+        np.concatenate(c) for c in zip(*[(p[3], p[4], p[0]) for p in parts[:-1]],
+                                       strict=True)), none))
+    _snum, _att, _start, t, cnt = parts[-1]
+    tail = _Sorted(t, cnt, _snum, none)
+    joint = tail.first if len(head.last) else tail.first[:0]
+    boundary = np.abs(head.last[:1] - joint).astype(np.float64)
+    tail_diffs = np.sort(np.concatenate((tail.diffs, boundary)))
+
+    def above(thr):
+        n1, t1 = head.above(thr)
+        n2, t2 = tail.above(thr)
+        return n1 + n2, t1 + t2
+
+    maxes = [m for m in (head.max_step, tail.max_step) if m is not None]
+    return _finish(ideal_given_ns, len(head.per) + len(tail.per),
+                   lambda ks: _kth(head.per, tail.per, ks),
+                   len(head.diffs) + len(tail_diffs),
+                   lambda ks: _kth(head.diffs, tail_diffs, ks), above,
+                   int(head.cum_cnt[-1] + tail.cum_cnt[-1]),
+                   int(head.cum_t[-1] + tail.cum_t[-1]), max(maxes) if maxes else None)
+
+
+def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
+    """:func:`step_stats` without a memo: ``np.partition`` of all the steps."""
+    cols = [np.concatenate(c) for c in zip(*parts, strict=True)] if parts else [
+        np.zeros(0, np.int64)] * 5
+    snum, _att, _start, t, cnt = cols
+    per = t / cnt if len(t) else np.zeros(0)
+    single = t[cnt == 1]
+    diffs = np.abs(np.diff(single)).astype(np.float64)
+
+    def kth_of(x):
+        return lambda ks: [float(v) for v in np.partition(x, ks)[ks]]
+
+    def above(thr):
+        hit = per > thr
+        return int(cnt[hit].sum()), int(t[hit].sum())
+
+    valid = snum[snum != none]
+    return _finish(ideal_given_ns, len(per), kth_of(per), len(diffs), kth_of(diffs), above,
+                   int(cnt.sum()), int(t.sum()), int(valid.max()) if len(valid) else None)
+
+
+class StepArrays:
+    """Per kept step span, in time order (all arrays of the same length).
+
+    ``step``: step number (int64, ``NONE`` if the span had none); ``attempt``: attempt
+    number (int64); ``start_ns``: span start (int64, ns since the epoch); ``time_ns``: the
+    span's time after the overlap rules (int64 ns); ``count``: steps the span covers (int64,
+    1 for a recorded step; more only for imported logs, ``goodput.step.count``);
+    ``time_s``/``deviation_s``: time per step (``time_ns / count``) and that minus the ideal
+    step time (float64 seconds; deviation NaN without an ideal); ``anomalous``: bool.
+
+    Built from the accounting's per-attempt parts; each array is made when first read
+    (a live poll that reads none of them costs nothing here). :meth:`of_attempt` gives one
+    attempt's steps without making the whole arrays.
+    """
+
+    def __init__(self, parts: list, ideal_ns: float | None = None, tol_ns: float = 0.0,
+                 keys: list | None = None):
+        self._parts = parts
+        self._keys = keys if keys is not None else [None] * len(parts)
+        self._ideal = ideal_ns
+        self._tol = tol_ns
+        self._offsets = np.concatenate(([0], np.cumsum([len(p[0]) for p in parts],
+                                                       dtype=np.int64)))
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    @property
+    def ideal_ns(self) -> float | None:
+        """The ideal step time the flags are taken against (float ns; None: none)."""
+        return self._ideal
+
+    @property
+    def tol_ns(self) -> float:
+        """The noise band above the ideal (float ns)."""
+        return self._tol
+
+    def _column(self, i: int) -> np.ndarray:
+        if not self._parts:
+            return np.zeros(0, np.int64)
+        if len(self._parts) == 1:
+            return self._parts[0][i]
+        return np.concatenate([p[i] for p in self._parts])
+
+    @cached_property
+    def step(self) -> np.ndarray:
+        return self._column(0)
+
+    @cached_property
+    def attempt(self) -> np.ndarray:
+        return self._column(1)
+
+    @cached_property
+    def start_ns(self) -> np.ndarray:
+        return self._column(2)
+
+    @cached_property
+    def time_ns(self) -> np.ndarray:
+        return self._column(3)
+
+    @cached_property
+    def count(self) -> np.ndarray:
+        return self._column(4)
+
+    @cached_property
+    def time_s(self) -> np.ndarray:
+        return self._per() / _NS
+
+    @cached_property
+    def deviation_s(self) -> np.ndarray:
+        if self._ideal is None:
+            return np.full(len(self), np.nan)
+        return (self._per() - self._ideal) / _NS
+
+    @cached_property
+    def anomalous(self) -> np.ndarray:
+        if self._ideal is None:
+            return np.zeros(len(self), bool)
+        return self._per() > self._ideal + self._tol
+
+    def _per(self) -> np.ndarray:
+        return self.time_ns / self.count if len(self) else np.zeros(0)
+
+    def of_attempt(self, attempt: int) -> tuple[int, tuple | None, object]:
+        """``(offset, part, key)``: where attempt ``attempt``'s steps begin in the arrays,
+        its part ``(step, attempt, start_ns, time_ns, count)`` (in time order; None if it
+        kept no step) and the memo key the accounting gave it (None without one). The part
+        is the accounting's own: do not modify it."""
+        for off, p, key in zip(self._offsets[:-1], self._parts, self._keys, strict=True):
+            if len(p[1]) and int(p[1][0]) == attempt:
+                return int(off), p, key
+        return 0, None, None
