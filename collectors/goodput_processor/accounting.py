@@ -543,7 +543,7 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         recorder_errors=sum(a.recorder_errors for a in attempts),
         recorder_dropped=sum(a.recorder_dropped for a in attempts),
         schema_version=",".join(sorted(job.schema_versions)) or None,
-        steps=StepArrays(acc.kept, ideal, tol, acc.part_keys),
+        steps=StepArrays(acc.kept, ideal, tol, acc.part_keys, stats.kth),
         run=run,
         mfu=mfu,
         useful_compute=None if mfu is None else goodput * mfu,

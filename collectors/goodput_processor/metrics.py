@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -341,12 +340,11 @@ class GoodputMetrics:
 
     @staticmethod
     def _obs_deviation(s, a):
-        dev = s.result.steps.deviation_s
-        dev = dev[~np.isnan(dev)] if len(dev) else dev
-        if not len(dev):
+        ideal = s.result.ideal_step_time_s
+        if ideal is None:
             return []
-        values = np.percentile(dev, [q for _, q in _STATS])
-        return [Observation(float(v), {**a, ATTR_STATISTIC: n})
+        values = s.result.steps.time_quantiles_s([q for _, q in _STATS])
+        return [Observation(float(v) - ideal, {**a, ATTR_STATISTIC: n})
                 for (n, _), v in zip(_STATS, values, strict=True)]
 
     @staticmethod

@@ -23,7 +23,7 @@ integer sums, never of a floating-point sum's order.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -57,6 +57,8 @@ class StepStats:
     steps: int
     time_ns: int
     max_step: int | None
+    #: ``kth(ranks) -> values``: order statistics of the time per step (float ns)
+    kth: object = field(default=None, compare=False, repr=False)
 
 
 class _Sorted:
@@ -109,17 +111,17 @@ def _median(kth, n: int) -> float:
     return (lo + hi) / 2
 
 
-def _quantiles(kth, n: int, scale: float) -> list[float]:
-    """``_QUANTILES`` of ``n`` values scaled by ``1/scale``, linear interpolation between
-    closest ranks (Hyndman & Fan type 7; numpy's ``linear``, with its ``_lerp``)."""
+def _quantiles(kth, n: int, scale: float, quantiles=_QUANTILES) -> list[float]:
+    """``quantiles`` (fractions) of ``n`` values scaled by ``1/scale``, linear interpolation
+    between closest ranks (Hyndman & Fan type 7; numpy's ``linear``, with its ``_lerp``)."""
     ranks = []
-    for q in _QUANTILES:
+    for q in quantiles:
         v = (n - 1) * q
         lo = math.floor(v)
         ranks += [lo, min(lo + 1, n - 1)]
     vals = [x / scale for x in kth(ranks)]
     out = []
-    for i, q in enumerate(_QUANTILES):
+    for i, q in enumerate(quantiles):
         v = (n - 1) * q
         g = v - math.floor(v)
         a, b = vals[2 * i], vals[2 * i + 1]
@@ -145,7 +147,8 @@ def _finish(ideal_given_ns, n: int, kth_per, nd: int, kth_diff, above, steps: in
     n_anom, t_anom = above(ideal + tol) if ideal is not None and n else (0, 0)
     slowdown = round(t_anom - n_anom * ideal) if n_anom else 0
     pct = tuple(_quantiles(kth_per, n, _NS)) if n else (None,) * 4
-    return StepStats(ideal, source, tol, pct, n_anom, slowdown, steps, time_ns, max_step)
+    return StepStats(ideal, source, tol, pct, n_anom, slowdown, steps, time_ns, max_step,
+                     kth_per)
 
 
 def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
@@ -216,8 +219,9 @@ class StepArrays:
     """
 
     def __init__(self, parts: list, ideal_ns: float | None = None, tol_ns: float = 0.0,
-                 keys: list | None = None):
+                 keys: list | None = None, kth=None):
         self._parts = parts
+        self._kth = kth
         self._keys = keys if keys is not None else [None] * len(parts)
         self._ideal = ideal_ns
         self._tol = tol_ns
@@ -282,6 +286,33 @@ class StepArrays:
 
     def _per(self) -> np.ndarray:
         return self.time_ns / self.count if len(self) else np.zeros(0)
+
+    def take(self, column: str, idx: np.ndarray) -> np.ndarray:
+        """``getattr(self, column)[idx]`` for ``column`` in step, attempt, start_ns,
+        time_ns, count, without making the whole array (``idx``: int indexes)."""
+        i = ("step", "attempt", "start_ns", "time_ns", "count").index(column)
+        if column in self.__dict__ or len(self._parts) == 1:
+            return getattr(self, column)[idx]
+        idx = np.asarray(idx, np.int64)
+        part = np.searchsorted(self._offsets, idx, "right") - 1
+        out = np.zeros(len(idx), np.int64)
+        for j in np.unique(part):
+            m = part == j
+            out[m] = self._parts[j][i][idx[m] - self._offsets[j]]
+        return out
+
+    def time_quantiles_s(self, percents) -> list[float]:
+        """Percentiles (``percents``: numbers in [0, 100]) of the time per step, in seconds,
+        by linear interpolation between closest ranks; [] without steps. From the
+        accounting's sorted runs when it kept them (no pass over every step)."""
+        n = len(self)
+        if not n:
+            return []
+        kth = self._kth
+        if kth is None:
+            per = self._per()
+            kth = lambda ks: [float(v) for v in np.partition(per, ks)[ks]]  # noqa: E731
+        return _quantiles(kth, n, _NS, tuple(p / 100 for p in percents))
 
     def of_attempt(self, attempt: int) -> tuple[int, tuple | None, object]:
         """``(offset, part, key)``: where attempt ``attempt``'s steps begin in the arrays,

@@ -215,14 +215,21 @@ def account_excluding(
         buckets_ns=buckets, excluded_time_s=excluded / _NS)
 
 
-def _slow_fractions(result: JobResult) -> np.ndarray:
-    """Per kept step span: the share of its time that is training slowdown."""
+def _slow_fractions(result: JobResult):
+    """``share(idx)``: for kept step spans ``idx`` (indexes into ``result.steps``), the share
+    of each one's time that is training slowdown (float64 array); reads only those steps."""
     st = result.steps
-    if not len(st.time_ns) or result.ideal_step_time_s is None:
-        return np.zeros(len(st.time_ns))
-    t = st.time_ns.astype(np.float64)
-    excess = np.where(st.anomalous, t - st.count * result.ideal_step_time_s * _NS, 0.0)
-    return np.divide(excess, t, out=np.zeros_like(t), where=t > 0)
+
+    def share(idx: np.ndarray) -> np.ndarray:
+        if result.ideal_step_time_s is None or not len(idx):
+            return np.zeros(len(idx))
+        t = st.take("time_ns", idx).astype(np.float64)
+        cnt = st.take("count", idx)
+        anomalous = t / cnt > st.ideal_ns + st.tol_ns  # = st.anomalous[idx]
+        excess = np.where(anomalous, t - cnt * result.ideal_step_time_s * _NS, 0.0)
+        return np.divide(excess, t, out=np.zeros_like(t), where=t > 0)
+
+    return share
 
 
 def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> WindowResult:
@@ -250,7 +257,7 @@ def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> Wind
         level_ns[step_level] -= int(seg[lost].sum())
         good = is_step & (sk >= 0)
         kept_ns += int(seg[good].sum())
-        slow += float((seg[good] * slow_frac[sk[good]]).sum())
+        slow += float((seg[good] * slow_frac(sk[good])).sum())
     slowdown = min(round(slow), kept_ns)
     buckets = {}
     for name in result.buckets_ns:
