@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from .memo import AccountingMemo
 from .metrics import DEFAULT_WINDOWS_S, GoodputMetrics, JobSnapshot
 from .reader import RunDirError
 from .serve.store import LiveStore
@@ -122,6 +123,7 @@ class GoodputMonitor:
                              f"{workload_definitions!r}")
         self._workload = workload
         self._workload_definitions = workload_definitions
+        self._mgm_memos: dict = {}  # job -> AccountingMemo of its mgm series
         self._sender = None
         if workload is not None:
             from .workload import WorkloadSender
@@ -271,10 +273,14 @@ class GoodputMonitor:
         """ml-goodput-measurement's series of one job: cumulative, then each window."""
         from . import workload as wl
 
-        spans = self._store.snapshot(s.result.job) if self._workload_definitions == "mgm" \
-            else None
+        spans = memo = None
+        if self._workload_definitions == "mgm":
+            spans = self._store.snapshot(s.result.job)
+            # (the store's rows only grow: what new spans cannot change is kept per job)
+            memo = self._mgm_memos.setdefault(s.result.job, AccountingMemo())
         self._sender.send(wl.job_series(s, self._workload, self._workload_definitions,
-                                        spans=spans, ideal_step_time_s=self._ideal))
+                                        spans=spans, ideal_step_time_s=self._ideal,
+                                        memo=memo))
 
     def _writer(self, job: str):
         w = self._tb.get(job)

@@ -331,14 +331,17 @@ def step_deviation_series(job: str, deviations: dict[int, float],
 
 
 def job_series(snap, opts: WorkloadOptions, definitions: str = "mgm", *, spans=None,
-               ideal_step_time_s: float | None = None) -> list[dict]:
+               ideal_step_time_s: float | None = None, memo=None) -> list[dict]:
     """Every series mgm uploads for one job: cumulative, then each rolling window.
 
     ``snap``: the job's :class:`~goodput_processor.metrics.JobSnapshot` (result and
     windows, this project's model); ``definitions``: ``"mgm"`` (the numbers from mgm's
     definitions, computed on ``spans``, the job's :class:`~.timeline.JobSpans`, required
     then) or ``"goodput"`` (the snapshot's own numbers, buckets named by
-    :data:`BUCKET_NAMES`).
+    :data:`BUCKET_NAMES`). ``memo``: with ``"mgm"``, the job's
+    :class:`~goodput_processor.memo.AccountingMemo` from earlier calls on the same live job
+    (its rows only grown at the end since), as :func:`~.definitions.mgm.account_mgm_windows`
+    takes it.
 
     Raises:
         ValueError: ``definitions`` is neither, or ``"mgm"`` without ``spans``.
@@ -347,16 +350,14 @@ def job_series(snap, opts: WorkloadOptions, definitions: str = "mgm", *, spans=N
     if definitions == "mgm":
         if spans is None:
             raise ValueError("definitions='mgm' needs the job's spans")
-        from .definitions.mgm import account_mgm
+        from .definitions.mgm import account_mgm_windows
 
-        d = details(account_mgm(spans, ideal_step_time_s=ideal_step_time_s))
-        windows = []
-        for w in snap.windows:
-            try:
-                m = account_mgm(spans, interval_ns=(w.start_ns, w.end_ns))
-            except ValueError:
-                m = None
-            windows.append(interval_details(m, int(w.window_s)))
+        whole, parts = account_mgm_windows(
+            spans, [(w.start_ns, w.end_ns) for w in snap.windows],
+            ideal_step_time_s=ideal_step_time_s, memo=memo)
+        d = details(whole)
+        windows = [interval_details(m, int(w.window_s))
+                   for m, w in zip(parts, snap.windows, strict=True)]
     elif definitions == "goodput":
         d = details(snap.result)
         windows = [interval_details(w, int(w.window_s)) for w in snap.windows]

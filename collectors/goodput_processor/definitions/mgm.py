@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..elastic import slice_efficiency
+from ..memo import AccountingMemo, cached
 from ..timeline import (
     JobSpans,
 )
@@ -92,7 +93,7 @@ from .mgm_events import (
     E_WAIT_END,
     E_WAIT_START,
     Events,
-    events,
+    keyed_events,
     pairs,
 )
 
@@ -100,6 +101,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["BADPUT_TYPES", "ELASTIC_TYPES", "MGM_VERSION", "MgmResult", "account_mgm",
+           "account_mgm_windows",
            "compute_ideal_step_time", "render_mgm"]
 
 #: The ml-goodput-measurement release whose definitions this module reproduces.
@@ -552,15 +554,31 @@ def _step_times(ev: Events) -> dict[int, float]:
     return dict(zip(num[ok].tolist(), ((t[ok + 1] - t[ok]) / _NS).tolist(), strict=True))
 
 
+def _deviation(ev: Events, ideal_step_time_s) -> tuple[float | None, dict[int, float]]:
+    """``(ideal step time, step deviation)`` of :class:`MgmResult` (seconds) for the step
+    events of ``ev``: ``ideal_step_time_s``, else :func:`compute_ideal_step_time` of the
+    step times (:func:`_step_times`)."""
+    step_times = _step_times(ev)
+    ideal = ideal_step_time_s
+    if ideal is None:
+        ideal = compute_ideal_step_time(step_times.values())
+    deviation = {} if ideal is None else dict(zip(
+        step_times, np.abs(np.fromiter(step_times.values(), np.float64, len(step_times))
+                           - ideal).tolist(), strict=True))
+    return ideal, deviation
+
+
 def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
-            elastic: bool = False, slices=None) -> MgmResult:
+            elastic: bool = False, slices=None, memo=None, key=None) -> MgmResult:
     """Validity checks, sanitising, OTHER and percentages as mgm 0.2.3 ``get_job_goodput``
     / ``_compute_job_goodput_interval_metrics`` do (``elastic``: with the rules and the
-    breakdown of ``ElasticGoodputCalculator``; ``slices``: its slice efficiencies)."""
+    breakdown of ``ElasticGoodputCalculator``; ``slices``: its slice efficiencies).
+    ``memo``: the replay of ``ev`` and its step deviation kept under ``key``, what ``ev``
+    depends on."""
     if total_ns == 0:
         raise ValueError(f"job {job!r}: total job time is zero, mgm cannot compute goodput")
     total = total_ns / _NS
-    core = _calculate(ev, elastic)
+    core = cached(memo, ("mgm_core", key, elastic), lambda: _calculate(ev, elastic))
     # Our inputs are integer ns: a difference under 1 ns is float rounding of an equality
     # (mgm's own float noise may go either way there; we take it as equal).
     if core.productive_s < -_EPS_S or core.productive_s > total + _EPS_S:
@@ -583,13 +601,8 @@ def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
     for name in _BREAKDOWN_ORDER + (ELASTIC_TYPES if elastic else ()):
         percent[name] = ({k: pct(v) for k, v in custom.items()}
                          if name == "CUSTOM_BADPUT_EVENTS" else pct(badput_s[name]))
-    step_times = _step_times(ev)
-    ideal = ideal_step_time_s
-    if ideal is None:
-        ideal = compute_ideal_step_time(step_times.values())
-    deviation = {} if ideal is None else dict(zip(
-        step_times, np.abs(np.fromiter(step_times.values(), np.float64, len(step_times))
-                           - ideal).tolist(), strict=True))
+    ideal, deviation = cached(memo, ("mgm_deviation", key, ideal_step_time_s),
+                              lambda: _deviation(ev, ideal_step_time_s))
     return MgmResult(
         job=job,
         total_time_s=total,
@@ -619,6 +632,7 @@ def account_mgm(
     now_ns: int | None = None,
     ideal_step_time_s: float | None = None,
     elastic: bool | None = None,
+    memo: AccountingMemo | None = None,
 ) -> MgmResult:
     """What ml-goodput-measurement 0.2.3's ``GoodputCalculator`` returns for ``job``.
 
@@ -641,6 +655,14 @@ def account_mgm(
             elastic wait and reinitialisation badput, slice efficiency) or as its base
             ``GoodputCalculator``, which leaves elastic entries out (their time is OTHER);
             None (default): elastic when the job has elastic spans or slice counts.
+        memo: results of earlier calls on the same job, whose rows have only grown at the
+            end since (:mod:`goodput_processor.memo`; a live job's, read by a spool tailer
+            or ``goodput serve``): each attempt's events, the event stream, mgm's replay of
+            it and the step deviation are taken from it when what they depend on is
+            unchanged, so a call with nothing new only recomputes what depends on *now*.
+            The result equals the one without a memo. Results share what the memo keeps
+            (``step_deviation_s``): treat them as read-only. The call ends the memo's
+            round (:meth:`~goodput_processor.memo.AccountingMemo.end_round`).
 
     Returns:
         An :class:`MgmResult`. Its ``slice_efficiency`` is mgm's for ``get_job_goodput_
@@ -660,29 +682,94 @@ def account_mgm(
         math.isfinite(ideal_step_time_s) and ideal_step_time_s > 0
     ):
         raise ValueError(f"ideal step time must be a finite number > 0, got {ideal_step_time_s}")
-    ev, last_end, slices = events(job, now_ns)
+    if memo is None:
+        return _account(job, interval_ns, now_ns, ideal_step_time_s, elastic, None)
+    try:
+        return _account(job, interval_ns, now_ns, ideal_step_time_s, elastic, memo)
+    finally:
+        memo.end_round()
+
+
+def account_mgm_windows(job: JobSpans, windows, *, ideal_step_time_s: float | None = None,
+                        memo: AccountingMemo | None = None):
+    """The whole job and each interval of ``windows`` (``(start_ns, end_ns)`` pairs) by
+    :func:`account_mgm`, in one round of ``memo`` (what the calls share is computed once,
+    and a later call with nothing new finds each of them).
+
+    Returns:
+        ``(whole job result, [interval result, or None where mgm refuses the interval]``).
+
+    Raises:
+        ValueError: as :func:`account_mgm` for the whole job.
+    """
+    one = None if memo is None else _Round(memo)
+    try:
+        whole = account_mgm(job, ideal_step_time_s=ideal_step_time_s, memo=one)
+        parts = []
+        for w in windows:
+            try:
+                parts.append(account_mgm(job, interval_ns=w, memo=one))
+            except ValueError:
+                parts.append(None)
+        return whole, parts
+    finally:
+        if memo is not None:
+            memo.end_round()
+
+
+class _Round:
+    """An :class:`AccountingMemo` for calls within one round: their ends of round are left
+    out (the caller ends it)."""
+
+    def __init__(self, memo: AccountingMemo) -> None:
+        self.get = memo.get
+
+    def end_round(self) -> None:
+        pass
+
+
+def _elastic_kinds(ev: Events) -> bool:
+    return bool(np.isin(ev.kind, (E_WAIT_START, E_WAIT_END, E_REINIT_START,
+                                  E_REINIT_END)).any())
+
+
+def _job_bounds(ev: Events) -> tuple[int | None, int | None]:
+    """The first job start and the last job end of ``ev`` (ns; None when there is none)."""
+    js = ev.t[ev.kind == E_JOB_START]
+    je = ev.t[ev.kind == E_JOB_END]
+    return (int(js[0]) if len(js) else None), (int(je[-1]) if len(je) else None)
+
+
+def _account(job: JobSpans, interval_ns, now_ns, ideal_step_time_s, elastic,
+             memo: AccountingMemo | None) -> MgmResult:
+    """:func:`account_mgm` (its arguments checked; ``memo``'s round not ended). With a memo,
+    what depends only on the event stream is kept under the stream's key (an interval's
+    events are a slice of the stream, which is in time order)."""
+    ev, last_end, slices, key = keyed_events(job, now_ns, memo)
     if elastic is None:
-        elastic = bool(len(slices)) or bool(
-            np.isin(ev.kind, (E_WAIT_START, E_WAIT_END, E_REINIT_START, E_REINIT_END)).any())
+        elastic = bool(len(slices)) or cached(memo, ("mgm_elastic", key),
+                                              lambda: _elastic_kinds(ev))
     if interval_ns is None:
-        js = ev.t[ev.kind == E_JOB_START]
-        if not len(js):
+        first, last = cached(memo, ("mgm_bounds", key), lambda: _job_bounds(ev))
+        if first is None:
             raise ValueError(f"job {job.name!r} has no spans: mgm cannot compute goodput")
-        je = ev.t[ev.kind == E_JOB_END]
-        if len(je):
-            end = int(je[-1])
+        if last is not None:
+            end = last
         else:
             end = int(now_ns) if now_ns is not None else int(last_end)
         eff = None
         if elastic:
-            e = slice_efficiency(slices, int(js[0]), end, mgm=True)
+            e = slice_efficiency(slices, first, end, mgm=True)
             eff = None if e is None else (e.stepping, e.available)
-        return _finish(job.name, ev, end - int(js[0]), ideal_step_time_s, None, elastic, eff)
+        return _finish(job.name, ev, end - first, ideal_step_time_s, None, elastic, eff,
+                       memo, key)
 
     start, end = (int(x) for x in interval_ns)
     if start >= end:
         raise ValueError(f"interval start {start} ns is not before its end {end} ns")
-    sub = ev.subset((ev.t > start) & (ev.t <= end))
+    # the stream is in time order: the events in (start, end] are a slice of it
+    i, j = (int(x) for x in np.searchsorted(ev.t, (start, end), side="right"))
+    sub = Events(ev.t[i:j], ev.kind[i:j], ev.val[i:j], ev.dur[i:j], ev.types, ev.wait_types)
     if not len(sub.t):
         raise ValueError(
             f"job {job.name!r}: no mgm events within the interval ({start}, {end}] ns")
@@ -696,7 +783,8 @@ def account_mgm(
         inside = slices[(slices[:, 0] > start) & (slices[:, 0] <= end)]
         e = slice_efficiency(inside, start, end, mgm=True)
         eff = None if e is None else (e.stepping, e.available)
-    return _finish(job.name, sub, hi - lo, ideal_step_time_s, (lo, hi), elastic, eff)
+    return _finish(job.name, sub, hi - lo, ideal_step_time_s, (lo, hi), elastic, eff, memo,
+                   (key, i, j))
 
 
 # --- table ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..attempts import build_attempts
 from ..elastic import slice_records
+from ..memo import AccountingMemo, cached, rows_key
 from ..timeline import (
     C_END,
     C_FLAGS,
@@ -78,14 +79,26 @@ class Events:
                        self.types, self.wait_types)
 
 
-def events(job: JobSpans, now_ns: int | None) -> tuple[Events, int | None, np.ndarray]:
-    """The mgm event stream of ``job`` (see the module docstring), the end of its last
-    attempt (ns; None without attempts) and the slice-count records of the attempts'
-    primary processes (:func:`~goodput_processor.elastic.slice_records`)."""
-    attempts = build_attempts(job, now_ns)
+@dataclass(frozen=True)
+class _Chunk:
+    """One attempt's events sorted by (time, rank, order written): their rank (the order at
+    equal times), kind, value (custom badput and elastic wait types as indices into
+    ``types``/``wait_types``, the attempt's own, in order of first appearance), duration."""
+
+    t: np.ndarray
+    rank: np.ndarray
+    kind: np.ndarray
+    val: np.ndarray
+    dur: np.ndarray
+    types: tuple[str, ...]
+    wait_types: tuple[str, ...]
+
+
+def _chunk(job: JobSpans, a) -> _Chunk:
+    """The events of attempt ``a`` (see :func:`events`), sorted."""
     types: dict[str, int] = {}
     wait_types: dict[str, int] = {}
-    cols: list[tuple] = []  # (t, rank, kind, val, dur) arrays per chunk
+    cols: list[tuple] = []  # (t, rank, kind, val, dur) arrays per add
 
     def add(t, rank, kind, val=None, dur=None):
         t = np.asarray(t, np.int64).reshape(-1)
@@ -95,50 +108,117 @@ def events(job: JobSpans, now_ns: int | None) -> tuple[Events, int | None, np.nd
                      np.zeros(n, np.int64) if val is None else val,
                      np.zeros(n, np.int64) if dur is None else dur))
 
-    for a in attempts:
-        add(a.start_ns, _R_JOB_START, E_JOB_START)
-        d = a.primary.data
-        kinds, start, end, ival = d[:, C_KIND], d[:, C_START], d[:, C_END], d[:, C_IVAL]
-        blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
-        # a phase whose end is inferred (in flight at a kill, or at --at) logged its start only
-        recorded_end = (d[:, C_FLAGS] & F_ENDLESS) == 0
-        sel = (kinds == K_STEP) & (ival != NONE)
-        add(start[sel], _R_STEP, E_STEP, ival[sel])
-        for k, (ek_start, ek_end) in _PAIRED.items():
-            sel = (kinds == k) & blocking
-            if not sel.any():
-                continue
-            val = None
-            if k == K_CUSTOM_BADPUT:
-                names = [(job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE).upper()
-                         for s in d[sel, C_SIDX]]
-                val = np.array([types.setdefault(n, len(types)) for n in names], np.int64)
-            elif k == K_ELASTIC_WAIT:  # mgm's ElasticGoodputRecorder default: 'unknown'
-                names = [job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE
-                         for s in d[sel, C_SIDX]]
-                val = np.array([wait_types.setdefault(n, len(wait_types)) for n in names],
-                               np.int64)
-            s, e = start[sel], end[sel]
-            # A span's start and end interleave so that pairing sees them in write order.
-            add(s, _R_START, ek_start, val)
-            ended = recorded_end[sel]
-            add(e[ended], np.where(e > s, _R_END, _R_END_ZERO).astype(np.int8)[ended], ek_end,
-                None if val is None else val[ended])
-        for k, ek in ((K_CHECKPOINT_SAVE, E_SAVE), (K_CHECKPOINT_RESTORE, E_RESTORE)):
-            # Orbax logs a checkpoint's statistics once it is done: not for one in flight
-            sel = (kinds == k) & blocking & recorded_end
-            add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
-        if a.end_reason not in ("killed", "running", "restart"):
-            add(a.end_ns, _R_JOB_END, E_JOB_END)
-    slices = slice_records(job, [a.primary for a in attempts])
-    if not cols:
-        z = np.zeros(0, np.int64)
-        return Events(z, z.astype(np.int8), z, z, ()), None, slices
+    add(a.start_ns, _R_JOB_START, E_JOB_START)
+    d = a.primary.data
+    kinds, start, end, ival = d[:, C_KIND], d[:, C_START], d[:, C_END], d[:, C_IVAL]
+    blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
+    # a phase whose end is inferred (in flight at a kill, or at --at) logged its start only
+    recorded_end = (d[:, C_FLAGS] & F_ENDLESS) == 0
+    sel = (kinds == K_STEP) & (ival != NONE)
+    add(start[sel], _R_STEP, E_STEP, ival[sel])
+    for k, (ek_start, ek_end) in _PAIRED.items():
+        sel = (kinds == k) & blocking
+        if not sel.any():
+            continue
+        val = None
+        if k == K_CUSTOM_BADPUT:
+            names = [(job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE).upper()
+                     for s in d[sel, C_SIDX]]
+            val = np.array([types.setdefault(n, len(types)) for n in names], np.int64)
+        elif k == K_ELASTIC_WAIT:  # mgm's ElasticGoodputRecorder default: 'unknown'
+            names = [job.strings[s] if s >= 0 else DEFAULT_CUSTOM_TYPE
+                     for s in d[sel, C_SIDX]]
+            val = np.array([wait_types.setdefault(n, len(wait_types)) for n in names],
+                           np.int64)
+        s, e = start[sel], end[sel]
+        # A span's start and end interleave so that pairing sees them in write order.
+        add(s, _R_START, ek_start, val)
+        ended = recorded_end[sel]
+        add(e[ended], np.where(e > s, _R_END, _R_END_ZERO).astype(np.int8)[ended], ek_end,
+            None if val is None else val[ended])
+    for k, ek in ((K_CHECKPOINT_SAVE, E_SAVE), (K_CHECKPOINT_RESTORE, E_RESTORE)):
+        # Orbax logs a checkpoint's statistics once it is done: not for one in flight
+        sel = (kinds == k) & blocking & recorded_end
+        add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
+    if a.end_reason not in ("killed", "running", "restart"):
+        add(a.end_ns, _R_JOB_END, E_JOB_END)
     t, rank, kind, val, dur = (np.concatenate(c) for c in zip(*cols, strict=True))
+    order = np.lexsort((rank, t))  # (stable: the order written at equal time and rank)
+    return _Chunk(t[order], rank[order], kind[order], val[order], dur[order], tuple(types),
+                  tuple(wait_types))
+
+
+def chunk_key(a) -> tuple:
+    """What :func:`_chunk` of attempt ``a`` depends on: its primary's rows
+    (:func:`~goodput_processor.memo.rows_key`), its start, and its logged end (None for an
+    end mgm never logs)."""
+    logged = a.end_reason not in ("killed", "running", "restart")
+    return (rows_key(a.primary.data), a.start_ns, a.end_ns if logged else None)
+
+
+def _merge(chunks: list[_Chunk]) -> Events:
+    """The chunks' events as one stream, in (time, rank, attempt, order written) order
+    (custom and wait types renumbered by first appearance over the attempts in order)."""
+    types: dict[str, int] = {}
+    wait_types: dict[str, int] = {}
+    vals = []
+    for c in chunks:
+        lut = np.array([types.setdefault(n, len(types)) for n in c.types], np.int64)
+        wlut = np.array([wait_types.setdefault(n, len(wait_types)) for n in c.wait_types],
+                        np.int64)
+        val = c.val
+        remap = []
+        if not np.array_equal(lut, np.arange(len(lut))):
+            remap.append(((c.kind == E_CUSTOM_START) | (c.kind == E_CUSTOM_END), lut))
+        if not np.array_equal(wlut, np.arange(len(wlut))):
+            remap.append(((c.kind == E_WAIT_START) | (c.kind == E_WAIT_END), wlut))
+        if remap:
+            val = val.copy()
+            for sel, table in remap:
+                val[sel] = table[c.val[sel]]
+        vals.append(val)
+    if len(chunks) == 1:
+        c = chunks[0]
+        return Events(c.t, c.kind, vals[0], c.dur, tuple(types), tuple(wait_types))
+    t, rank, kind, dur = (np.concatenate([getattr(c, f) for c in chunks])
+                          for f in ("t", "rank", "kind", "dur"))
+    val = np.concatenate(vals)
+    # each chunk is sorted: so is the whole when no chunk begins before the last one ends
+    # (at equal time and rank, the earlier attempt first)
+    if all((a.t[-1], a.rank[-1]) <= (b.t[0], b.rank[0])
+           for a, b in zip(chunks[:-1], chunks[1:], strict=True)):
+        return Events(t, kind, val, dur, tuple(types), tuple(wait_types))
     order = np.lexsort((np.arange(len(t)), rank, t))
-    ev = Events(t[order], kind[order], val[order], dur[order], tuple(types),
-                 tuple(wait_types))
-    return ev, attempts[-1].end_ns, slices
+    return Events(t[order], kind[order], val[order], dur[order], tuple(types),
+                  tuple(wait_types))
+
+
+def events(job: JobSpans, now_ns: int | None) -> tuple[Events, int | None, np.ndarray]:
+    """The mgm event stream of ``job`` (see the module docstring), the end of its last
+    attempt (ns; None without attempts) and the slice-count records of the attempts'
+    primary processes (:func:`~goodput_processor.elastic.slice_records`)."""
+    return keyed_events(job, now_ns)[:3]
+
+
+def keyed_events(job: JobSpans, now_ns: int | None, memo: AccountingMemo | None = None
+                 ) -> tuple[Events, int | None, np.ndarray, tuple]:
+    """:func:`events`, and the stream's key: what it depends on (a tuple, one
+    :func:`chunk_key` per attempt).
+
+    ``memo`` (:mod:`goodput_processor.memo`): each attempt's events are kept under their
+    key and the stream under the attempts' keys, so that an attempt whose rows did not
+    change is not read again. The rows must only grow at the end between calls (those of
+    a spool tailer, of ``goodput serve``)."""
+    attempts = build_attempts(job, now_ns, memo)
+    slices = slice_records(job, [a.primary for a in attempts], memo)
+    if not attempts:
+        z = np.zeros(0, np.int64)
+        return Events(z, z.astype(np.int8), z, z, ()), None, slices, ()
+    keys = tuple(chunk_key(a) for a in attempts)
+    chunks = [cached(memo, ("mgm_chunk", k), lambda a=a: _chunk(job, a))
+              for k, a in zip(keys, attempts, strict=True)]
+    ev = cached(memo, ("mgm_stream", keys), lambda: _merge(chunks))
+    return ev, attempts[-1].end_ns, slices, keys
 
 
 def pairs(ev: Events, k_start: int, k_end: int, by_val: bool = False):

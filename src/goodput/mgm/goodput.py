@@ -269,6 +269,7 @@ class GoodputCalculator:
         self.query_time = query_time
         self.run_dir = run_dir_of(job_name, run_dir)
         self._store = self._tailer = None
+        self._mgm_memo = None  # definitions='mgm': kept from query to query
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -303,8 +304,17 @@ class GoodputCalculator:
         from goodput_processor.definitions.mgm import account_mgm
 
         js, at = self._job()
+        # The tailed spool's rows only grow at the end: what new spans cannot change comes
+        # from the memo (not as of a query time, which cuts spans that later go on).
+        memo = None
+        if self.query_time is None:
+            if self._mgm_memo is None:
+                from goodput_processor.memo import AccountingMemo
+
+                self._mgm_memo = AccountingMemo()
+            memo = self._mgm_memo
         return account_mgm(js, interval_ns=interval_ns, now_ns=at, ideal_step_time_s=ideal_s,
-                           elastic=self._elastic)
+                           elastic=self._elastic, memo=memo)
 
     def _account(self, ideal_s=None):
         from goodput_processor.accounting import account

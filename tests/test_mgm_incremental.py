@@ -1,0 +1,97 @@
+"""``--definitions mgm`` on a live job, poll after poll, with a memo, equals it afresh.
+
+The random jobs and arrival orders of ``tests/test_incremental.py`` (restarts, redone
+steps, open phases, late spans of a dead attempt, duplicates arriving again), fed batch by
+batch: after every batch :func:`~goodput_processor.definitions.mgm.account_mgm` with the
+memo the previous polls filled and without any must give equal results, every field (and
+the same refusal when mgm refuses), for the whole job and for intervals of it. The drop-in
+calculator (``definitions="mgm"``) polled while a spool grows must answer as a new one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fast_paths import MS, T0
+from test_incremental import _snapshot, arrivals
+
+from goodput_processor.definitions.mgm import account_mgm
+from goodput_processor.memo import AccountingMemo
+from goodput_processor.timeline import C_END, C_START, NCOLS, JobSpans, ProcessSpans
+
+SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def _answer(job, **kw):
+    """The result as comparable values (dict orders included), or mgm's refusal."""
+    try:
+        r = account_mgm(job, **kw)
+    except ValueError as e:
+        return "refused", str(e)
+    fields = {k: getattr(r, k) for k in r.__dataclass_fields__}
+    orders = {k: list(v.items()) for k, v in fields.items() if isinstance(v, dict)}
+    # (NaN-free: == on floats is exact)
+    assert all(not isinstance(v, float) or math.isfinite(v) for v in fields.values())
+    return r, fields, orders, r.to_json_dict()
+
+
+def _same(a, b) -> None:
+    assert a == b  # (the result, each field, the order of each dict, its JSON)
+
+
+@SETTINGS
+@given(case=arrivals(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
+       windows=st.lists(st.tuples(st.integers(0, 999), st.integers(1, 1000)), max_size=2))
+def test_mgm_with_a_memo_equals_mgm_afresh_after_every_batch(case, ideal, running, windows):
+    job, batches = case
+    memo = AccountingMemo()
+    seen: dict = {}
+    for batch in batches:
+        for key, i in batch:
+            seen.setdefault(key, []).append(i)
+        snap = _snapshot(job, seen)
+        rows = [p.data for p in snap.processes.values() if len(p.data)]
+        first = min(int(d[:, C_START].min()) for d in rows)
+        last = max(int(d[:, C_END].max()) for d in rows)
+        now = last + (MS if running else 10**12)
+        for now_ns in (now, now + MS):  # a later poll with nothing new
+            kw = {"now_ns": now_ns, "ideal_step_time_s": ideal}
+            _same(_answer(snap, memo=memo, **kw), _answer(snap, **kw))
+        for a, b in windows:  # intervals: per mille of the job's span
+            lo = first - MS + (last - first + 2 * MS) * min(a, b) // 1000
+            hi = first - MS + (last - first + 2 * MS) * max(a, b) // 1000
+            kw = {"now_ns": now, "interval_ns": (lo, hi), "ideal_step_time_s": ideal}
+            _same(_answer(snap, memo=memo, **kw), _answer(snap, **kw))
+        assert len(memo) < 20 * (len(snap.processes) + 4)  # one poll's worth, at most
+
+
+def test_nothing_new_reuses_the_replay_and_a_new_step_does_not_change_old_attempts():
+    """Two attempts, the second growing: the first attempt's events come from the memo;
+    with nothing new, the stream's replay and step deviation do too."""
+    n = 300
+    job = JobSpans("grow")
+    for attempt in range(2):
+        t0 = T0 + attempt * 10**13
+        starts = t0 + np.arange(n) * 1500 * MS  # 1.5 s steps: mgm's ideal step time
+        d = np.zeros((n, NCOLS), np.int64)
+        d[:, 0], d[:, 1], d[:, 2] = starts, starts + 1500 * MS, 8  # steps
+        d[:, 3], d[:, 4], d[:, 6], d[:, 7] = np.arange(n), -(2**63), -1, attempt
+        d[:, 8] = np.arange(n) + attempt * n
+        job.processes[(attempt, 0, "")] = ProcessSpans("grow", attempt, 0, data=d)
+    full = job.processes[(1, 0, "")].data
+    memo = AccountingMemo()
+    for k in (100, 200, 300):
+        job.processes[(1, 0, "")].data = full[:k]
+        now = int(full[k - 1, 1]) + MS
+        got = account_mgm(job, now_ns=now, memo=memo)
+        assert got == account_mgm(job, now_ns=now)
+        assert got.ideal_step_time_s == 1.5 and len(got.step_deviation_s) == n - 1  # (redone)
+        misses = memo.misses
+        again = account_mgm(job, now_ns=now + MS, memo=memo)
+        assert again == account_mgm(job, now_ns=now + MS)
+        assert memo.misses == misses  # nothing new: nothing computed again
+        assert again.step_deviation_s is got.step_deviation_s
