@@ -415,14 +415,7 @@ def _calculate(ev: Events, elastic: bool = False) -> _Core:
     num, st = ev.val[step_pos], ev.t[step_pos]
     # Segments end where a step number repeats (a restart): the dict of step starts is
     # reset to the repeated step.
-    cuts: list[int] = []  # index into the step arrays of each repeated step
-    seen: set[int] = set()
-    for i, n in enumerate(num.tolist()):
-        if n in seen:
-            cuts.append(i)
-            seen = {n}
-        else:
-            seen.add(n)
+    cuts = _repeats(num)  # index into the step arrays of each repeated step
     cs, ce, cv, _ = pairs(ev, E_CUSTOM_START, E_CUSTOM_END, by_val=True)
     keep = cs < ce  # mgm keeps a custom interval only if start < end
     custom = (cs[keep], ce[keep], cv[keep])
@@ -508,6 +501,25 @@ def _calculate(ev: Events, elastic: bool = False) -> _Core:
     )
 
 
+def _repeats(num: np.ndarray) -> list[int]:
+    """Indices of the steps that repeat a number of their segment: a segment runs from the
+    start (or a repeat) up to the next step whose number it already holds."""
+    if len(num) < 2:
+        return []
+    # the previous occurrence of each number: a repeat is one within the current segment
+    order = np.argsort(num, kind="stable")
+    same = num[order[1:]] == num[order[:-1]]
+    later, prev = order[1:][same], order[:-1][same]
+    o = np.argsort(later)
+    cuts: list[int] = []
+    begin = 0
+    for i, j in zip(later[o].tolist(), prev[o].tolist(), strict=True):
+        if j >= begin:
+            cuts.append(i)
+            begin = i
+    return cuts
+
+
 def _sync_data_loading_ns(pos: np.ndarray, dur: np.ndarray, repeats: np.ndarray) -> int:
     """DATA_LOADING_SYNC (ns) of :func:`_calculate`: data loadings at stream positions
     ``pos`` lasting ``dur`` ns, cut into runs by the repeated steps at positions ``repeats``
@@ -533,7 +545,8 @@ def compute_ideal_step_time(step_times_s) -> float | None:
     an ideal step time); of the rest, the mean of those at most median + 3 x MAD (median
     absolute deviation from the median).
     """
-    x = np.asarray(list(step_times_s), np.float64)
+    x = (step_times_s.astype(np.float64, copy=False) if isinstance(step_times_s, np.ndarray)
+         else np.asarray(list(step_times_s), np.float64))
     x = x[x >= 1.0]
     if not len(x):
         return None
@@ -547,24 +560,41 @@ def _step_times(ev: Events) -> dict[int, float]:
     a step start to the next one when the next number is one higher, keyed by the first
     step's number (a later occurrence overwrites an earlier one). Raw seconds: custom
     badput and restarts are not taken out."""
+    keys, times = _step_time_arrays(ev)
+    return dict(zip(keys.tolist(), times.tolist(), strict=True))
+
+
+def _step_time_arrays(ev: Events) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_step_times` as arrays: the step numbers in the dict's order (of first
+    occurrence) and their times (seconds, of the last occurrence)."""
     sel = ev.kind == E_STEP
     num, t = ev.val[sel], ev.t[sel]
     ok = np.flatnonzero(num[1:] == num[:-1] + 1)
-    # (dict of pairs: a later occurrence of a number overwrites an earlier one)
-    return dict(zip(num[ok].tolist(), ((t[ok + 1] - t[ok]) / _NS).tolist(), strict=True))
+    keys, times = num[ok], (t[ok + 1] - t[ok]) / _NS
+    if len(keys) < 2 or (keys[1:] > keys[:-1]).all():
+        return keys, times
+    # repeated numbers: the first occurrence's place, the last occurrence's time
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    head = np.ones(len(sk), bool)
+    head[1:] = sk[1:] != sk[:-1]
+    tail = np.ones(len(sk), bool)
+    tail[:-1] = head[1:]
+    first, last = order[head], order[tail]
+    o = np.argsort(first)
+    return keys[first[o]], times[last[o]]
 
 
 def _deviation(ev: Events, ideal_step_time_s) -> tuple[float | None, dict[int, float]]:
     """``(ideal step time, step deviation)`` of :class:`MgmResult` (seconds) for the step
     events of ``ev``: ``ideal_step_time_s``, else :func:`compute_ideal_step_time` of the
     step times (:func:`_step_times`)."""
-    step_times = _step_times(ev)
+    keys, times = _step_time_arrays(ev)
     ideal = ideal_step_time_s
     if ideal is None:
-        ideal = compute_ideal_step_time(step_times.values())
+        ideal = compute_ideal_step_time(times)
     deviation = {} if ideal is None else dict(zip(
-        step_times, np.abs(np.fromiter(step_times.values(), np.float64, len(step_times))
-                           - ideal).tolist(), strict=True))
+        keys.tolist(), np.abs(times - ideal).tolist(), strict=True))
     return ideal, deviation
 
 
