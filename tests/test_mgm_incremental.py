@@ -95,3 +95,34 @@ def test_nothing_new_reuses_the_replay_and_a_new_step_does_not_change_old_attemp
         assert again == account_mgm(job, now_ns=now + MS)
         assert memo.misses == misses  # nothing new: nothing computed again
         assert again.step_deviation_s is got.step_deviation_s
+
+
+def test_the_drop_in_calculator_polled_as_its_spool_grows_answers_as_a_new_one(tmp_path):
+    """``GoodputCalculator(definitions="mgm")`` tails its spool and keeps a memo: after a
+    second attempt is appended, each query equals a new calculator's on the same spool."""
+    from test_compat_calculator import record_run, sec
+
+    import goodput
+    from goodput_processor.compat import GoodputCalculator
+
+    def queries(calc):
+        return (calc.get_job_goodput(include_badput_breakdown=True),
+                calc.get_job_goodput_details(),
+                calc.get_job_goodput_interval(sec(0), sec(104)))
+
+    run = tmp_path / "run"
+    record_run(run, steps=4)
+    calc = GoodputCalculator("mgm-run", run_dir=run, definitions="mgm")
+    assert queries(calc) == queries(GoodputCalculator("mgm-run", run_dir=run,
+                                                      definitions="mgm"))
+    rec = goodput.GoodputRecorder(job_name="mgm-run", logging_enabled=True, run_dir=run,
+                                  handle_signals=False)
+    rec.record_job_start_time(sec(100))
+    for k, t in ((4, 101), (5, 103)):
+        rec.record_step_start_time(k, sec(t))
+    rec.record_job_end_time(sec(105))
+    goodput.shutdown()
+    for _ in range(2):  # the new attempt, then nothing new
+        assert queries(calc) == queries(GoodputCalculator("mgm-run", run_dir=run,
+                                                          definitions="mgm"))
+    assert calc._mgm_memo is not None and calc._mgm_memo.hits
