@@ -8,7 +8,7 @@ an ``index.json`` of the rest of the :class:`~goodput_processor.timeline.SpanSet
 them back while the cache is still valid:
 
 - **valid** when the span files are the same paths with the same sizes and modification
-  times (ns), and the reader's code is the same (a hash of ``reader.py`` and
+  times (ns), and the reader's code is the same (a hash of its ``read*.py`` modules and
   ``timeline.py`` is part of the key, so a new version never reads an old cache);
 - **written** only for a quiet run: every span file unmodified for :data:`QUIET_S` seconds
   (a live run's files change at every flush; caching them would cost a write per report);
@@ -56,8 +56,9 @@ def enabled(explicit: bool | None = None) -> bool:
 
 def _code_key() -> str:
     h = hashlib.sha256(str(_FORMAT).encode())
-    for mod in ("reader.py", "timeline.py"):
-        h.update((Path(__file__).parent / mod).read_bytes())
+    here = Path(__file__).parent  # the reader's modules (read*.py) and the row layout
+    for mod in sorted(p.name for p in here.glob("read*.py")) + ["timeline.py"]:
+        h.update((here / mod).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -33,7 +33,6 @@ Nothing is dropped silently: every skipped line or span is counted by reason in
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import multiprocessing
@@ -49,6 +48,7 @@ import numpy as np
 from goodput import schema
 
 from . import cache as _cache
+from . import read_fast, read_io
 from . import timeline as tl
 from .timeline import JobSpans, ProcessSpans, SpanSet
 
@@ -110,6 +110,9 @@ _I64_MAX = (1 << 63) - 1
 _UNIT_BYTES = 32 << 20
 _PARALLEL_MIN_BYTES = 64 << 20
 _MAX_WORKERS = 4
+#: Spans read into rows at once (see _Reader._spans).
+_BATCH_SPANS = 4096
+_WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip strips
 _CAN_FORK = sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
 
 
@@ -193,6 +196,10 @@ class _Reader:
         # Per file: [non-empty lines, OTLP requests, the first bad line's message or None].
         self.file_stats: dict[str, list] = {}
         self.unreadable: dict[str, str] = {}  # path -> why
+        # While read_range reads (None otherwise, as goodput serve uses a reader): spans
+        # lists of one process not yet made rows, as (spans, job, proc, where).
+        self._batch: list | None = None
+        self._fast = read_fast.Batch(_KIND_CODES, _KIND_ATTRS, _attr_value, _as_int, flag_bit)
 
     def _job(self, name: str) -> JobSpans:
         job = self.jobs.get(name)
@@ -206,6 +213,7 @@ class _Reader:
         return proc
 
     def _skip(self, job: JobSpans | None, reason: str, where, why: str, n: int = 1):
+        self._flush()
         (job.skipped if job else self.skipped)[reason] += n
         examples = self._examples.setdefault(job.name if job else None, [])
         if len(examples) < _MAX_EXAMPLES:
@@ -246,8 +254,10 @@ class _Reader:
         expected = 'a JSON object with "resourceSpans" (an OTLP ExportTraceServiceRequest)'
         left = -1 if end is None else end - start
         stats = self.file_stats.setdefault(path, [0, 0, None])
+        if self.max_string is None and self.max_custom_types is None:
+            self._batch = []  # no limit to count in order: spans may wait for a batch
         try:
-            with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+            with read_io.open_spool(path) as f:
                 f.seek(start)
                 for lineno, line in enumerate(f, 1):
                     self.nlines = lineno
@@ -256,14 +266,14 @@ class _Reader:
                             self.nlines -= 1
                             break
                         left -= len(line)
-                    if not line.strip():
+                    if line[0] in _WHITESPACE and not line.strip():  # strip copies
                         continue
                     stats[0] += 1
                     where = (path, lineno)
                     try:
                         req = _loads(line)
                         ok = isinstance(req, dict) and "resourceSpans" in req
-                        got = f"got {type(req).__name__}" + (
+                        got = "" if ok else f"got {type(req).__name__}" + (
                             f" with keys {sorted(req)[:5]}" if isinstance(req, dict) else "")
                     except (ValueError, RecursionError) as e:
                         if not line.endswith(b"\n") and (
@@ -281,15 +291,19 @@ class _Reader:
                     first = False
                     stats[1] += 1
                     try:
-                        last_job = self._request(req, where) or last_job
+                        last_job = self._request(req, where, line) or last_job
                     except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
                         self._skip_line(last_job, "malformed", where, f"bad OTLP structure ({e!r})")
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
             self.unreadable[path] = f"cannot read it: {getattr(e, 'strerror', None) or e}"
+        finally:
+            self._flush()
+            self._batch = None
         self.last_job = last_job.name if last_job else None
 
     def _skip_line(self, job: JobSpans | None, reason: str, where, why: str) -> None:
         """Skip a line; before the first job of the range is known, keep it for later."""
+        self._flush()
         if job is None:
             self._orphan_n[reason] += 1
             if len(self._orphans) < _MAX_EXAMPLES:
@@ -348,26 +362,97 @@ class _Reader:
             job.schema_versions.add(version)
         return job, proc, ok, version
 
-    def _request(self, req: dict, where: str) -> JobSpans | None:
+    def _request(self, req: dict, where, line: bytes | None = None) -> JobSpans | None:
+        """Read one OTLP request (``line``: the JSON line it was parsed from, if any)."""
         job = None
-        for rs in req["resourceSpans"] or ():
+        for ri, rs in enumerate(req["resourceSpans"] or ()):
             job, proc, ok, version = self._resource(rs)
-            for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
+            scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
+            for si, ss in enumerate(scopes):
                 spans = ss.get("spans") or ()
                 scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name")
                 if not spans:
                     continue
                 if scope != schema.SCOPE_NAME:
+                    self._flush()
                     job.skipped["unknown"] += len(spans)
                 elif not ok:
                     self._skip(job, "unsupported_schema", where, f"schema version {version!r} "
                                f"not supported (this processor reads {_SUPPORTED_MAJOR}.x)",
                                len(spans))
                 else:
-                    self._spans(spans, job, proc, where)
+                    self._spans(spans, job, proc, where,
+                                None if line is None else (line, ri, si))
         return job
 
-    def _spans(self, spans: list, job: JobSpans, proc: ProcessSpans, where: str) -> None:
+    def _spans(self, spans: list, job: JobSpans, proc: ProcessSpans, where,
+               source: tuple | None = None) -> None:
+        """Read a spans list of ``proc``: now, or with the next ones of the same process
+        (one batch of rows: fewer numpy calls), while nothing else can happen in between.
+
+        ``source`` is (line, resource index, scope index), to parse the list again if the
+        batch must be read span by span: a batch keeps a few objects per list, not the
+        parsed lines (:mod:`~goodput_processor.read_fast`)."""
+        batch = self._batch
+        if batch is not None and source is not None and type(spans) is list:
+            if batch and batch[-1][2] is not proc:
+                self._flush()
+            if self._fast.add(spans):
+                self._batch.append((source, job, proc, where))  # a new list after a flush
+                if self._fast.n >= _BATCH_SPANS:
+                    self._flush()
+                return
+        self._flush()
+        self._spans_now(spans, job, proc, where)
+
+    def _flush(self) -> None:
+        """Make rows of the spans lists waiting in the batch (see :meth:`_spans`)."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = []
+        fast = self._fast.rows()
+        self._fast.clear()
+        if fast is not None:
+            self._add_rows(fast, batch[0][1], batch[0][2])
+            return
+        for (line, ri, si), job, proc, where in batch:  # not clean: span by span
+            rs = _loads(line)["resourceSpans"][ri]
+            ss = (rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans"))[si]
+            self._spans_slow(ss["spans"], job, proc, where)
+
+    def _spans_now(self, spans: list, job: JobSpans, proc: ProcessSpans, where) -> None:
+        one = read_fast.Batch(_KIND_CODES, _KIND_ATTRS, _attr_value, _as_int, flag_bit)
+        fast = one.rows() if type(spans) is list and one.add(spans) else None
+        if fast is None:  # something to skip or count: span by span
+            self._spans_slow(spans, job, proc, where)
+        else:
+            self._add_rows(fast, job, proc)
+
+    def _add_rows(self, fast: read_fast.FastRows, job: JobSpans, proc: ProcessSpans) -> None:
+        """Number the trace ids and strings of what :func:`read_fast.span_rows` read, in
+        span order, and append its rows to ``proc``."""
+        rows, trace_ids = fast.rows, self._trace_ids
+        if len(rows):  # numbered in order of first appearance
+            ids = [trace_ids.setdefault(t, len(trace_ids)) for t in fast.tids]
+            rows[:, tl.C_TIDX] = ids[0] if fast.tcodes is None else np.array(ids)[fast.tcodes]
+        if fast.strings:
+            drop = []
+            for i, values in fast.strings:
+                for value, kind in values:
+                    sidx = self.type_sid(job, value, kind)
+                if sidx is None:  # a custom badput type past goodput serve's limit
+                    job.skipped["over_limit"] += 1
+                    drop.append(i)
+                else:
+                    rows[i, tl.C_SIDX] = sidx
+            if drop:
+                rows = np.delete(rows, drop, axis=0)
+        proc._buf.frombytes(rows.data.cast("B"))  # a memoryview: no copy
+        if fast.unknown:
+            job.skipped["unknown"] += fast.unknown
+
+    def _spans_slow(self, spans: list, job: JobSpans, proc: ProcessSpans, where: str) -> None:
         out: list[int] = []
         extend = out.extend
         kind_codes, kind_attrs, trace_ids = _KIND_CODES, _KIND_ATTRS, self._trace_ids

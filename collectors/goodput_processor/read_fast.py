@@ -1,0 +1,295 @@
+"""The reader's fast path: spans lists to span rows a batch at a time, not span by span.
+
+:meth:`goodput_processor.reader._Reader._spans_slow` reads spans one by one (about 1.2 us
+of Python per span). A :class:`Batch` takes the spans lists of one process line by line,
+each reduced at once to a few objects (joined texts of its times, ids and integer
+attributes, its kinds as small integers: nothing of the parsed line is kept, so its memory
+is reused while it is in the CPU's cache), and makes rows of them with a few numpy calls.
+
+It does so only for clean input: every span of a goodput kind has its name, integer times
+in ``0 <= start <= end < 2**63``, a 16-hex-digit ``spanId``, a 32-character ``traceId``
+and attributes the slow path reads without an error, and every value fits int64. A list
+that is not clean is refused by :meth:`Batch.add` before anything changes, and a batch
+that turns out not clean gives None from :meth:`Batch.rows`; the reader then reads those
+lists with the slow path, which counts what it skips as it always did. So the rows, counts
+and examples are the slow path's, byte for byte, either way.
+
+What has side effects (the reader's trace and string tables, ``goodput serve``'s limits) is
+left to the reader, in span order: :meth:`Batch.rows` gives the trace ids and string
+attributes it found, and the reader numbers them (``_Reader._add_rows``).
+"""
+
+from __future__ import annotations
+
+from array import array
+from itertools import chain, compress, repeat
+from operator import itemgetter
+
+import numpy as np
+
+from goodput import schema
+
+from . import timeline as tl
+
+__all__ = ["Batch", "FastRows"]
+
+_STRUCTURE = frozenset(schema.STRUCTURE)
+_NONE = tl.NONE
+_I64_MAX = (1 << 63) - 1
+_NCOLS = tl.NCOLS
+_KEY = itemgetter("key")
+_VALUE = itemgetter("value")
+_DIGITS_SPACE = b"0123456789 "
+# What reading a span or attribute that is not clean raises (as in the slow path).
+_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError)
+
+
+class FastRows:
+    """What :meth:`Batch.rows` read.
+
+    ``rows``: n x NCOLS int64 (``sidx`` -1, ``tidx`` to be filled by the caller);
+    ``tids``: the rows' trace ids in order of first appearance; ``tcodes``: each row's
+    index in ``tids`` (None: all rows have ``tids[0]``); ``strings``: ``(row, [(value,
+    kind), ...])`` of the rows with string attributes, in order (the caller numbers them,
+    in that order); ``unknown``: spans of a name not in the schema (structure spans not
+    counted).
+    """
+
+    __slots__ = ("rows", "tids", "tcodes", "strings", "unknown")
+
+    def __init__(self, rows, tids, tcodes, strings, unknown):
+        self.rows, self.tids, self.tcodes = rows, tids, tcodes
+        self.strings, self.unknown = strings, unknown
+
+
+def _ints(text: bytes | str, n: int) -> np.ndarray | None:
+    """int64 array of ``int(v)`` for the ``n`` space-separated values of ``text``, or None
+    when a value holds a space (the values cannot be told apart).
+
+    Raises ValueError or OverflowError where ``int(v)`` fails or is past int64.
+    """
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogatepass")
+    if text.count(b" ") != n - 1:
+        return None
+    # Plain ASCII decimal digits, one run per value: numpy parses them as int() does.
+    if n and not text.translate(None, _DIGITS_SPACE):
+        out = np.fromstring(text, np.int64, sep=" ")
+        if len(out) == n and not (out == _I64_MAX).any():  # numpy saturates past int64
+            return out
+    values = text.decode("utf-8", "surrogatepass").split(" ")
+    return np.array(list(map(int, values)), np.int64)
+
+
+class Batch:
+    """Spans lists of one process on their way to rows (see the module).
+
+    The ``kind_codes``/``kind_attrs``/``attr_value``/``as_int``/``flag_bit`` given are the
+    reader's, so that both paths read attributes with the same code.
+    """
+
+    def __init__(self, kind_codes: dict, kind_attrs: tuple, attr_value, as_int, flag_bit):
+        self._codes = {**dict.fromkeys(_STRUCTURE, -1), **kind_codes}
+        self._kind_attrs, self._attr_value = kind_attrs, attr_value
+        self._as_int, self._flag_bit = as_int, flag_bit
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every list added."""
+        self.n = 0  # spans
+        self._kinds: list[int] = []  # per span: kind code, -1 structure, -2 unknown
+        self._starts: list[str] = []  # per list: its times, ids, joined
+        self._ends: list[str] = []
+        self._hexes: list[str] = []
+        self._tids: list[tuple] = []  # per list: (its trace ids once each, codes or None)
+        self._int_pos = array("q")  # integer attributes: flat positions in the rows,
+        self._int_texts: list[str] = []  # and their values joined per list
+        self._patches: list[tuple] = []  # (flat position, value, or into it?) in order
+        self._strings: list[tuple] = []  # (row, [(value, kind), ...]) in order
+        self._unknown = 0
+
+    def add(self, spans: list) -> bool:
+        """Take a spans list; False (and nothing taken) when it is not clean."""
+        try:
+            got = [(sp["name"], sp["startTimeUnixNano"], sp["endTimeUnixNano"], sp["spanId"],
+                    sp["traceId"], sp.get("attributes"), sp.get("status")) for sp in spans]
+            if not got:
+                return False
+            names, starts, ends, hsids, tids, attrs, statuses = zip(*got, strict=True)
+            kinds = list(map(self._codes.get, names))
+            unknown = kinds.count(None)
+            if unknown:
+                kinds = [-2 if k is None else k for k in kinds]
+            if set(map(len, hsids)) != {16} or set(map(len, tids)) != {32}:
+                return False
+            hexes, starts, ends = "".join(hsids), " ".join(starts), " ".join(ends)
+            uniq = dict.fromkeys(tids)
+            tcodes = None
+            if len(uniq) > 1:
+                local = {t: j for j, t in enumerate(uniq)}
+                tcodes = list(map(local.__getitem__, tids))
+            base = self.n
+            attributes = self._attributes(attrs, kinds, base) if any(attrs) else None
+            patches = attributes[2] if attributes else []
+            if any(statuses):
+                for i in compress(range(len(kinds)), statuses):
+                    if kinds[i] >= 0:
+                        code = statuses[i].get("code")
+                        if code == 2 or code == "STATUS_CODE_ERROR":
+                            patches.append(((base + i) * _NCOLS + tl.C_FLAGS, tl.F_ERROR, True))
+        except _ERRORS:
+            return False
+        self.n += len(kinds)
+        self._kinds += kinds
+        self._starts.append(starts)
+        self._ends.append(ends)
+        self._hexes.append(hexes)
+        self._tids.append((list(uniq), tcodes, len(kinds)))
+        if attributes:
+            pos, text, _, strings = attributes
+            if pos:
+                self._int_pos.fromlist(pos)
+                self._int_texts.append(text)
+            self._strings += strings
+        self._patches += patches
+        self._unknown += unknown
+        return True
+
+    def _attributes(self, attrs: tuple, kinds: list, base: int):
+        """The attributes of one list's goodput spans: (flat positions of integer values,
+        their texts joined, patches, strings)."""
+        has = [i for i in compress(range(len(attrs)), attrs) if kinds[i] >= 0]
+        if not has:
+            return None
+        sel = list(map(attrs.__getitem__, has))
+        flat = list(chain.from_iterable(sel))
+        owners = list(chain.from_iterable(map(repeat, has, map(len, sel))))
+        slots = list(map(dict.get, map(self._kind_attrs.__getitem__,
+                                       map(kinds.__getitem__, owners)), map(_KEY, flat)))
+        nint, nnone = slots.count(0) + slots.count(1), slots.count(None)
+        used = [j for j, s in enumerate(slots) if s is not None] if nnone else range(len(slots))
+        if nint == len(used):  # integers only (steps): all at once
+            ints, rest = used, ()
+        else:
+            ints = [j for j in used if slots[j] < 2]
+            rest = [j for j in used if slots[j] >= 2]
+        pos = [(base + owners[j]) * _NCOLS + tl.C_IVAL + slots[j] for j in ints]
+        if len(set(pos)) != len(pos):  # a slot set twice in a span: the last one wins
+            return self._attributes_loop(attrs, has, kinds, base)
+        values = list(map(_VALUE, map(flat.__getitem__, ints)))
+        xs = list(map(dict.get, values, repeat("intValue")))
+        if None in xs:
+            return self._attributes_loop(attrs, has, kinds, base)
+        try:
+            text = " ".join(xs)
+        except TypeError:  # JSON numbers
+            return self._attributes_loop(attrs, has, kinds, base)
+        patches, strings = [], []
+        attr_value = self._attr_value
+        for j in rest:  # strings and flags: few
+            i, v, slot = base + owners[j], flat[j]["value"], slots[j]
+            if slot == 2:
+                if not strings or strings[-1][0] != i:
+                    strings.append((i, []))
+                strings[-1][1].append((str(attr_value(v)), kinds[i - base]))
+            else:
+                patches.append((i * _NCOLS + tl.C_FLAGS, self._flag_bit(slot, attr_value(v)),
+                                True))
+        return pos, text, patches, strings
+
+    def _attributes_loop(self, attrs: tuple, has: list, kinds: list, base: int):
+        """:meth:`_attributes` span by span, as ``_Reader._spans_slow`` reads them, less
+        the side effects."""
+        patches, strings = [], []
+        attr_value, as_int = self._attr_value, self._as_int
+        for i in has:
+            wanted, found, at = self._kind_attrs[kinds[i]], None, (base + i) * _NCOLS
+            for a in attrs[i]:
+                slot = wanted.get(a["key"])
+                if slot is None:
+                    continue
+                v = a["value"]
+                if slot < 2:
+                    x = v.get("intValue")
+                    x = as_int(attr_value(v)) if x is None else int(x)
+                    patches.append((at + tl.C_IVAL + slot, x, False))
+                elif slot == 2:
+                    if found is None:
+                        found = []
+                        strings.append((base + i, found))
+                    found.append((str(attr_value(v)), kinds[i]))
+                else:
+                    patches.append((at + tl.C_FLAGS, self._flag_bit(slot, attr_value(v)), True))
+        return [], "", patches, strings
+
+    def rows(self) -> FastRows | None:
+        """The rows of every list added, or None when they are not clean (the caller then
+        reads them span by span)."""
+        n = self.n
+        try:
+            if not n:
+                return None
+            kinds = np.array(self._kinds, np.int64)
+            starts = _ints(" ".join(self._starts), n)
+            ends = _ints(" ".join(self._ends), n)
+            raw = bytes.fromhex("".join(self._hexes))  # whitespace would make it shorter
+            if (starts is None or ends is None or len(raw) != 8 * n
+                    or not (starts >= 0).all() or not (starts <= ends).all()):
+                return None
+            rows = np.empty((n, _NCOLS), np.int64)
+            rows[:, tl.C_START] = starts
+            rows[:, tl.C_END] = ends
+            rows[:, tl.C_KIND] = kinds
+            rows[:, tl.C_IVAL] = _NONE
+            rows[:, tl.C_AUX] = _NONE
+            rows[:, tl.C_FLAGS] = 0
+            rows[:, tl.C_SIDX] = -1
+            rows[:, tl.C_SID] = np.frombuffer(raw, ">i8")  # int(spanId, 16), less 2**64 past 2**63
+            flat = rows.reshape(-1)
+            if self._int_texts:
+                values = _ints(" ".join(self._int_texts), len(self._int_pos))
+                if values is None:
+                    return None
+                flat[np.frombuffer(self._int_pos, np.int64)] = values
+            for at, value, is_or in self._patches:
+                if is_or:
+                    flat[at] |= value
+                else:
+                    flat[at] = value
+        except (ValueError, OverflowError, TypeError):
+            return None
+        keep = kinds >= 0
+        every = bool(keep.all())
+        tids, tcodes = self._trace_codes(keep if not every else None)
+        strings = self._strings
+        if not every:
+            rows = rows[keep]
+            if strings:
+                new_index = (np.cumsum(keep) - 1).tolist()
+                strings = [(new_index[i], values) for i, values in strings]
+        return FastRows(rows, tids if len(rows) else [], tcodes, strings, self._unknown)
+
+    def _trace_codes(self, keep) -> tuple[list, np.ndarray | None]:
+        """The trace ids of the rows kept in order of first appearance, and each row's index
+        in them (None: one trace id)."""
+        ids: dict = {}
+        if all(len(u) == 1 for u, _, _ in self._tids):
+            firsts = [ids.setdefault(u[0], len(ids)) for u, _, _ in self._tids]
+            if len(ids) == 1 and keep is None:
+                return list(ids), None
+            codes = np.repeat(np.array(firsts, np.int64), [m for _, _, m in self._tids])
+        else:
+            parts = []
+            for uniq, tcodes, m in self._tids:
+                mapped = [ids.setdefault(t, len(ids)) for t in uniq]
+                parts.append([mapped[0]] * m if tcodes is None else
+                             list(map(mapped.__getitem__, tcodes)))
+            codes = np.array(list(chain.from_iterable(parts)), np.int64)
+        if keep is not None:
+            codes = codes[keep]
+        every = list(ids)
+        seen, first_at = np.unique(codes, return_index=True)
+        ranked = seen[np.argsort(first_at)]
+        renumber = np.empty(len(every), np.int64)
+        renumber[ranked] = np.arange(len(ranked))
+        return [every[j] for j in ranked.tolist()], renumber[codes]
