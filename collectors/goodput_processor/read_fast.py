@@ -102,8 +102,11 @@ class Batch:
         self._ends: list[str] = []
         self._hexes: list[str] = []
         self._tids: list[tuple] = []  # per list: (its trace ids once each, codes or None)
-        self._int_pos = array("q")  # integer attributes: flat positions in the rows,
-        self._int_texts: list[str] = []  # and their values joined per list
+        # Integer attributes: their rows within their list, slots (0 ival, 1 aux), per
+        # list (first row, count) and the values joined.
+        self._int_rows, self._int_slots = array("q"), array("q")
+        self._int_lists: list[tuple[int, int]] = []
+        self._int_texts: list[str] = []
         self._patches: list[tuple] = []  # (flat position, value, or into it?) in order
         self._strings: list[tuple] = []  # (row, [(value, kind), ...]) in order
         self._unknown = 0
@@ -130,7 +133,7 @@ class Batch:
                 tcodes = list(map(local.__getitem__, tids))
             base = self.n
             attributes = self._attributes(attrs, kinds, base) if any(attrs) else None
-            patches = attributes[2] if attributes else []
+            patches = attributes[3] if attributes else []
             if any(statuses):
                 for i in compress(range(len(kinds)), statuses):
                     if kinds[i] >= 0:
@@ -146,9 +149,11 @@ class Batch:
         self._hexes.append(hexes)
         self._tids.append((list(uniq), tcodes, len(kinds)))
         if attributes:
-            pos, text, _, strings = attributes
-            if pos:
-                self._int_pos.fromlist(pos)
+            int_rows, int_slots, text, _, strings = attributes
+            if int_rows:
+                self._int_rows.fromlist(int_rows)
+                self._int_slots.fromlist(int_slots)
+                self._int_lists.append((base, len(int_rows)))
                 self._int_texts.append(text)
             self._strings += strings
         self._patches += patches
@@ -156,26 +161,25 @@ class Batch:
         return True
 
     def _attributes(self, attrs: tuple, kinds: list, base: int):
-        """The attributes of one list's goodput spans: (flat positions of integer values,
-        their texts joined, patches, strings)."""
+        """The attributes of one list's goodput spans: (rows in the list and slots of the
+        integer values, their texts joined, patches, strings), or None for none."""
         has = [i for i in compress(range(len(attrs)), attrs) if kinds[i] >= 0]
         if not has:
             return None
         sel = list(map(attrs.__getitem__, has))
         flat = list(chain.from_iterable(sel))
-        owners = list(chain.from_iterable(map(repeat, has, map(len, sel))))
+        owners = has if len(flat) == len(has) else list(
+            chain.from_iterable(map(repeat, has, map(len, sel))))
         slots = list(map(dict.get, map(self._kind_attrs.__getitem__,
                                        map(kinds.__getitem__, owners)), map(_KEY, flat)))
         nint, nnone = slots.count(0) + slots.count(1), slots.count(None)
         used = [j for j, s in enumerate(slots) if s is not None] if nnone else range(len(slots))
-        if nint == len(used):  # integers only (steps): all at once
-            ints, rest = used, ()
+        if nint == len(slots):  # integers only (steps): all at once
+            ints, rest, int_rows, int_slots = used, (), owners, slots
         else:
             ints = [j for j in used if slots[j] < 2]
             rest = [j for j in used if slots[j] >= 2]
-        pos = [(base + owners[j]) * _NCOLS + tl.C_IVAL + slots[j] for j in ints]
-        if len(set(pos)) != len(pos):  # a slot set twice in a span: the last one wins
-            return self._attributes_loop(attrs, has, kinds, base)
+            int_rows, int_slots = [owners[j] for j in ints], [slots[j] for j in ints]
         values = list(map(_VALUE, map(flat.__getitem__, ints)))
         xs = list(map(dict.get, values, repeat("intValue")))
         if None in xs:
@@ -195,7 +199,7 @@ class Batch:
             else:
                 patches.append((i * _NCOLS + tl.C_FLAGS, self._flag_bit(slot, attr_value(v)),
                                 True))
-        return pos, text, patches, strings
+        return int_rows, int_slots, text, patches, strings
 
     def _attributes_loop(self, attrs: tuple, has: list, kinds: list, base: int):
         """:meth:`_attributes` span by span, as ``_Reader._spans_slow`` reads them, less
@@ -220,7 +224,7 @@ class Batch:
                     found.append((str(attr_value(v)), kinds[i]))
                 else:
                     patches.append((at + tl.C_FLAGS, self._flag_bit(slot, attr_value(v)), True))
-        return [], "", patches, strings
+        return [], [], "", patches, strings
 
     def rows(self) -> FastRows | None:
         """The rows of every list added, or None when they are not clean (the caller then
@@ -247,10 +251,17 @@ class Batch:
             rows[:, tl.C_SID] = np.frombuffer(raw, ">i8")  # int(spanId, 16), less 2**64 past 2**63
             flat = rows.reshape(-1)
             if self._int_texts:
-                values = _ints(" ".join(self._int_texts), len(self._int_pos))
+                values = _ints(" ".join(self._int_texts), len(self._int_rows))
                 if values is None:
                     return None
-                flat[np.frombuffer(self._int_pos, np.int64)] = values
+                first, count = zip(*self._int_lists, strict=True)
+                at = np.repeat(np.array(first, np.int64), count)
+                at += np.frombuffer(self._int_rows, np.int64)
+                at = at * _NCOLS + tl.C_IVAL + np.frombuffer(self._int_slots, np.int64)
+                ordered = np.sort(at)
+                if (ordered[1:] == ordered[:-1]).any():  # set twice in a span: the last wins
+                    return None
+                flat[at] = values
             for at, value, is_or in self._patches:
                 if is_or:
                     flat[at] |= value
