@@ -110,14 +110,24 @@ class Batch:
         self._patches: list[tuple] = []  # (flat position, value, or into it?) in order
         self._strings: list[tuple] = []  # (row, [(value, kind), ...]) in order
         self._unknown = 0
+        # In order: spans taken from a line's text (read_template.Taken) and the number
+        # of spans of each list added (when any was taken; else they are all lists).
+        self._segments: list = []
+        self._taken = 0
+        self.total = 0  # spans, taken ones included
 
-    def add(self, spans: list) -> bool:
-        """Take a spans list; False (and nothing taken) when it is not clean."""
+    def add(self, spans: list, taken=None) -> bool:
+        """Take a spans list, after the spans ``taken`` from its line's text if any
+        (:class:`~goodput_processor.read_template.Taken`); False (and nothing taken) when
+        the list is not clean."""
+        if not spans:
+            if taken is None:
+                return False
+            self._take(taken)
+            return True
         try:
             got = [(sp["name"], sp["startTimeUnixNano"], sp["endTimeUnixNano"], sp["spanId"],
                     sp["traceId"], sp.get("attributes"), sp.get("status")) for sp in spans]
-            if not got:
-                return False
             names, starts, ends, hsids, tids, attrs, statuses = zip(*got, strict=True)
             kinds = list(map(self._codes.get, names))
             unknown = kinds.count(None)
@@ -142,6 +152,11 @@ class Batch:
                             patches.append(((base + i) * _NCOLS + tl.C_FLAGS, tl.F_ERROR, True))
         except _ERRORS:
             return False
+        if taken is not None:
+            self._take(taken)
+        if self._taken:
+            self._segments.append(len(kinds))
+        self.total += len(kinds)
         self.n += len(kinds)
         self._kinds += kinds
         self._starts.append(starts)
@@ -159,6 +174,13 @@ class Batch:
         self._patches += patches
         self._unknown += unknown
         return True
+
+    def _take(self, taken) -> None:
+        if not self._taken and self.n:
+            self._segments.append(self.n)  # the lists before the first spans taken
+        self._segments.append(taken)
+        self._taken += taken.n
+        self.total += taken.n
 
     def _attributes(self, attrs: tuple, kinds: list, base: int):
         """The attributes of one list's goodput spans: (rows in the list and slots of the
@@ -229,10 +251,57 @@ class Batch:
     def rows(self) -> FastRows | None:
         """The rows of every list added, or None when they are not clean (the caller then
         reads them span by span)."""
+        if not self.total:
+            return None
+        if self.n:
+            rows = self._list_rows()
+            if rows is None:
+                return None
+            kinds = rows[:, tl.C_KIND]
+            keep = kinds >= 0
+            segments = [(u, None if c is None else np.array(c, np.int64), m)
+                        for u, c, m in self._tids]
+        else:
+            rows, keep, segments = np.empty((0, _NCOLS), np.int64), np.ones(0, bool), []
+        strings = self._strings
+        if self._taken:  # put the taken spans in their place
+            parts, keeps, tid_parts, to_final = [], [], [], []
+            at = done = 0
+            lines = iter(segments)
+            for seg in self._segments:
+                if isinstance(seg, int):
+                    parts.append(rows[at:at + seg])
+                    keeps.append(keep[at:at + seg])
+                    to_final.append(np.arange(done, done + seg))
+                    covered = 0
+                    while covered < seg:
+                        line = next(lines)
+                        tid_parts.append(line)
+                        covered += line[2]
+                    at += seg
+                    done += seg
+                else:
+                    parts.append(seg.rows)
+                    keeps.append(np.ones(seg.n, bool))
+                    tid_parts.append((seg.tids, seg.tcodes, seg.n))
+                    done += seg.n
+            if strings:
+                final = np.concatenate(to_final).tolist()
+                strings = [(final[i], values) for i, values in strings]
+            rows, keep, segments = np.concatenate(parts), np.concatenate(keeps), tid_parts
+        every = bool(keep.all())
+        tids, tcodes = _trace_codes(segments, None if every else keep)
+        if not every:
+            rows = rows[keep]
+            if strings:
+                new_index = (np.cumsum(keep) - 1).tolist()
+                strings = [(new_index[i], values) for i, values in strings]
+        return FastRows(rows, tids if len(rows) else [], tcodes, strings, self._unknown)
+
+    def _list_rows(self) -> np.ndarray | None:
+        """The rows of the lists added (structure and unknown spans included), or None."""
         n = self.n
         try:
-            if not n:
-                return None
             kinds = np.array(self._kinds, np.int64)
             starts = _ints(" ".join(self._starts), n)
             ends = _ints(" ".join(self._ends), n)
@@ -269,38 +338,33 @@ class Batch:
                     flat[at] = value
         except (ValueError, OverflowError, TypeError):
             return None
-        keep = kinds >= 0
-        every = bool(keep.all())
-        tids, tcodes = self._trace_codes(keep if not every else None)
-        strings = self._strings
-        if not every:
-            rows = rows[keep]
-            if strings:
-                new_index = (np.cumsum(keep) - 1).tolist()
-                strings = [(new_index[i], values) for i, values in strings]
-        return FastRows(rows, tids if len(rows) else [], tcodes, strings, self._unknown)
+        return rows
 
-    def _trace_codes(self, keep) -> tuple[list, np.ndarray | None]:
-        """The trace ids of the rows kept in order of first appearance, and each row's index
-        in them (None: one trace id)."""
-        ids: dict = {}
-        if all(len(u) == 1 for u, _, _ in self._tids):
-            firsts = [ids.setdefault(u[0], len(ids)) for u, _, _ in self._tids]
-            if len(ids) == 1 and keep is None:
-                return list(ids), None
-            codes = np.repeat(np.array(firsts, np.int64), [m for _, _, m in self._tids])
-        else:
-            parts = []
-            for uniq, tcodes, m in self._tids:
-                mapped = [ids.setdefault(t, len(ids)) for t in uniq]
-                parts.append([mapped[0]] * m if tcodes is None else
-                             list(map(mapped.__getitem__, tcodes)))
-            codes = np.array(list(chain.from_iterable(parts)), np.int64)
-        if keep is not None:
-            codes = codes[keep]
-        every = list(ids)
-        seen, first_at = np.unique(codes, return_index=True)
-        ranked = seen[np.argsort(first_at)]
-        renumber = np.empty(len(every), np.int64)
-        renumber[ranked] = np.arange(len(ranked))
-        return [every[j] for j in ranked.tolist()], renumber[codes]
+
+def _trace_codes(segments: list, keep) -> tuple[list, np.ndarray | None]:
+    """The trace ids of the rows kept in order of first appearance, and each row's index
+    in them (None: one trace id). ``segments``: per run of rows in order, (trace ids, each
+    row's index in them or None for the first, rows)."""
+    ids: dict = {}
+    mapped_of: dict = {}
+    parts = []
+    for uniq, codes, m in segments:
+        if codes is None:
+            parts.append(np.full(m, ids.setdefault(uniq[0], len(ids)), np.int64))
+            continue
+        mapped = mapped_of.get(id(uniq))
+        if mapped is None:
+            mapped = mapped_of[id(uniq)] = np.array(
+                [ids.setdefault(t, len(ids)) for t in uniq], np.int64)
+        parts.append(mapped[codes])
+    if len(ids) == 1 and keep is None:
+        return list(ids), None
+    codes = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    if keep is not None:
+        codes = codes[keep]
+    every = list(ids)
+    seen, first_at = np.unique(codes, return_index=True)
+    ranked = seen[np.argsort(first_at)]
+    renumber = np.empty(len(every), np.int64)
+    renumber[ranked] = np.arange(len(ranked))
+    return [every[j] for j in ranked.tolist()], renumber[codes]

@@ -48,7 +48,7 @@ import numpy as np
 from goodput import schema
 
 from . import cache as _cache
-from . import read_fast, read_io
+from . import read_fast, read_io, read_template
 from . import timeline as tl
 from .timeline import JobSpans, ProcessSpans, SpanSet
 
@@ -112,6 +112,8 @@ _PARALLEL_MIN_BYTES = 64 << 20
 _MAX_WORKERS = 4
 #: Spans read into rows at once (see _Reader._spans).
 _BATCH_SPANS = 4096
+#: Lines read at once (for read_template.scan).
+_CHUNK_LINES = 32
 _WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip strips
 _CAN_FORK = sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
 
@@ -259,19 +261,20 @@ class _Reader:
         try:
             with read_io.open_spool(path) as f:
                 f.seek(start)
-                for lineno, line in enumerate(f, 1):
-                    self.nlines = lineno
-                    if left >= 0:
-                        if left == 0:
-                            self.nlines -= 1
-                            break
-                        left -= len(line)
+                for lineno, line, pre in self._lines(f, left):
                     if line[0] in _WHITESPACE and not line.strip():  # strip copies
                         continue
                     stats[0] += 1
                     where = (path, lineno)
                     try:
-                        req = _loads(line)
+                        if pre is not None:  # spans taken from the text: parse the rest
+                            try:
+                                req = _loads(pre[0])
+                            except (ValueError, RecursionError):  # as the whole line says
+                                pre = None
+                                req = _loads(line)
+                        else:
+                            req = _loads(line)
                         ok = isinstance(req, dict) and "resourceSpans" in req
                         got = "" if ok else f"got {type(req).__name__}" + (
                             f" with keys {sorted(req)[:5]}" if isinstance(req, dict) else "")
@@ -291,7 +294,8 @@ class _Reader:
                     first = False
                     stats[1] += 1
                     try:
-                        last_job = self._request(req, where, line) or last_job
+                        last_job = self._request(req, where, line,
+                                                 pre and pre[1]) or last_job
                     except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
                         self._skip_line(last_job, "malformed", where, f"bad OTLP structure ({e!r})")
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
@@ -300,6 +304,34 @@ class _Reader:
             self._flush()
             self._batch = None
         self.last_job = last_job.name if last_job else None
+
+    def _lines(self, f, left: int):
+        """``(line number, line, read_template.scan's answer)`` of the lines of ``f``, at
+        most ``left`` bytes of them (-1: all); read a chunk at a time, for the scan."""
+        chunk: list = []
+        scan = self._batch is not None
+        try:
+            for lineno, line in enumerate(f, 1):
+                self.nlines = lineno
+                if left >= 0:
+                    if left == 0:
+                        self.nlines -= 1
+                        break
+                    left -= len(line)
+                chunk.append((lineno, line))
+                if len(chunk) == _CHUNK_LINES:
+                    yield from self._scanned(chunk, scan)
+                    chunk = []
+        except (OSError, EOFError, zlib.error):
+            yield from self._scanned(chunk, scan)  # the lines before it are read, as before
+            raise
+        yield from self._scanned(chunk, scan)
+
+    @staticmethod
+    def _scanned(chunk: list, scan: bool):
+        found = read_template.scan([line for _, line in chunk]) if scan else None
+        for i, (lineno, line) in enumerate(chunk):
+            yield lineno, line, found and found[i]
 
     def _skip_line(self, job: JobSpans | None, reason: str, where, why: str) -> None:
         """Skip a line; before the first job of the range is known, keep it for later."""
@@ -362,8 +394,11 @@ class _Reader:
             job.schema_versions.add(version)
         return job, proc, ok, version
 
-    def _request(self, req: dict, where, line: bytes | None = None) -> JobSpans | None:
-        """Read one OTLP request (``line``: the JSON line it was parsed from, if any)."""
+    def _request(self, req: dict, where, line: bytes | None = None,
+                 taken=None) -> JobSpans | None:
+        """Read one OTLP request (``line``: the JSON line it was parsed from, if any;
+        ``taken``: spans taken from its first spans list by :func:`read_template.scan`,
+        before the ones ``req`` holds)."""
         job = None
         for ri, rs in enumerate(req["resourceSpans"] or ()):
             job, proc, ok, version = self._resource(rs)
@@ -371,22 +406,23 @@ class _Reader:
             for si, ss in enumerate(scopes):
                 spans = ss.get("spans") or ()
                 scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name")
-                if not spans:
+                first = taken if ri == 0 and si == 0 else None
+                if not spans and first is None:
                     continue
                 if scope != schema.SCOPE_NAME:
                     self._flush()
-                    job.skipped["unknown"] += len(spans)
+                    job.skipped["unknown"] += len(spans) + (first.n if first else 0)
                 elif not ok:
                     self._skip(job, "unsupported_schema", where, f"schema version {version!r} "
                                f"not supported (this processor reads {_SUPPORTED_MAJOR}.x)",
-                               len(spans))
+                               len(spans) + (first.n if first else 0))
                 else:
                     self._spans(spans, job, proc, where,
-                                None if line is None else (line, ri, si))
+                                None if line is None else (line, ri, si), first)
         return job
 
     def _spans(self, spans: list, job: JobSpans, proc: ProcessSpans, where,
-               source: tuple | None = None) -> None:
+               source: tuple | None = None, taken=None) -> None:
         """Read a spans list of ``proc``: now, or with the next ones of the same process
         (one batch of rows: fewer numpy calls), while nothing else can happen in between.
 
@@ -397,12 +433,14 @@ class _Reader:
         if batch is not None and source is not None and type(spans) is list:
             if batch and batch[-1][2] is not proc:
                 self._flush()
-            if self._fast.add(spans):
+            if self._fast.add(spans, taken):
                 self._batch.append((source, job, proc, where))  # a new list after a flush
-                if self._fast.n >= _BATCH_SPANS:
+                if self._fast.total >= _BATCH_SPANS:
                     self._flush()
                 return
         self._flush()
+        if taken is not None:  # the whole list, as the whole line gives it
+            spans = _parsed_spans(*source)
         self._spans_now(spans, job, proc, where)
 
     def _flush(self) -> None:
@@ -416,10 +454,8 @@ class _Reader:
         if fast is not None:
             self._add_rows(fast, batch[0][1], batch[0][2])
             return
-        for (line, ri, si), job, proc, where in batch:  # not clean: span by span
-            rs = _loads(line)["resourceSpans"][ri]
-            ss = (rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans"))[si]
-            self._spans_slow(ss["spans"], job, proc, where)
+        for source, job, proc, where in batch:  # not clean: span by span
+            self._spans_slow(_parsed_spans(*source), job, proc, where)
 
     def _spans_now(self, spans: list, job: JobSpans, proc: ProcessSpans, where) -> None:
         one = read_fast.Batch(_KIND_CODES, _KIND_ATTRS, _attr_value, _as_int, flag_bit)
@@ -609,6 +645,12 @@ class _Reader:
             text = [":".join(map(str, ex[:-1])) + ": " + ex[-1] for ex in examples]
             (self.jobs[key].examples if key is not None else self.examples).extend(text)
         return total
+
+
+def _parsed_spans(line: bytes, ri: int, si: int) -> list:
+    """The spans list of resource ``ri``, scope ``si`` of a line that gave one before."""
+    rs = _loads(line)["resourceSpans"][ri]
+    return (rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans"))[si]["spans"]
 
 
 def _read_unit(unit: tuple[str, int, int | None]) -> _Reader:
