@@ -152,7 +152,7 @@ def _hex(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _good_prefix(prefix: bytes, seen: set) -> bool:
     if prefix in seen:
         return True
-    if b"},{" in prefix or not _PREFIX.fullmatch(prefix):
+    if not _PREFIX.fullmatch(prefix):
         return False
     if len(seen) < 64:
         seen.add(prefix)
