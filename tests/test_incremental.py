@@ -12,6 +12,7 @@ store fed batch by batch, for both definitions.
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
@@ -22,7 +23,7 @@ from test_fast_paths import MS, T0, loop_jobs
 from test_properties import NOW, NS, _feed, _lines, jobs
 
 from goodput import schema
-from goodput_processor import to_json_dict
+from goodput_processor import pieces, to_json_dict
 from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.memo import AccountingMemo
@@ -66,22 +67,121 @@ def _snapshot(job: JobSpans, seen: dict) -> JobSpans:
     return out
 
 
+@contextlib.contextmanager
+def _pieces_of(rows: int | None):
+    """Running attempts cut into pieces of at least ``rows`` rows (None: the default), the
+    last rows of the attempt included, so that small jobs are cut too."""
+    saved = pieces.PIECE_ROWS, pieces._KEEP_LAST
+    if rows is not None:
+        pieces.PIECE_ROWS, pieces._KEEP_LAST = rows, 0
+    try:
+        yield
+    finally:
+        pieces.PIECE_ROWS, pieces._KEEP_LAST = saved
+
+
 @SETTINGS
-@given(case=arrivals(), ideal=st.sampled_from([None, 0.01]), running=st.booleans())
-def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running):
+@given(case=arrivals(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
+       piece_rows=st.sampled_from([None, 1, 3]))
+def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, piece_rows):
+    """... also with the running attempt cut into pieces of a few rows
+    (:mod:`goodput_processor.pieces`), with the rolling windows."""
     job, batches = case
-    memo = AccountingMemo()
+    memo, w_memo = AccountingMemo(), AccountingMemo()
     seen: dict = {}
-    for batch in batches:
-        for key, i in batch:
-            seen.setdefault(key, []).append(i)
-        snap = _snapshot(job, seen)
-        last = max(int(p.data[:, C_END].max()) for p in snap.processes.values() if len(p.data))
-        now = last + (MS if running else 10**12)
-        fresh = account(snap, ideal, now)
-        again = account(snap, ideal, now, memo=memo)
-        assert _state(again) == _state(fresh)
-        assert len(memo) < 10 * (len(snap.processes) + 1) * 4  # one poll's worth, at most
+    with _pieces_of(piece_rows):
+        for batch in batches:
+            for key, i in batch:
+                seen.setdefault(key, []).append(i)
+            snap = _snapshot(job, seen)
+            last = max(int(p.data[:, C_END].max()) for p in snap.processes.values()
+                       if len(p.data))
+            now = last + (MS if running else 10**12)
+            fresh = account(snap, ideal, now)
+            again = account(snap, ideal, now, memo=memo)
+            assert _state(again) == _state(fresh)
+            rows = sum(len(p.data) for p in snap.processes.values())
+            assert len(memo) < 40 * (len(snap.processes) + 1) + 4 * rows  # one poll's worth
+            w_again = account_windows(snap, (0.05, 1, 600), ideal, now, w_memo)
+            w_fresh = account_windows(snap, (0.05, 1, 600), ideal, now)
+            assert _state(w_again[0]) == _state(w_fresh[0])
+            assert w_again[1] == w_fresh[1]
+
+
+@st.composite
+def in_time(draw):
+    """A job whose rows arrive as a live job's do: each process's in time order (by end)
+    but for a few late ones, in small batches, processes interleaved."""
+    job = draw(loop_jobs())
+    rows = []
+    for key, p in job.processes.items():
+        order = np.lexsort((p.data[:, 0], p.data[:, 1])).tolist()
+        for _ in range(draw(st.integers(0, 3))):  # now and then a row arrives late
+            if len(order) > 1:
+                i = draw(st.integers(0, len(order) - 2))
+                j = draw(st.integers(i + 1, len(order) - 1))
+                order.insert(j, order.pop(i))
+        rows.append([(key, i) for i in order])
+    merged = []
+    while any(rows):
+        merged.append(rows[draw(st.integers(0, len(rows) - 1))].pop(0) if all(rows)
+                      else next(r for r in rows if r).pop(0))
+    size = draw(st.integers(1, 4))
+    return job, [merged[k:k + size] for k in range(0, len(merged), size)]
+
+
+@SETTINGS
+@given(case=in_time(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
+       piece_rows=st.sampled_from([1, 2, 5]))
+def test_running_attempt_in_pieces_equals_fresh_accounting(case, ideal, running, piece_rows):
+    """A running attempt cut into pieces poll after poll (:mod:`goodput_processor.pieces`)
+    as its rows arrive in time order with a few late ones: the same as accounting afresh,
+    also with the rolling windows; and the cuts are used."""
+    job, batches = case
+    memo, w_memo = AccountingMemo(), AccountingMemo()
+    seen: dict = {}
+    with _pieces_of(piece_rows):
+        for batch in batches:
+            for key, i in batch:
+                seen.setdefault(key, []).append(i)
+            snap = _snapshot(job, seen)
+            last = max(int(p.data[:, C_END].max()) for p in snap.processes.values()
+                       if len(p.data))
+            now = last + (MS if running else 10**12)
+            assert _state(account(snap, ideal, now, memo=memo)) == _state(
+                account(snap, ideal, now))
+            w_again = account_windows(snap, (0.05, 1, 600), ideal, now, w_memo)
+            w_fresh = account_windows(snap, (0.05, 1, 600), ideal, now)
+            assert _state(w_again[0]) == _state(w_fresh[0])
+            assert w_again[1] == w_fresh[1]
+
+
+def test_a_long_running_attempt_is_cut_into_pieces():
+    """One attempt of 400 back-to-back steps arriving 10 at a time, pieces of 50 rows:
+    after the first cuts, a poll takes every piece but the last from the memo."""
+    n = 400
+    starts = T0 + np.arange(n) * 10 * MS
+    d = np.zeros((n, NCOLS), np.int64)
+    d[:, 0], d[:, 1], d[:, 2] = starts, starts + 10 * MS, 8  # steps
+    d[:, 3], d[:, 4], d[:, 6], d[:, 7] = np.arange(n), -(2**63), -1, 0
+    d[:, 8] = np.arange(n)
+    job = JobSpans("long")
+    job.processes[(0, 0, "")] = ProcessSpans("long", 0, 0, data=d[:0])
+    memo = AccountingMemo()
+    seen = []
+    with _pieces_of(50):
+        for k in range(10, n + 1, 10):
+            job.processes[(0, 0, "")].data = d[:k]
+            now = int(d[k - 1, 1]) + MS
+            assert _state(account(job, None, now, memo=memo)) == _state(account(job, None, now))
+            seen.append(len(pieces.running_pieces(memo, _running(job, now), d[:k])))
+    assert seen[-1] >= 5  # cut as it grew, a piece at a time
+    assert sorted(seen) == seen
+
+
+def _running(job, now):
+    from goodput_processor.attempts import build_attempts
+    return build_attempts(job, now)[-1]
 
 
 def test_the_memo_is_used_when_only_the_running_attempt_grows():

@@ -22,7 +22,8 @@ from .attempts import Attempt, build_attempts
 from .attribution import host_badput
 from .checks import file_warnings, job_warnings
 from .elastic import slice_efficiency, slice_records
-from .memo import AccountingMemo, cached, rows_key
+from .memo import AccountingMemo, cached, proc_key, rows_key
+from .pieces import running_pieces
 from .reader import read_run_dir
 from .recovery import recovery_report
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
@@ -201,7 +202,7 @@ def _custom_types(job: JobSpans, attempts: list[Attempt], memo=None) -> list[str
         def sids(d=d):
             return np.unique(d[d[:, C_KIND] == K_CUSTOM_BADPUT][:, C_SIDX]).tolist()
 
-        for s in cached(memo, ("custom", rows_key(d)), sids):
+        for s in cached(memo, ("custom", proc_key(a.primary)), sids):
             types.add(_type_name(job, s))
     return sorted(types)
 
@@ -241,8 +242,9 @@ class _Acc:
                  memo: AccountingMemo | None = None):
         self.job = job
         self.memo = memo
-        # For windows: per attempt (boundaries, owner level, kept-step index of step-level
-        # segments (-1: not kept / not a step segment)); None = not kept.
+        # For windows: per attempt or piece of one (see attempt()), (attempt index,
+        # boundaries, owner level, kept-step index of step-level segments (-1: not kept /
+        # not a step segment)); None = not kept.
         self.segments: list[tuple] | None = [] if keep_segments else None
         self._kept_before = 0
         self.names: list[str] = []
@@ -264,19 +266,45 @@ class _Acc:
         self.kept: list[tuple] = []  # per attempt: step numbers, attempt, starts, times
         #: per attempt: where its wasted region starts (ns; its end when it has none)
         self.wasted_start: list[int] = []
-        #: per attempt: the memo key of its part
+        #: per part (an attempt, or a piece of the running one): its memo key
         self.part_keys: list = []
+        self.attempt_index = 0  # attempts added so far
 
     def attempt(self, a: Attempt, bound: int | None, has_next: bool) -> tuple[int, int]:
         """Account attempt ``a``; ``bound``: highest kept step (None = all). -> (kept, wasted).
 
         With a memo, the attempt's part is taken from it when its inputs are unchanged: the
         primary's rows, the attempt's bounds and number, ``bound``, ``has_next``, the
-        levels, whether an earlier attempt was elastic and whether segments are kept.
+        levels, whether an earlier attempt was elastic and whether segments are kept. The
+        running (last) attempt is accounted in pieces (:mod:`goodput_processor.pieces`):
+        those that new rows cannot change come from the memo, only the last is redone.
         """
-        key = ("attempt", a.attempt, a.start_ns, a.end_ns, rows_key(a.primary.data), bound,
-               has_next, tuple(self.names), self.elastic, self.segments is not None)
-        part = cached(self.memo, key, lambda: self._part(a, bound, has_next))
+        d, names, seg = a.primary.data, tuple(self.names), self.segments is not None
+        cuts = None
+        if self.memo is not None and bound is None and not has_next and not self.elastic:
+            cuts = running_pieces(self.memo, a, d)
+        if not cuts:
+            key = ("attempt", a.attempt, a.start_ns, a.end_ns, proc_key(a.primary), bound, has_next,
+                   names, self.elastic, seg)
+            return self._add(cached(self.memo, key, lambda: self._part(
+                d, a.start_ns, a.end_ns, a.attempt, bound, has_next)), key, a1=None)
+        kept = wasted = 0
+        n0, c0 = 0, a.start_ns
+        for n1, c1 in cuts:  # the pieces new rows cannot change
+            key = ("piece", a.attempt, a.start_ns, c0, c1, n0, rows_key(d[n0:n1]), names, seg)
+            k, w = self._add(cached(self.memo, key, lambda n0=n0, n1=n1, c0=c0, c1=c1: self._part(
+                d[n0:n1], c0, c1, a.attempt, None, False, lead=n0 == 0)), key, a1=False)
+            kept, wasted = kept + k, wasted + w
+            n0, c0 = n1, c1
+        key = ("tail", a.attempt, c0, a.end_ns, n0, proc_key(a.primary), names, seg)
+        k, w = self._add(self._part(d[n0:], c0, a.end_ns, a.attempt, None, False, lead=False),
+                         key, a1=a.end_ns)
+        return kept + k, wasted + w
+
+    def _add(self, part: tuple, key, a1) -> tuple[int, int]:
+        """Add one attempt's part (or one piece of it) to the totals; ``a1``: None for a
+        whole attempt, False for a piece before the last, the attempt's end for the last
+        piece (only a whole attempt or its last piece ends it: its wasted-region start)."""
         self.part_keys.append(key)
         ns, async_ns, elastic, kept, ws, counts, segments = part
         for lev in range(self.other + 1):
@@ -284,22 +312,40 @@ class _Acc:
         for k, v in async_ns.items():
             self.async_ns[k] = self.async_ns.get(k, 0) + v
         self.elastic |= elastic
-        self.wasted_start.append(ws)
+        if a1 is not False:
+            self.wasted_start.append(ws if a1 is None else a1)
+            self.attempt_index += 1
         if self.segments is not None:
             b, owner, seg_kept = segments
             if self._kept_before:
                 seg_kept = np.where(seg_kept >= 0, seg_kept + self._kept_before, -1)
-            self.segments.append((b, owner, seg_kept))
+            self.segments.append((self.attempt_index - (a1 is not False), b, owner, seg_kept))
         self._kept_before += len(kept[0])
         self.kept.append(kept)
         return counts
 
-    def _part(self, a: Attempt, bound: int | None, has_next: bool) -> tuple:
-        """What attempt ``a`` adds (see :meth:`attempt`): ``(ns per level (int64 array),
-        asynchronous ns by bucket, has elastic spans, kept-step arrays, wasted-region start,
-        (kept, wasted) step counts, segments or None)``; reads ``self`` only for the levels
-        and ``self.elastic`` (an earlier attempt was elastic)."""
-        d, a0, a1, job, level = a.primary.data, a.start_ns, a.end_ns, self.job, self.level
+    def attempt_segments(self) -> list[tuple]:
+        """Per attempt, ``(boundaries, owner level, kept-step rank)`` of its painted
+        segments, its pieces joined (see :meth:`attempt`)."""
+        out: list[list] = []
+        for i, b, owner, seg_kept in self.segments:
+            if len(out) <= i:
+                out.append([b, owner, seg_kept])
+            else:
+                prev = out[i]
+                out[i] = [np.concatenate((prev[0], b[1:])), np.concatenate((prev[1], owner)),
+                          np.concatenate((prev[2], seg_kept))]
+        return [tuple(x) for x in out]
+
+    def _part(self, d: np.ndarray, a0: int, a1: int, attempt: int, bound: int | None,
+              has_next: bool, lead: bool = True) -> tuple:
+        """What the rows ``d`` of attempt number ``attempt`` add over ``[a0, a1)`` (see
+        :meth:`attempt`): ``(ns per level (int64 array), asynchronous ns by bucket, has
+        elastic spans, kept-step arrays, wasted-region start, (kept, wasted) step counts,
+        segments or None)``; ``lead``: ``a0`` is the attempt's start (the time to its first
+        phase is process startup). Reads ``self`` only for the levels and ``self.elastic``
+        (an earlier attempt was elastic)."""
+        job, level = self.job, self.level
         level_ns = np.zeros(self.other + 1, np.int64)
         async_ns: dict[str, int] = {}
         kinds = d[:, C_KIND]
@@ -342,7 +388,7 @@ class _Acc:
                     ws = max(ws, int(e[sv].max()))
         wasted_start = a1 if ws is None else min(ws, a1)
         # Process startup: from the attempt's start to the primary's first phase (any).
-        first = int(s[phase].min()) if phase.any() else a1
+        first = (int(s[phase].min()) if phase.any() else a1) if lead else a0
         cut = ws if ws is not None and ws < a1 else a1  # where the wasted region starts
         totals = None
         if self.segments is None and DISJOINT_FAST_PATH:
@@ -374,7 +420,7 @@ class _Acc:
         segments = None
         if self.segments is not None:
             segments = _kept_segments(b, owner, level["step"], ss, se, kept)
-        kept_arrays = (snum[kept], np.full(int(kept.sum()), a.attempt), ss[kept], net[kept],
+        kept_arrays = (snum[kept], np.full(int(kept.sum()), attempt), ss[kept], net[kept],
                        scount[kept])
         return (level_ns, async_ns, elastic, kept_arrays, wasted_start,
                 (int(scount[kept].sum()), int(scount[~kept].sum())), segments)
@@ -439,7 +485,7 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool, memo=None):
 def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     attempts = build_attempts(job, now_ns, memo)
     acc = _Acc(job, attempts, keep_segments, memo)
-    resume = [cached(memo, ("resume", rows_key(a.primary.data)),
+    resume = [cached(memo, ("resume", proc_key(a.primary)),
                      lambda a=a: resume_step(a.primary.data)) for a in attempts]
     rows, recovery_ns, bounds = [], 0, []
     for i, a in enumerate(attempts):
@@ -449,12 +495,12 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
         kept, wasted = acc.attempt(a, bounds[-1], has_next)
         if has_next and bounds[-1] is not None:  # a peer may have flushed steps it lost
             wasted = max([wasted] + [
-                cached(memo, ("wasted", rows_key(p.data), a.start_ns, a.end_ns, bounds[-1]),
+                cached(memo, ("wasted", proc_key(p), a.start_ns, a.end_ns, bounds[-1]),
                        lambda p=p, a=a: _wasted_steps(p.data, a, bounds[-1]))
                 for p in a.processes[1:]])
         if has_next:
             recovery_ns += attempts[i + 1].start_ns - a.end_ns
-        errors = sum(cached(memo, ("errors", rows_key(p.data)), lambda p=p: _error_spans(p.data))
+        errors = sum(cached(memo, ("errors", proc_key(p)), lambda p=p: _error_spans(p.data))
                      for p in a.processes)
         rows.append(AttemptResult(
             attempt=a.attempt, start_ns=a.start_ns, end_ns=a.end_ns,

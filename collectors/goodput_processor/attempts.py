@@ -265,17 +265,21 @@ def _runs(job: JobSpans, memo=None) -> list[_Run]:
         ident = repr((proc.host, proc.process_count, proc.schema_version,
                       sorted(proc.run.items()), proc.instance, proc.pid,
                       proc.process_start_ns, proc.attempt_source, proc.index_source))
-        runs += cached(memo, ("runs", key, rows_key(proc.data), ident),
-                       lambda proc=proc, a=key[0]: _process_runs(job, a, proc))
+        origin = (key, rows_key(proc.data), ident)
+        runs += cached(memo, ("runs", *origin),
+                       lambda proc=proc, a=key[0], o=origin: _process_runs(job, a, proc, o))
     return runs
 
 
-def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans) -> list[_Run]:
-    """The runs of one resource, its open records resolved."""
-    proc = replace(proc, data=resolve_open(proc.data))
+def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
+                  origin: tuple | None = None) -> list[_Run]:
+    """The runs of one resource, its open records resolved; ``origin``: the memo identity
+    of its rows, kept on each run's rows (:func:`~goodput_processor.memo.proc_key`)."""
+    proc = replace(proc, data=resolve_open(proc.data), origin=origin)
     if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
         return [_run(job, proc, None)]
-    return [_run(job, p, (attempt, part)) for part, p in enumerate(_split_runs(proc))]
+    return [_run(job, p if origin is None else replace(p, origin=(*origin, part)),
+                 (attempt, part)) for part, p in enumerate(_split_runs(proc))]
 
 
 def _group(runs: list[_Run]) -> list[list[_Run]]:

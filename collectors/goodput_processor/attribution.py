@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .memo import cached, rows_key
+from .memo import cached, proc_key
 from .recovery import stacked, warmup
 from .timeline import (
     C_END,
@@ -111,14 +111,18 @@ def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple,
     if result.ideal_step_time_s is None or not result.step_time.anomalous_steps:
         return out, 0
     for a in attempts:
-        off, part, pkey = result.steps.of_attempt(a.attempt)
-        if part is None:
+        off, parts, pkeys = result.steps.of_attempt(a.attempt)
+        if not parts:
             continue
-        key = ("slow_by_host", pkey, a is attempts[0], result.ideal_step_time_s,
-               result.noise_tolerance_s, tuple(rows_key(p.data) for p in a.processes))
-        got, lost = cached(memo if pkey is not None else None, key,
-                           lambda a=a, off=off, part=part: _attempt_slowdown(
-                               a, a is attempts[0], result, off, part, memo))
+        key = ("slow_by_host", tuple(pkeys), a is attempts[0], result.ideal_step_time_s,
+               result.noise_tolerance_s, tuple(proc_key(p) for p in a.processes))
+
+        def compute(a=a, off=off, parts=parts):
+            part = parts[0] if len(parts) == 1 else tuple(
+                np.concatenate([p[i] for p in parts]) for i in range(5))
+            return _attempt_slowdown(a, a is attempts[0], result, off, part, memo)
+
+        got, lost = cached(memo if pkeys[0] is not None else None, key, compute)
         for k, v in got.items():
             out[k] = out.get(k, 0) + v
         unattributed += lost

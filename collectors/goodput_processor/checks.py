@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attempts import Attempt
-from .memo import cached, rows_key
+from .memo import cached, proc_key
 from .report import JobResult, ReportWarning
 from .timeline import (
     C_END,
@@ -51,7 +51,7 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
     out += _missing_attempts(attempts)
     reached = None  # highest step of the attempts so far
     for i, a in enumerate(attempts):
-        key = ("warnings", rows_key(a.primary.data), a.attempt, a.start_ns, a.primary.index,
+        key = ("warnings", proc_key(a.primary), a.attempt, a.start_ns, a.primary.index,
                i > 0, reached)
         found, reached = cached(memo, key, lambda a=a, i=i, r=reached: _attempt_warnings(a, i, r))
         out += found

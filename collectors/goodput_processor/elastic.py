@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .memo import cached, rows_key
+from .memo import cached, proc_key
 from .timeline import C_AUX, C_IVAL, C_KIND, C_SIDX, C_START, K_ELASTIC_SLICES, NONE, JobSpans
 
 __all__ = ["SliceEfficiency", "slice_efficiency", "slice_records"]
@@ -66,7 +66,7 @@ def slice_records(job: JobSpans, processes=None, memo=None) -> np.ndarray:
         def markers(d=d):
             return d[d[:, C_KIND] == K_ELASTIC_SLICES]
 
-        for r in cached(memo, ("slices", rows_key(d)), markers):
+        for r in cached(memo, ("slices", proc_key(p)), markers):
             sidx = int(r[C_SIDX])
             try:
                 available = int(job.strings[sidx]) if sidx >= 0 else 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AccountingMemo", "cached", "rows_key"]
+__all__ = ["AccountingMemo", "cached", "proc_key", "rows_key"]
 
 _MISS = object()
 
@@ -32,6 +32,15 @@ def rows_key(data: np.ndarray) -> tuple:
     if not len(data):
         return (0, b"", b"")
     return (len(data), data[-1].tobytes(), data[0].tobytes())
+
+
+def proc_key(p) -> tuple:
+    """Memo identity of a process's rows ``p.data`` (a ``ProcessSpans``): its ``origin``
+    when its rows were derived (the attempts' processes: open records resolved, which moves
+    them to the end and drops superseded ones, so those rows do not only grow at the end),
+    else :func:`rows_key` of its rows."""
+    origin = getattr(p, "origin", None)
+    return origin if origin is not None else rows_key(p.data)
 
 
 def cached(memo: AccountingMemo | None, key, compute):
@@ -69,6 +78,16 @@ class AccountingMemo:
         else:
             self.hits += 1
         self._new[key] = value
+        return value
+
+    def peek(self, key):
+        """The value under ``key`` if one is kept (then it counts as used), else None."""
+        value = self._new.get(key, _MISS)
+        if value is _MISS:
+            value = self._old.pop(key, _MISS)
+            if value is _MISS:
+                return None
+            self._new[key] = value
         return value
 
     def end_round(self) -> None:

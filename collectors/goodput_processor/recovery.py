@@ -57,7 +57,8 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import cached, rows_key
+from .memo import cached, proc_key
+from .steptimes import runs_median
 from .timeline import (
     C_AUX,
     C_END,
@@ -282,7 +283,7 @@ def _restart_phases(r, bound: int | None, result, resume: int | None,
     """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
     recompilation_warmup (ns or None), and the start of its first kept step (ns).
     ``memo`` keeps what comes from ``r``'s rows (:func:`_restart_rows`)."""
-    rows = cached(memo, ("restart", r.attempt, r.start_ns, r.end_ns, rows_key(r.primary.data),
+    rows = cached(memo, ("restart", r.attempt, r.start_ns, r.end_ns, proc_key(r.primary),
                          bound), lambda: _restart_rows(r, bound))
     first, t_fk, restore_ns, rest_pieces, comp_pieces, cs, ce, ks, ke, restored = rows
     compile_ns = _minus(comp_pieces, rest_pieces)
@@ -328,24 +329,40 @@ def warmup(result, attempt: int, memo=None) -> tuple[np.ndarray, np.ndarray, np.
     none = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
     if result.ideal_step_time_s is None:
         return none
-    off, part, key = result.steps.of_attempt(attempt)
-    if part is None:
+    off, parts, keys = result.steps.of_attempt(attempt)
+    if not parts:
         return none
-    _snum, _att, starts, t, cnt = part  # in time order, as the accounting makes them
-    median = cached(memo if key is not None else None, ("step_median", key),
-                    lambda: float(np.median(t / cnt)))
+    if len(parts) == 1:
+        t, cnt = parts[0][3], parts[0][4]
+        median = cached(memo if keys[0] is not None else None, ("step_median", keys[0]),
+                        lambda: float(np.median(t / cnt)))
+    else:  # a running attempt's pieces
+        median = runs_median(parts, keys, NONE, memo)
     level = max(result.ideal_step_time_s * _NS, median)
     thr = level + (result.noise_tolerance_s or 0.0) * _NS
+    excess, starts = [], []
+    for p in parts:  # in time order, as the accounting makes them
+        t, cnt = p[3], p[4]
+        lead = _leading_above(t, cnt, thr)
+        excess.append((t[:lead] / cnt[:lead] - level) * cnt[:lead])
+        starts.append(p[2][:lead])
+        if lead < len(t):
+            break
+    n = sum(len(x) for x in excess)
+    return np.arange(off, off + n), np.concatenate(excess), np.concatenate(starts)
+
+
+def _leading_above(t: np.ndarray, cnt: np.ndarray, thr: float) -> int:
+    """How many leading steps have a time per step above ``thr`` (read in growing blocks,
+    so a short warm-up costs a short read)."""
     lead, size = 0, 64
-    while lead < len(t):  # the leading run above thr, read in growing blocks
+    while lead < len(t):
         above = t[lead:lead + size] / cnt[lead:lead + size] > thr
         if not above.all():
-            lead += int(np.argmin(above))
-            break
+            return lead + int(np.argmin(above))
         lead += len(above)
         size *= 8
-    per = t[:lead] / cnt[:lead]
-    return np.arange(off, off + lead), (per - level) * cnt[:lead], starts[:lead]
+    return lead
 
 
 def _pod_evidence(a, r) -> dict:
@@ -394,7 +411,7 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
             return _first_failure(job, a, failures, rows), _last_progress(a, rows)
 
         key = ("failed", a.attempt, a.start_ns, a.end_ns, repr(sorted(failures.items())),
-               tuple((p.index, p.host, p.pid, rows_key(p.data)) for p in a.processes))
+               tuple((p.index, p.host, p.pid, proc_key(p)) for p in a.processes))
         ff, last = cached(memo, key, failed)
         t_fail = max(ff.at_ns, last) if last is not None else ff.at_ns
         t_fail = min(max(t_fail, a.start_ns), a.end_ns)

@@ -28,8 +28,6 @@ from functools import cached_property
 
 import numpy as np
 
-from .memo import cached
-
 __all__ = ["StepArrays", "StepStats", "step_stats"]
 
 _NS = 1_000_000_000
@@ -62,29 +60,82 @@ class StepStats:
 
 
 class _Sorted:
-    """Kept steps of some attempts for order statistics: time per step sorted (float64
-    ns), running sums of time (int64 ns) and count in that order (length n + 1), the sorted
+    """Kept steps of some parts for order statistics: time per step sorted (float64 ns),
+    running sums of time (int64 ns) and count in that order (length n + 1), the sorted
     absolute differences of consecutive single-step times (float64 ns, in time order
-    within these steps), their first and last single-step times, totals, and the highest
-    step number."""
+    within these steps), their first and last single-step times, and the highest step
+    number (None if none)."""
 
-    def __init__(self, t: np.ndarray, cnt: np.ndarray, snum: np.ndarray, none: int):
+    def __init__(self, per, cum_t, cum_cnt, diffs, first, last, max_step):
+        self.per, self.cum_t, self.cum_cnt, self.diffs = per, cum_t, cum_cnt, diffs
+        self.first, self.last, self.max_step = first, last, max_step
+
+    @classmethod
+    def of(cls, parts: list, none: int) -> _Sorted:
+        """From kept-step parts ``(step, attempt, start_ns, time_ns, count)`` in time order."""
+        snum, t, cnt = (np.concatenate([p[i] for p in parts]) for i in (0, 3, 4))
         per = t / cnt
         order = np.argsort(per, kind="stable")
-        self.per = per[order]
-        self.cum_t = np.concatenate(([0], np.cumsum(t[order])))
-        self.cum_cnt = np.concatenate(([0], np.cumsum(cnt[order])))
         single = t[cnt == 1]
-        self.diffs = np.sort(np.abs(np.diff(single)).astype(np.float64))
-        self.first = single[:1]
-        self.last = single[-1:]
         valid = snum[snum != none]
-        self.max_step = int(valid.max()) if len(valid) else None
+        return cls(per[order], np.concatenate(([0], np.cumsum(t[order]))),
+                   np.concatenate(([0], np.cumsum(cnt[order]))),
+                   np.sort(np.abs(np.diff(single)).astype(np.float64)), single[:1],
+                   single[-1:], int(valid.max()) if len(valid) else None)
+
+    def merge(self, later: _Sorted) -> _Sorted:
+        """These steps followed (in time) by ``later``'s: the same as :meth:`of` of all the
+        parts, in one pass over two sorted runs (timsort)."""
+        per = np.concatenate((self.per, later.per))
+        order = np.argsort(per, kind="stable")
+        t = np.concatenate((np.diff(self.cum_t), np.diff(later.cum_t)))[order]
+        cnt = np.concatenate((np.diff(self.cum_cnt), np.diff(later.cum_cnt)))[order]
+        joint = later.first if len(self.last) else later.first[:0]
+        boundary = np.abs(self.last[:1] - joint).astype(np.float64)
+        diffs = np.sort(np.concatenate((self.diffs, later.diffs, boundary)), kind="stable")
+        maxes = [m for m in (self.max_step, later.max_step) if m is not None]
+        return _Sorted(per[order], np.concatenate(([0], np.cumsum(t))),
+                       np.concatenate(([0], np.cumsum(cnt))), diffs,
+                       self.first if len(self.first) else later.first,
+                       later.last if len(later.last) else self.last,
+                       max(maxes) if maxes else None)
 
     def above(self, thr: float) -> tuple[int, int]:
         """(count, time ns) of the steps whose time per step is > ``thr``."""
         i = int(np.searchsorted(self.per, thr, "right"))
         return int(self.cum_cnt[-1] - self.cum_cnt[i]), int(self.cum_t[-1] - self.cum_t[i])
+
+
+#: how many parts back :func:`_sorted_parts` looks for a kept sorted run to extend
+_LOOK_BACK = 4
+
+
+def _sorted_parts(memo, tag: str, parts: list, keys: list, none: int) -> _Sorted:
+    """:meth:`_Sorted.of` ``parts``, kept in ``memo`` under ``(tag, keys)``; built by
+    extending the run kept for a shorter prefix of the same parts when there is one (a
+    running attempt's pieces come one at a time)."""
+    found, i = None, len(parts)
+    while i > max(0, len(parts) - _LOOK_BACK):
+        found = memo.peek((tag, tuple(keys[:i])))
+        if found is not None:
+            break
+        i -= 1
+    if found is None:
+        return memo.get((tag, tuple(keys)), lambda: _Sorted.of(parts, none))
+    if i == len(parts):
+        return memo.get((tag, tuple(keys)), lambda: found)
+    return memo.get((tag, tuple(keys)), lambda: found.merge(_Sorted.of(parts[i:], none)))
+
+
+def runs_median(parts: list, keys: list, none: int, memo=None) -> float:
+    """Median time per step (float ns, as ``np.median``) of the kept-step ``parts``
+    (at least one step); with ``memo``, the parts but the last sorted once and kept
+    under their ``keys``."""
+    if memo is None or len(parts) < 2:
+        return float(np.median(np.concatenate([p[3] / p[4] for p in parts])))
+    head = _sorted_parts(memo, "sorted_attempt", parts[:-1], keys[:-1], none)
+    tail = _Sorted.of(parts[-1:], none)
+    return _median(lambda ks: _kth(head.per, tail.per, ks), len(head.per) + len(tail.per))
 
 
 def _kth(a: np.ndarray, b: np.ndarray, ks) -> list[float]:
@@ -159,11 +210,8 @@ def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
     sorted once and kept under their ``part_keys`` (the memo keys of the attempts' parts)."""
     if memo is None or len(parts) < 2:
         return _fresh(parts, ideal_given_ns, none)
-    head = cached(memo, ("sorted_steps", tuple(part_keys[:-1])), lambda: _Sorted(*(
-        np.concatenate(c) for c in zip(*[(p[3], p[4], p[0]) for p in parts[:-1]],
-                                       strict=True)), none))
-    _snum, _att, _start, t, cnt = parts[-1]
-    tail = _Sorted(t, cnt, _snum, none)
+    head = _sorted_parts(memo, "sorted_steps", parts[:-1], part_keys[:-1], none)
+    tail = _Sorted.of(parts[-1:], none)
     joint = tail.first if len(head.last) else tail.first[:0]
     boundary = np.abs(head.last[:1] - joint).astype(np.float64)
     tail_diffs = np.sort(np.concatenate((tail.diffs, boundary)))
@@ -314,12 +362,16 @@ class StepArrays:
             kth = lambda ks: [float(v) for v in np.partition(per, ks)[ks]]  # noqa: E731
         return _quantiles(kth, n, _NS, tuple(p / 100 for p in percents))
 
-    def of_attempt(self, attempt: int) -> tuple[int, tuple | None, object]:
-        """``(offset, part, key)``: where attempt ``attempt``'s steps begin in the arrays,
-        its part ``(step, attempt, start_ns, time_ns, count)`` (in time order; None if it
-        kept no step) and the memo key the accounting gave it (None without one). The part
-        is the accounting's own: do not modify it."""
+    def of_attempt(self, attempt: int) -> tuple[int, list, list]:
+        """``(offset, parts, keys)``: where attempt ``attempt``'s steps begin in the arrays,
+        its parts (one, or one per piece of a running attempt; each ``(step, attempt,
+        start_ns, time_ns, count)``, in time order; [] if it kept no step) and the memo keys
+        the accounting gave them (None without a memo). The parts are the accounting's
+        own: do not modify them."""
+        first, parts, keys = 0, [], []
         for off, p, key in zip(self._offsets[:-1], self._parts, self._keys, strict=True):
             if len(p[1]) and int(p[1][0]) == attempt:
-                return int(off), p, key
-        return 0, None, None
+                first = int(off) if not parts else first
+                parts.append(p)
+                keys.append(key)
+        return first, parts, keys

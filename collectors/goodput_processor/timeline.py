@@ -118,6 +118,9 @@ class ProcessSpans:
     index_source: str | None = None
     # While reading: the records, NCOLS int64 per span (``data`` is a view of it).
     _buf: array = field(default_factory=lambda: array("q"), repr=False, compare=False)
+    #: For rows derived from others (open records resolved, a run split off): the memo
+    #: identity of what they were derived from (:func:`goodput_processor.memo.proc_key`).
+    origin: tuple | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

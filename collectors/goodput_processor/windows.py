@@ -240,10 +240,10 @@ def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> Wind
     kept_ns = 0
     slow = 0.0
     recovery = 0
-    for i, (a, (b, owner, seg_kept)) in enumerate(zip(attempts, acc.segments, strict=True)):
-        if i + 1 < len(attempts):  # the gap to the next attempt: infrastructure recovery
-            recovery += max(0, min(attempts[i + 1].start_ns, w1) - max(a.end_ns, w0))
-        if a.end_ns <= w0 or a.start_ns >= w1 or len(b) < 2:
+    for a, r in zip(attempts[:-1], attempts[1:], strict=True):  # gaps between attempts
+        recovery += max(0, min(r.start_ns, w1) - max(a.end_ns, w0))
+    for _i, b, owner, seg_kept in acc.segments:  # each attempt, or piece of one
+        if len(b) < 2 or b[-1] <= w0 or b[0] >= w1:
             continue
         lo = max(int(np.searchsorted(b, w0, side="right")) - 1, 0)
         hi = min(int(np.searchsorted(b, w1, side="left")), len(b) - 1)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..attempts import build_attempts
 from ..elastic import slice_records
-from ..memo import AccountingMemo, cached, rows_key
+from ..memo import AccountingMemo, cached, proc_key
 from ..timeline import (
     C_END,
     C_FLAGS,
@@ -150,10 +150,10 @@ def _chunk(job: JobSpans, a) -> _Chunk:
 
 def chunk_key(a) -> tuple:
     """What :func:`_chunk` of attempt ``a`` depends on: its primary's rows
-    (:func:`~goodput_processor.memo.rows_key`), its start, and its logged end (None for an
+    (:func:`~goodput_processor.memo.proc_key`), its start, and its logged end (None for an
     end mgm never logs)."""
     logged = a.end_reason not in ("killed", "running", "restart")
-    return (rows_key(a.primary.data), a.start_ns, a.end_ns if logged else None)
+    return (proc_key(a.primary), a.start_ns, a.end_ns if logged else None)
 
 
 def _merge(chunks: list[_Chunk]) -> Events:

@@ -158,7 +158,8 @@ def bucket_segments(job, ideal_step_time_s: float | None = None, now_ns: int | N
     productive, slow = code[schema.PRODUCTIVE], code["training_slowdown"]
     wasted, other = code["wasted_progress"], code["other"]
     rows: list[Row] = []
-    for i, (a, (b, owner, seg_kept)) in enumerate(zip(attempts, acc.segments, strict=True)):
+    segments = acc.attempt_segments()
+    for i, (a, (b, owner, seg_kept)) in enumerate(zip(attempts, segments, strict=True)):
         lv = _level_codes(acc, code, productive, other)
         bucket = lv[owner]
         is_step = owner == acc.level["step"]
@@ -197,7 +198,7 @@ def _other_rows(job, a, i, attempts, result, code, limit) -> list[Row]:
         alt = dataclasses.replace(a, primary=p)
         acc = _Acc(job, [alt], keep_segments=True)
         acc.attempt(alt, bound, has_next)
-        b, owner, seg_kept = acc.segments[0]
+        b, owner, seg_kept = acc.attempt_segments()[0]
         bucket = _level_codes(acc, code, code[schema.PRODUCTIVE], code["other"])[owner]
         bucket[(owner == acc.level["step"]) & (seg_kept < 0)] = code["wasted_progress"]
         ss, se, snum = _steps_of(p.data, a.start_ns, a.end_ns)
