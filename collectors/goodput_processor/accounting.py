@@ -243,8 +243,9 @@ class _Acc:
         self.job = job
         self.memo = memo
         # For windows: per attempt or piece of one (see attempt()), (attempt index,
-        # boundaries, owner level, kept-step index of step-level segments (-1: not kept /
-        # not a step segment)); None = not kept.
+        # boundaries, owner level, kept-step index of step-level segments within the part
+        # (-1: not kept / not a step segment), index of the part's first kept step);
+        # None = not kept.
         self.segments: list[tuple] | None = [] if keep_segments else None
         self._kept_before = 0
         self.names: list[str] = []
@@ -315,11 +316,10 @@ class _Acc:
         if a1 is not False:
             self.wasted_start.append(ws if a1 is None else a1)
             self.attempt_index += 1
-        if self.segments is not None:
+        if self.segments is not None:  # (kept-step ranks within the part, and its offset)
             b, owner, seg_kept = segments
-            if self._kept_before:
-                seg_kept = np.where(seg_kept >= 0, seg_kept + self._kept_before, -1)
-            self.segments.append((self.attempt_index - (a1 is not False), b, owner, seg_kept))
+            self.segments.append((self.attempt_index - (a1 is not False), b, owner, seg_kept,
+                                  self._kept_before))
         self._kept_before += len(kept[0])
         self.kept.append(kept)
         return counts
@@ -328,7 +328,9 @@ class _Acc:
         """Per attempt, ``(boundaries, owner level, kept-step rank)`` of its painted
         segments, its pieces joined (see :meth:`attempt`)."""
         out: list[list] = []
-        for i, b, owner, seg_kept in self.segments:
+        for i, b, owner, seg_kept, off in self.segments:
+            if off:
+                seg_kept = np.where(seg_kept >= 0, seg_kept + off, -1)
             if len(out) <= i:
                 out.append([b, owner, seg_kept])
             else:

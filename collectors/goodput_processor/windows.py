@@ -242,7 +242,7 @@ def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> Wind
     recovery = 0
     for a, r in zip(attempts[:-1], attempts[1:], strict=True):  # gaps between attempts
         recovery += max(0, min(r.start_ns, w1) - max(a.end_ns, w0))
-    for _i, b, owner, seg_kept in acc.segments:  # each attempt, or piece of one
+    for _i, b, owner, seg_kept, off in acc.segments:  # each attempt, or piece of one
         if len(b) < 2 or b[-1] <= w0 or b[0] >= w1:
             continue
         lo = max(int(np.searchsorted(b, w0, side="right")) - 1, 0)
@@ -257,7 +257,7 @@ def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> Wind
         level_ns[step_level] -= int(seg[lost].sum())
         good = is_step & (sk >= 0)
         kept_ns += int(seg[good].sum())
-        slow += float((seg[good] * slow_frac(sk[good])).sum())
+        slow += float((seg[good] * slow_frac(sk[good] + off)).sum())
     slowdown = min(round(slow), kept_ns)
     buckets = {}
     for name in result.buckets_ns:
