@@ -17,6 +17,7 @@ spool's files are dated 60 s back (a finished run: the columnar cache,
 the cache, and the next ones ("2nd") are timed.
 
     python benchmarks/bench_report.py [--steps 1000000] [--baseline-src /tmp/old/src]
+    python benchmarks/bench_report.py --keep /tmp/spools   # again: the spools are reused
 
 Target (issue 17): a 10^6-step job makes a spool under 500 MB.
 """
@@ -24,6 +25,7 @@ Target (issue 17): a 10^6-step job makes a spool under 500 MB.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recorded_job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+_DONE = ".recorded"  # DIR.recorded is written beside a spool DIR once it is recorded
 
 
 def measure(run_dir: str, definitions: str, cache: bool = False) -> tuple[float, float]:
@@ -75,7 +78,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, nargs="+", default=[1_000_000])
     ap.add_argument("--baseline-src", help="another checkout's src/ (today's recorder)")
     ap.add_argument("--repeat", type=int, default=1, help="reports per spool and definition")
-    ap.add_argument("--keep", help="record into this directory and keep the spools")
+    ap.add_argument("--keep", help="record into this directory and keep the spools; a "
+                    "spool already there (from an earlier run) is reused, not recorded again "
+                    "(rec s: nan)")
     args = ap.parse_args(argv)
     here = os.pathsep.join([str(ROOT / "src"), str(ROOT / "collectors")])
     recorders = {"this": here}
@@ -90,7 +95,11 @@ def main(argv=None) -> int:
             for name, path in recorders.items():
                 d = os.path.join(base, f"{name}-{steps}")
                 env = {**os.environ, "PYTHONPATH": path}
-                info = recorded_job.write_job(d, steps, env=env)
+                if args.keep and os.path.isfile(d + _DONE):
+                    info = {"seconds": float("nan")}  # reused
+                else:
+                    info = recorded_job.write_job(d, steps, env=env)
+                    Path(d + _DONE).write_text(json.dumps(info))
                 s = spool_sizes(d)
                 for defs in ("goodput", "mgm"):
                     runs = [measure(d, defs) for _ in range(args.repeat)]
