@@ -38,6 +38,7 @@ _NONE = tl.NONE
 _I64_MAX = (1 << 63) - 1
 _NCOLS = tl.NCOLS
 _KEY = itemgetter("key")
+_NAME = itemgetter("name")
 _VALUE = itemgetter("value")
 _DIGITS_SPACE = b"0123456789 "
 # What reading a span or attribute that is not clean raises (as in the slow path).
@@ -120,19 +121,20 @@ class Batch:
         """Take a spans list, after the spans ``taken`` from its line's text if any
         (:class:`~goodput_processor.read_template.Taken`); False (and nothing taken) when
         the list is not clean."""
-        if not spans:
-            if taken is None:
-                return False
-            self._take(taken)
-            return True
         try:
-            got = [(sp["name"], sp["startTimeUnixNano"], sp["endTimeUnixNano"], sp["spanId"],
-                    sp["traceId"], sp.get("attributes"), sp.get("status")) for sp in spans]
-            names, starts, ends, hsids, tids, attrs, statuses = zip(*got, strict=True)
-            kinds = list(map(self._codes.get, names))
+            kinds = list(map(self._codes.get, map(_NAME, spans)))
             unknown = kinds.count(None)
-            if unknown:
-                kinds = [-2 if k is None else k for k in kinds]
+            if unknown or -1 in kinds:  # structure and unknown spans: read past (counted)
+                spans = [sp for sp, k in zip(spans, kinds, strict=True) if k is not None and k >= 0]
+                kinds = [k for k in kinds if k is not None and k >= 0]
+            if not spans:
+                if taken is not None:
+                    self._take(taken)
+                self._unknown += unknown
+                return True
+            got = [(sp["startTimeUnixNano"], sp["endTimeUnixNano"], sp["spanId"], sp["traceId"],
+                    sp.get("attributes"), sp.get("status")) for sp in spans]
+            starts, ends, hsids, tids, attrs, statuses = zip(*got, strict=True)
             if set(map(len, hsids)) != {16} or set(map(len, tids)) != {32}:
                 return False
             hexes, starts, ends = "".join(hsids), " ".join(starts), " ".join(ends)
