@@ -43,7 +43,6 @@ __all__ = ["Taken", "scan"]
 _PREFIX = re.compile(rb'\{"resourceSpans":\[\{"scopeSpans":\[\{"scope":\{"name":"[^"\\\x00-\x1f]*",'
                      rb'"version":"[^"\\\x00-\x1f]*"\},"spans":\[')
 _CUT = b'"spans":[{'
-_KEYS_AFTER = (b'"spans":', b'"scopeSpans":', b'"resourceSpans":', b'"scope":')
 _I64_MAX = (1 << 63) - 1
 
 _IS_HEX = np.zeros(256, bool)
@@ -149,6 +148,12 @@ def _hex(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ok, (d - letter * np.uint8(39)).astype(np.int64) @ _POW16
 
 
+def _plain(a: np.ndarray) -> np.ndarray:
+    """Per row of ``a``: all its bytes printable ASCII, none a quote (a JSON string's
+    characters as they are written; the line has no backslash)?"""
+    return _rows_all((a - np.uint8(0x23)) < 0x5C)  # '#' to '~'
+
+
 def _good_prefix(prefix: bytes, seen: set) -> bool:
     if prefix in seen:
         return True
@@ -201,7 +206,7 @@ def scan(lines: list[bytes]) -> list[tuple[bytes, Taken] | None]:
     lens = np.concatenate(lens_parts)
     ok = np.zeros(n, bool)
     rows = np.empty((n, tl.NCOLS), np.int64)
-    tid_hi, tid_lo = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    tid_bytes = np.zeros((n, 32), np.uint8)
     for length in np.flatnonzero(np.bincount(lens)).tolist():
         variants = _VARIANTS.get(length)
         if not variants:
@@ -221,50 +226,57 @@ def scan(lines: list[bytes]) -> list[tuple[bytes, Taken] | None]:
             digits, end = _decimal(t[:, f["end"]])
             fits &= digits & (start <= end)
             hexes, sid = _hex(t[:, f["sid"]])
-            fits &= hexes & _hex(t[:, f["parent"]])[0]
-            hexes, hi = _hex(t[:, f["tid"]][:, :16])
-            fits &= hexes
-            hexes, lo = _hex(t[:, f["tid"]][:, 16:])
-            fits &= hexes
+            tid = np.ascontiguousarray(t[:, f["tid"]])
+            fits &= hexes & _plain(tid) & _plain(t[:, f["parent"]])  # read as they are
             ival = tl.NONE
             if "ival" in f:
                 digits, ival = _decimal(t[:, f["ival"]])
                 fits &= digits
             if not fits.all():
-                at, start, end, sid, hi, lo = (x[fits] for x in (at, start, end, sid, hi, lo))
+                at, start, end, sid, tid = (x[fits] for x in (at, start, end, sid, tid))
                 if "ival" in f:
                     ival = ival[fits]
-            rows[at, tl.C_START] = start
-            rows[at, tl.C_END] = end
-            rows[at, tl.C_KIND] = v.kind
-            rows[at, tl.C_IVAL] = ival
-            rows[at, tl.C_AUX] = tl.NONE
-            rows[at, tl.C_FLAGS] = 0
-            rows[at, tl.C_SIDX] = -1
-            rows[at, tl.C_SID] = sid  # int(spanId, 16), less 2**64 past 2**63
-            tid_hi[at], tid_lo[at] = hi, lo
+            block = np.empty((len(at), tl.NCOLS), np.int64)
+            block[:, tl.C_START] = start
+            block[:, tl.C_END] = end
+            block[:, tl.C_KIND] = v.kind
+            block[:, tl.C_IVAL] = ival
+            block[:, tl.C_AUX] = tl.NONE
+            block[:, tl.C_FLAGS] = 0
+            block[:, tl.C_SIDX] = -1
+            block[:, tl.C_SID] = sid  # int(spanId, 16), less 2**64 past 2**63
+            rows[at] = block
+            tid_bytes[at] = tid
             ok[at] = True
             if every:
                 break
     if not ok.any():
         return out
     # trace ids: numbered by runs of equal ones (a line has one or a few)
+    words = tid_bytes.view(np.uint64)
     new_run = np.ones(n, bool)
-    new_run[1:] = (tid_hi[1:] != tid_hi[:-1]) | (tid_lo[1:] != tid_lo[:-1])
+    new_run[1:] = (words[1:] != words[:-1]).any(1)
     runs = np.flatnonzero(new_run)
     numbers: dict = {}
     run_codes = [numbers.setdefault(key, len(numbers))
-                 for key in zip(tid_hi[runs].tolist(), tid_lo[runs].tolist(), strict=True)]
+                 for key in map(bytes, tid_bytes[runs])]
     codes = np.repeat(np.array(run_codes, np.int64), np.diff(np.append(runs, n)))
-    tids = [f"{h % (1 << 64):016x}{lo % (1 << 64):016x}" for h, lo in numbers]
-    for j, at, first, count, offset, tail_at in cands:
-        good = ok[first:first + count]
-        k = count if good.all() else int(np.argmin(good))
+    tids = [t.decode("ascii") for t in numbers]
+    # per line: the spans taken (up to its first that is not a form), where the rest starts
+    firsts = np.array([c[2] for c in cands], np.int64)
+    counts = np.array([c[3] for c in cands], np.int64)
+    not_ok = np.where(ok, n, np.arange(n))
+    taken = np.minimum(np.minimum.reduceat(not_ok, firsts) - firsts, counts)
+    last = np.minimum(firsts + taken, n - 1)
+    rests = np.where(taken < counts, starts[last], [c[5] for c in cands]) - [c[4] for c in cands]
+    for (j, at, first, _, _, _), k, rest in zip(cands, taken.tolist(), rests.tolist(),
+                                                strict=True):
         if not k:
             continue
         line = lines[j]
-        tail = line[(int(starts[first + k]) if k < count else tail_at) - offset:]
-        if any(key in tail for key in _KEYS_AFTER):
+        tail = line[rest:]
+        if (b'"spans":' in tail or b'"scopeSpans":' in tail or b'"resourceSpans":' in tail
+                or b'"scope":' in tail):  # a key again, replacing what was cut: keep out
             continue
         out[j] = (line[:at + 10] + tail,
                   Taken(rows[first:first + k], tids, codes[first:first + k]))
