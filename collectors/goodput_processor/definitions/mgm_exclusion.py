@@ -33,14 +33,6 @@ from __future__ import annotations
 import math
 
 from ..timeline import JobSpans
-from .mgm import (
-    _BREAKDOWN_ORDER,
-    _NS,
-    BADPUT_TYPES,
-    ELASTIC_TYPES,
-    MgmResult,
-    compute_ideal_step_time,
-)
 from .mgm_events import (
     E_CUSTOM_END,
     E_CUSTOM_START,
@@ -56,6 +48,14 @@ from .mgm_events import (
     events,
     pairs,
 )
+from .mgm_result import (
+    _BREAKDOWN_ORDER,
+    _NS,
+    BADPUT_TYPES,
+    ELASTIC_TYPES,
+    MgmResult,
+)
+from .mgm_steps import compute_ideal_step_time
 
 __all__ = ["account_mgm_excluding", "normalize_exclusions"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..report import format_duration, make_console
-from .mgm import MGM_VERSION
+from .mgm_result import MGM_VERSION
 
 if TYPE_CHECKING:
     from rich.console import Console
