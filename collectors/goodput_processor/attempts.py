@@ -142,16 +142,27 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
         starts = op[rows, C_START]
         of_kind = kinds == kind
         all_starts = start_col[of_kind]  # complete and open records of this kind
-        done = all_starts[~is_open[of_kind]]
-        if len(rows) <= _FEW_OPEN:  # the usual case: a few phases in flight, no sort
-            for j, st in zip(rows.tolist(), starts.tolist(), strict=True):
-                if len(done) and (done == st).any():
-                    keep[j] = False
-                later = all_starts[all_starts > st]
-                if len(later):
-                    end[j] = min(end[j], int(later.min()))
-        else:
-            done = np.sort(done)
+        if len(rows) <= _FEW_OPEN:  # the usual case: a few phases in flight, no sort of
+            ost = np.unique(starts)  # the rows: one pass, binary searches in the open starts
+            near = all_starts >= ost[0]  # (rows that start before every open record: none
+            cand, cand_open = all_starts[near], is_open[of_kind][near]  # of them counts)
+            # each row's place among the open starts: how many of them are below its start
+            idx = np.searchsorted(ost, cand, "left")
+            same = ost[np.minimum(idx, len(ost) - 1)] == cand
+            hit = np.zeros(len(ost), bool)
+            hit[idx[same & ~cand_open]] = True  # a complete span of that start
+            keep[rows[hit[np.searchsorted(ost, starts)]]] = False
+            # the earliest start above each open start: the minimum over the places above it
+            lowest = np.full(len(ost) + 1, np.iinfo(np.int64).max, np.int64)
+            np.minimum.at(lowest, idx, cand)
+            above = np.minimum.accumulate(lowest[::-1])[::-1]  # over places j+1 and up
+            nxt = above[np.searchsorted(ost, starts) + 1]
+            has = nxt != np.iinfo(np.int64).max
+            end[rows[has]] = np.minimum(end[rows[has]], nxt[has])
+        else:  # (rows that start before every open record: none of them counts)
+            near = all_starts >= starts.min()
+            all_starts, kind_open = all_starts[near], is_open[of_kind][near]
+            done = np.sort(all_starts[~kind_open])
             if len(done):
                 pos = np.minimum(np.searchsorted(done, starts), len(done) - 1)
                 keep[rows[done[pos] == starts]] = False

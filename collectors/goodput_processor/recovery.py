@@ -252,21 +252,22 @@ def _minus(pieces: list, other: list) -> int:
     return total
 
 
-def _restart_rows(r, bound: int | None) -> tuple:
+def _restart_rows(r, bound: int | None, end_ns: int) -> tuple:
     """What :func:`_restart_phases` reads of attempt ``r``'s primary rows (clipped to the
-    attempt): the first phase's start, the first kept step's start, the restore time and
-    pieces before it, the compilation pieces before it, the blocking compilation spans,
-    the kept steps' starts (sorted) and ends, and whether a restore was recorded."""
+    attempt, ending at ``end_ns``): the first phase's start, the first kept step's start,
+    the restore time and pieces before it, the compilation pieces before it, the blocking
+    compilation spans, the kept steps' starts (sorted) and ends, and whether a restore was
+    recorded."""
     d = r.primary.data
     kinds, flags = d[:, C_KIND], d[:, C_FLAGS]
     blocking = (flags & F_NONBLOCKING) == 0
-    s, e = np.clip(d[:, C_START], r.start_ns, r.end_ns), np.clip(d[:, C_END], r.start_ns,
-                                                                  r.end_ns)
+    s, e = np.clip(d[:, C_START], r.start_ns, end_ns), np.clip(d[:, C_END], r.start_ns,
+                                                                end_ns)
     phase = is_phase(kinds) & (e >= s)
-    first = int(s[phase].min()) if phase.any() else r.end_ns
+    first = int(s[phase].min()) if phase.any() else end_ns
     steps = (kinds == K_STEP) & blocking & (e > s)
     kept = steps & ((d[:, C_IVAL] <= bound) if bound is not None else True)
-    t_fk = int(s[kept].min()) if kept.any() else r.end_ns
+    t_fk = int(s[kept].min()) if kept.any() else end_ns
     t_fk = max(t_fk, first)
     rest = (kinds == K_CHECKPOINT_RESTORE) & blocking
     comp = (kinds == K_PROGRAM_STARTUP) & blocking
@@ -278,13 +279,35 @@ def _restart_rows(r, bound: int | None) -> tuple:
             ke[order], bool(rest.any()))
 
 
+def _last_time(r, bound: int | None) -> int | None:
+    """The latest start or end of attempt ``r``'s primary rows when it has a phase and a
+    kept step (then :func:`_restart_rows` reads the same up to any end at or after it);
+    None otherwise (its first phase or first kept step defaults to the attempt's end)."""
+    d = r.primary.data
+    if not len(d):
+        return None
+    kinds = d[:, C_KIND]
+    s, e = np.maximum(d[:, C_START], r.start_ns), np.maximum(d[:, C_END], r.start_ns)
+    steps = (kinds == K_STEP) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0) & (e > s)
+    if bound is not None:
+        steps &= d[:, C_IVAL] <= bound
+    if not (is_phase(kinds) & (e >= s)).any() or not steps.any():
+        return None
+    return int(max(s.max(), e.max()))
+
+
 def _restart_phases(r, bound: int | None, result, resume: int | None,
                     memo=None) -> tuple[dict, int]:
     """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
     recompilation_warmup (ns or None), and the start of its first kept step (ns).
     ``memo`` keeps what comes from ``r``'s rows (:func:`_restart_rows`)."""
-    rows = cached(memo, ("restart", r.attempt, r.start_ns, r.end_ns, proc_key(r.primary),
-                         bound), lambda: _restart_rows(r, bound))
+    # rows that end (and start) by the attempt's end read the same clipped at their own
+    # latest time: a running attempt whose rows did not change keeps its result as now moves
+    last = cached(memo, ("restart_last", proc_key(r.primary), r.start_ns, bound),
+                  lambda: _last_time(r, bound))
+    end = min(r.end_ns, last) if last is not None else r.end_ns
+    rows = cached(memo, ("restart", r.attempt, r.start_ns, end, proc_key(r.primary), bound),
+                  lambda: _restart_rows(r, bound, end))
     first, t_fk, restore_ns, rest_pieces, comp_pieces, cs, ce, ks, ke, restored = rows
     compile_ns = _minus(comp_pieces, rest_pieces)
     # warm-up: the first kept step, and the leading steps slower than the attempt's level
