@@ -1,12 +1,14 @@
 """The reader's fast path: spans lists to span rows a batch at a time, not span by span.
 
-:meth:`goodput_processor.reader._Reader._spans_slow` reads spans one by one (about 1.2 us
-of Python per span). A :class:`Batch` takes the spans lists of one process line by line,
+:meth:`goodput_processor.read_spans.SpanRows._spans_slow` reads spans one by one (about
+1.2 us of Python per span). A :class:`Batch` takes the spans lists of one process line by
+line (after the spans :mod:`~goodput_processor.read_template` took from the line's text, if
+any; structure and unknown spans are only counted, as the slow path does),
 each reduced at once to a few objects (joined texts of its times, ids and integer
 attributes, its kinds as small integers: nothing of the parsed line is kept, so its memory
 is reused while it is in the CPU's cache), and makes rows of them with a few numpy calls.
 
-It does so only for clean input: every span of a goodput kind has its name, integer times
+It does so only for clean input: every span of a goodput kind has integer times
 in ``0 <= start <= end < 2**63``, a 16-hex-digit ``spanId``, a 32-character ``traceId``
 and attributes the slow path reads without an error, and every value fits int64. A list
 that is not clean is refused by :meth:`Batch.add` before anything changes, and a batch
@@ -16,7 +18,7 @@ and examples are the slow path's, byte for byte, either way.
 
 What has side effects (the reader's trace and string tables, ``goodput serve``'s limits) is
 left to the reader, in span order: :meth:`Batch.rows` gives the trace ids and string
-attributes it found, and the reader numbers them (``_Reader._add_rows``).
+attributes it found, and the reader numbers them (``SpanRows._add_rows``).
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ class Batch:
         return int_rows, int_slots, text, patches, strings
 
     def _attributes_loop(self, attrs: tuple, has: list, kinds: list, base: int):
-        """:meth:`_attributes` span by span, as ``_Reader._spans_slow`` reads them, less
+        """:meth:`_attributes` span by span, as ``SpanRows._spans_slow`` reads them, less
         the side effects."""
         patches, strings = [], []
         attr_value, as_int = self._attr_value, self._as_int

@@ -72,7 +72,7 @@ def flag_bit(slot: int, value) -> int:
 STRUCTURE = frozenset(schema.STRUCTURE)
 _U64 = 1 << 64
 _I64_MAX = (1 << 63) - 1
-#: Spans read into rows at once (see _Reader._spans).
+#: Spans read into rows at once (see SpanRows._spans).
 _BATCH_SPANS = 4096
 #: Lines read at once (for read_template.scan).
 _CHUNK_LINES = 32

@@ -12,6 +12,13 @@ parsed JSON is retained. On Linux, inputs of 64 MiB or more are split at line bo
 and parsed by forked worker processes (one per CPU, at most 4); the result is identical to
 reading serially.
 
+Most of a spool is read by fast paths that give exactly what reading span by span gives
+(``tests/test_reader_fast.py``): a compacted segment is decompressed in one call
+(:mod:`~goodput_processor.read_io`), the recorder's step and phase spans are read from the
+line's text with numpy (:mod:`~goodput_processor.read_template`), the other spans of a
+process are made rows a batch at a time (:mod:`~goodput_processor.read_fast`), and only
+input that is not clean is read span by span (:mod:`~goodput_processor.read_spans`).
+
 Nothing is dropped silently: every skipped line or span is counted by reason in
 :attr:`JobSpans.skipped` (or :attr:`SpanSet.skipped` when it cannot be tied to a job):
 
