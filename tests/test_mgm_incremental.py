@@ -10,6 +10,7 @@ calculator (``definitions="mgm"``) polled while a spool grows must answer as a n
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -18,9 +19,23 @@ from hypothesis import strategies as st
 from test_fast_paths import MS, T0
 from test_incremental import _snapshot, arrivals
 
+from goodput_processor.definitions import mgm_resume
 from goodput_processor.definitions.mgm import account_mgm
+from goodput_processor.definitions.mgm_calc import _calculate
+from goodput_processor.definitions.mgm_events import events
 from goodput_processor.memo import AccountingMemo
-from goodput_processor.timeline import C_END, C_START, NCOLS, JobSpans, ProcessSpans
+from goodput_processor.timeline import (
+    C_END,
+    C_START,
+    K_CHECKPOINT_SAVE,
+    K_CUSTOM_BADPUT,
+    K_DATA_LOADING,
+    K_STEP,
+    NCOLS,
+    NONE,
+    JobSpans,
+    ProcessSpans,
+)
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -43,10 +58,29 @@ def _same(a, b) -> None:
     assert a == b  # (the result, each field, the order of each dict, its JSON)
 
 
+@contextlib.contextmanager
+def _settle(ns: int | None):
+    """The replay settled ``ns`` before the last attempt's latest event (None: as is)."""
+    saved = mgm_resume.SETTLE_NS
+    if ns is not None:
+        mgm_resume.SETTLE_NS = ns
+    try:
+        yield
+    finally:
+        mgm_resume.SETTLE_NS = saved
+
+
 @SETTINGS
 @given(case=arrivals(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
-       windows=st.lists(st.tuples(st.integers(0, 999), st.integers(1, 1000)), max_size=2))
-def test_mgm_with_a_memo_equals_mgm_afresh_after_every_batch(case, ideal, running, windows):
+       windows=st.lists(st.tuples(st.integers(0, 999), st.integers(1, 1000)), max_size=2),
+       settle=st.sampled_from([None, 0, 2 * MS, 50 * MS]))
+def test_mgm_with_a_memo_equals_mgm_afresh_after_every_batch(case, ideal, running, windows,
+                                                             settle):
+    with _settle(settle):
+        _memo_equals_afresh(case, ideal, running, windows)
+
+
+def _memo_equals_afresh(case, ideal, running, windows) -> None:
     job, batches = case
     memo = AccountingMemo()
     seen: dict = {}
@@ -67,6 +101,75 @@ def test_mgm_with_a_memo_equals_mgm_afresh_after_every_batch(case, ideal, runnin
             kw = {"now_ns": now, "interval_ns": (lo, hi), "ideal_step_time_s": ideal}
             _same(_answer(snap, memo=memo, **kw), _answer(snap, **kw))
         assert len(memo) < 20 * (len(snap.processes) + 4)  # one poll's worth, at most
+
+
+def _core_state(c):
+    return c, {k: list(v.items()) for k, v in vars(c).items() if isinstance(v, dict)}
+
+
+@SETTINGS
+@given(case=arrivals(), running=st.booleans(), data=st.data())
+def test_the_replay_carried_over_a_stream_cut_anywhere_equals_the_whole_replay(
+        case, running, data):
+    """:func:`~goodput_processor.definitions.mgm_resume.advance` over consecutive parts of
+    a stream, then ``core``, equals ``_calculate`` of the whole stream (not elastic)."""
+    job, _ = case
+    rows = [p.data for p in job.processes.values() if len(p.data)]
+    now = max(int(d[:, C_END].max()) for d in rows) + (MS if running else 10**12)
+    ev = events(job, now)[0]
+    n = len(ev.t)
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=4)))
+    st_ = mgm_resume.Replay()
+    for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+        st_ = mgm_resume.advance(st_, mgm_resume._cut(ev, a, b))
+    assert st_.n == n
+    assert _core_state(mgm_resume.core(st_, ev.types)) == _core_state(_calculate(ev))
+
+
+def test_a_growing_attempt_is_replayed_from_its_settled_point():
+    """One attempt growing step by step (a data loading before each step, a checkpoint
+    every 7 steps, a custom badput every 11, a redone step): after the first poll each
+    poll resumes the replay (only the last events are replayed again) and equals a fresh
+    one."""
+    n = 120
+    job = JobSpans("grow")
+    rows = []
+    t = T0
+    for k in range(n):
+        step = k if k != 60 else 55  # a redone step: a disruption in the resumed part
+        rows.append((t, t + 100 * MS, K_DATA_LOADING, NONE))
+        t += 100 * MS
+        rows.append((t, t + 1500 * MS, K_STEP, step))
+        t += 1500 * MS
+        if k % 7 == 3:
+            rows.append((t, t + 300 * MS, K_CHECKPOINT_SAVE, step))
+            t += 300 * MS
+        if k % 11 == 5:
+            rows.append((t, t + 200 * MS, K_CUSTOM_BADPUT, NONE))
+            t += 200 * MS
+    d = np.zeros((len(rows), NCOLS), np.int64)
+    d[:, :4] = rows
+    d[:, 4], d[:, 6], d[:, 7] = NONE, -1, 0
+    d[:, 8] = np.arange(len(rows))
+    resumed = []
+    real = mgm_resume._resume
+
+    def spy(*a):
+        r = real(*a)
+        resumed.append(r is not None)
+        return r
+
+    mgm_resume._resume = spy
+    memo = AccountingMemo()
+    try:
+        with _settle(3000 * MS):
+            for k in range(10, len(rows) + 1, 9):
+                job.processes[(0, 0, "")] = ProcessSpans("grow", 0, 0, data=d[:k])
+                now = int(d[k - 1, 1]) + MS
+                _same(_answer(job, now_ns=now, memo=memo), _answer(job, now_ns=now))
+    finally:
+        mgm_resume._resume = real
+    assert resumed[0] is False and all(resumed[1:]) and len(resumed) > 5
 
 
 def test_nothing_new_reuses_the_replay_and_a_new_step_does_not_change_old_attempts():

@@ -80,7 +80,8 @@ from .mgm_events import (
     E_WAIT_END,
     E_WAIT_START,
     Events,
-    keyed_events,
+    keyed_chunks,
+    stream,
 )
 from .mgm_result import (
     _BREAKDOWN_ORDER,
@@ -89,8 +90,10 @@ from .mgm_result import (
     BADPUT_TYPES,
     ELASTIC_TYPES,
     MGM_VERSION,
+    Later,
     MgmResult,
 )
+from .mgm_resume import resumed_core, settled_box
 from .mgm_steps import _deviation, compute_ideal_step_time
 
 if TYPE_CHECKING:
@@ -101,17 +104,16 @@ __all__ = ["BADPUT_TYPES", "ELASTIC_TYPES", "MGM_VERSION", "MgmResult", "account
            "compute_ideal_step_time", "render_mgm"]
 
 
-def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
-            elastic: bool = False, slices=None, memo=None, key=None) -> MgmResult:
+def _finish(job: str, core, steps, total_ns: int, interval, elastic: bool = False,
+            slices=None) -> MgmResult:
     """Validity checks, sanitising, OTHER and percentages as mgm 0.2.3 ``get_job_goodput``
-    / ``_compute_job_goodput_interval_metrics`` do (``elastic``: with the rules and the
-    breakdown of ``ElasticGoodputCalculator``; ``slices``: its slice efficiencies).
-    ``memo``: the replay of ``ev`` and its step deviation kept under ``key``, what ``ev``
-    depends on."""
+    / ``_compute_job_goodput_interval_metrics`` do on ``core`` (mgm's replay,
+    :func:`~.mgm_calc._calculate`; ``elastic``: with the rules and the breakdown of
+    ``ElasticGoodputCalculator``; ``slices``: its slice efficiencies). ``steps``: the
+    ideal step time and step deviation, or a :class:`~.mgm_result.Later` of them."""
     if total_ns == 0:
         raise ValueError(f"job {job!r}: total job time is zero, mgm cannot compute goodput")
     total = total_ns / _NS
-    core = cached(memo, ("mgm_core", key, elastic), lambda: _calculate(ev, elastic))
     # Our inputs are integer ns: a difference under 1 ns is float rounding of an equality
     # (mgm's own float noise may go either way there; we take it as equal).
     if core.productive_s < -_EPS_S or core.productive_s > total + _EPS_S:
@@ -134,8 +136,10 @@ def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
     for name in _BREAKDOWN_ORDER + (ELASTIC_TYPES if elastic else ()):
         percent[name] = ({k: pct(v) for k, v in custom.items()}
                          if name == "CUSTOM_BADPUT_EVENTS" else pct(badput_s[name]))
-    ideal, deviation = cached(memo, ("mgm_deviation", key, ideal_step_time_s),
-                              lambda: _deviation(ev, ideal_step_time_s))
+    if isinstance(steps, Later):
+        ideal, deviation = Later(lambda: steps.value()[0]), Later(lambda: steps.value()[1])
+    else:
+        ideal, deviation = steps
     return MgmResult(
         job=job,
         total_time_s=total,
@@ -147,7 +151,7 @@ def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
         max_productive_step=core.max_productive_step,
         last_recorded_step=core.last_step,
         disruptions=core.disruptions,
-        ideal_step_time_s=None if ideal is None else float(ideal),
+        ideal_step_time_s=ideal,
         step_deviation_s=deviation,
         interval=interval,
         elastic=elastic,
@@ -156,6 +160,30 @@ def _finish(job: str, ev: Events, total_ns: int, ideal_step_time_s, interval,
         + ("OTHER",),
         slice_efficiency=slices,
     )
+
+
+def _steps(ev: Events, ideal_step_time_s) -> tuple[float | None, dict[int, float]]:
+    """``(ideal step time, step deviation)`` of :class:`MgmResult` for the events ``ev``."""
+    ideal, deviation = _deviation(ev, ideal_step_time_s)
+    return (None if ideal is None else float(ideal)), deviation
+
+
+def _replayed(memo, key, elastic: bool, events, ideal_step_time_s, resume=None,
+              unkept=None):
+    """mgm's replay of ``events()`` and its step statistics, kept in ``memo`` under
+    ``key`` (the statistics as a :class:`~.mgm_result.Later`: computed when read, from
+    ``unkept()``, the same events without the memo, default ``events``); ``resume()``:
+    the replay from a settled one (:mod:`.mgm_resume`), when not elastic."""
+    if memo is None:
+        ev = events()
+        return _calculate(ev, elastic), _steps(ev, ideal_step_time_s)
+    core = cached(memo, ("mgm_core", key, elastic),
+                  lambda: _calculate(events(), elastic) if resume is None or elastic
+                  else resume())
+    later = events if unkept is None else unkept
+    steps = cached(memo, ("mgm_deviation", key, ideal_step_time_s),
+                   lambda: Later(lambda: _steps(later(), ideal_step_time_s)))
+    return core, steps
 
 
 def account_mgm(
@@ -261,12 +289,12 @@ class _Round:
         pass
 
 
-def _elastic_kinds(ev: Events) -> bool:
+def _elastic_kinds(ev) -> bool:
     return bool(np.isin(ev.kind, (E_WAIT_START, E_WAIT_END, E_REINIT_START,
                                   E_REINIT_END)).any())
 
 
-def _job_bounds(ev: Events) -> tuple[int | None, int | None]:
+def _job_bounds(ev) -> tuple[int | None, int | None]:
     """The first job start and the last job end of ``ev`` (ns; None when there is none)."""
     js = ev.t[ev.kind == E_JOB_START]
     je = ev.t[ev.kind == E_JOB_END]
@@ -276,14 +304,24 @@ def _job_bounds(ev: Events) -> tuple[int | None, int | None]:
 def _account(job: JobSpans, interval_ns, now_ns, ideal_step_time_s, elastic,
              memo: AccountingMemo | None) -> MgmResult:
     """:func:`account_mgm` (its arguments checked; ``memo``'s round not ended). With a memo,
-    what depends only on the event stream is kept under the stream's key (an interval's
-    events are a slice of the stream, which is in time order)."""
-    ev, last_end, slices, key = keyed_events(job, now_ns, memo)
+    what depends only on an attempt's events is kept under its key, what depends on the
+    stream under the attempts' keys (an interval's events are a slice of the stream, which
+    is in time order), and the whole job's replay resumes from a settled one
+    (:mod:`.mgm_resume`)."""
+    chunks, key, last_end, slices = keyed_chunks(job, now_ns, memo)
+
+    def events():
+        return stream(chunks, key, memo)
+
+    parts = [cached(memo, ("mgm_chunk_facts", k), lambda c=c: (_elastic_kinds(c),
+                                                                *_job_bounds(c)))
+             for k, c in zip(key, chunks, strict=True)]
     if elastic is None:
-        elastic = bool(len(slices)) or cached(memo, ("mgm_elastic", key),
-                                              lambda: _elastic_kinds(ev))
+        elastic = bool(len(slices)) or any(p[0] for p in parts)
     if interval_ns is None:
-        first, last = cached(memo, ("mgm_bounds", key), lambda: _job_bounds(ev))
+        # in time order: the first job start is the earliest one, the last end the latest
+        first = min((p[1] for p in parts if p[1] is not None), default=None)
+        last = max((p[2] for p in parts if p[2] is not None), default=None)
         if first is None:
             raise ValueError(f"job {job.name!r} has no spans: mgm cannot compute goodput")
         if last is not None:
@@ -294,12 +332,16 @@ def _account(job: JobSpans, interval_ns, now_ns, ideal_step_time_s, elastic,
         if elastic:
             e = slice_efficiency(slices, first, end, mgm=True)
             eff = None if e is None else (e.stepping, e.available)
-        return _finish(job.name, ev, end - first, ideal_step_time_s, None, elastic, eff,
-                       memo, key)
+        box = None if memo is None else settled_box(memo)
+        core, steps = _replayed(memo, key, elastic, events, ideal_step_time_s,
+                                lambda: resumed_core(chunks, key, memo, box),
+                                lambda: stream(chunks, key))
+        return _finish(job.name, core, steps, end - first, None, elastic, eff)
 
     start, end = (int(x) for x in interval_ns)
     if start >= end:
         raise ValueError(f"interval start {start} ns is not before its end {end} ns")
+    ev = events()
     # the stream is in time order: the events in (start, end] are a slice of it
     i, j = (int(x) for x in np.searchsorted(ev.t, (start, end), side="right"))
     sub = Events(ev.t[i:j], ev.kind[i:j], ev.val[i:j], ev.dur[i:j], ev.types, ev.wait_types)
@@ -316,8 +358,8 @@ def _account(job: JobSpans, interval_ns, now_ns, ideal_step_time_s, elastic,
         inside = slices[(slices[:, 0] > start) & (slices[:, 0] <= end)]
         e = slice_efficiency(inside, start, end, mgm=True)
         eff = None if e is None else (e.stepping, e.available)
-    return _finish(job.name, sub, hi - lo, ideal_step_time_s, (lo, hi), elastic, eff, memo,
-                   (key, i, j))
+    core, steps = _replayed(memo, (key, i, j), elastic, lambda: sub, ideal_step_time_s)
+    return _finish(job.name, core, steps, hi - lo, (lo, hi), elastic, eff)
 
 
 # --- table ---------------------------------------------------------------------------

@@ -156,11 +156,10 @@ def chunk_key(a) -> tuple:
     return (proc_key(a.primary), a.start_ns, a.end_ns if logged else None)
 
 
-def _merge(chunks: list[_Chunk]) -> Events:
-    """The chunks' events as one stream, in (time, rank, attempt, order written) order
-    (custom and wait types renumbered by first appearance over the attempts in order)."""
-    types: dict[str, int] = {}
-    wait_types: dict[str, int] = {}
+def renumber(chunks, types: dict, wait_types: dict) -> list[np.ndarray]:
+    """The values of ``chunks`` (:class:`_Chunk`, in attempt order) in the stream's
+    numbering: custom and wait types renumbered by first appearance over the attempts in
+    order, continuing ``types``/``wait_types`` (name -> index, extended in place)."""
     vals = []
     for c in chunks:
         lut = np.array([types.setdefault(n, len(types)) for n in c.types], np.int64)
@@ -177,6 +176,22 @@ def _merge(chunks: list[_Chunk]) -> Events:
             for sel, table in remap:
                 val[sel] = table[c.val[sel]]
         vals.append(val)
+    return vals
+
+
+def in_order(chunks) -> bool:
+    """Whether the stream of ``chunks`` is their concatenation: no chunk begins before the
+    one before it ends (at equal time and rank, the earlier attempt first)."""
+    return all((a.t[-1], a.rank[-1]) <= (b.t[0], b.rank[0])
+               for a, b in zip(chunks[:-1], chunks[1:], strict=True))
+
+
+def _merge(chunks: list[_Chunk]) -> Events:
+    """The chunks' events as one stream, in (time, rank, attempt, order written) order
+    (custom and wait types renumbered by first appearance over the attempts in order)."""
+    types: dict[str, int] = {}
+    wait_types: dict[str, int] = {}
+    vals = renumber(chunks, types, wait_types)
     if len(chunks) == 1:
         c = chunks[0]
         return Events(c.t, c.kind, vals[0], c.dur, tuple(types), tuple(wait_types))
@@ -184,9 +199,7 @@ def _merge(chunks: list[_Chunk]) -> Events:
                           for f in ("t", "rank", "kind", "dur"))
     val = np.concatenate(vals)
     # each chunk is sorted: so is the whole when no chunk begins before the last one ends
-    # (at equal time and rank, the earlier attempt first)
-    if all((a.t[-1], a.rank[-1]) <= (b.t[0], b.rank[0])
-           for a, b in zip(chunks[:-1], chunks[1:], strict=True)):
+    if in_order(chunks):
         return Events(t, kind, val, dur, tuple(types), tuple(wait_types))
     order = np.lexsort((np.arange(len(t)), rank, t))
     return Events(t[order], kind[order], val[order], dur[order], tuple(types),
@@ -209,16 +222,32 @@ def keyed_events(job: JobSpans, now_ns: int | None, memo: AccountingMemo | None 
     key and the stream under the attempts' keys, so that an attempt whose rows did not
     change is not read again. The rows must only grow at the end between calls (those of
     a spool tailer, of ``goodput serve``)."""
+    chunks, keys, last_end, slices = keyed_chunks(job, now_ns, memo)
+    return stream(chunks, keys, memo), last_end, slices, keys
+
+
+def keyed_chunks(job: JobSpans, now_ns: int | None, memo: AccountingMemo | None = None
+                 ) -> tuple[list[_Chunk], tuple, int | None, np.ndarray]:
+    """Each attempt's events (sorted; kept in ``memo`` under their :func:`chunk_key`), the
+    attempts' keys, the end of the last attempt (ns; None without attempts) and the slice
+    counts, as :func:`keyed_events` (which merges the chunks: :func:`stream`)."""
     attempts = build_attempts(job, now_ns, memo)
     slices = slice_records(job, [a.primary for a in attempts], memo)
     if not attempts:
-        z = np.zeros(0, np.int64)
-        return Events(z, z.astype(np.int8), z, z, ()), None, slices, ()
+        return [], (), None, slices
     keys = tuple(chunk_key(a) for a in attempts)
     chunks = [cached(memo, ("mgm_chunk", k), lambda a=a: _chunk(job, a))
               for k, a in zip(keys, attempts, strict=True)]
-    ev = cached(memo, ("mgm_stream", keys), lambda: _merge(chunks))
-    return ev, attempts[-1].end_ns, slices, keys
+    return chunks, keys, attempts[-1].end_ns, slices
+
+
+def stream(chunks: list[_Chunk], keys: tuple, memo: AccountingMemo | None = None) -> Events:
+    """The event stream of ``chunks`` (:func:`keyed_chunks`), kept in ``memo`` under
+    ``keys``."""
+    if not chunks:
+        z = np.zeros(0, np.int64)
+        return Events(z, z.astype(np.int8), z, z, ())
+    return cached(memo, ("mgm_stream", keys), lambda: _merge(chunks))
 
 
 def pairs(ev: Events, k_start: int, k_end: int, by_val: bool = False):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BADPUT_TYPES", "ELASTIC_TYPES", "MGM_VERSION", "MgmResult"]
+__all__ = ["BADPUT_TYPES", "ELASTIC_TYPES", "MGM_VERSION", "Later", "MgmResult"]
 
 #: The ml-goodput-measurement release whose definitions this module reproduces.
 MGM_VERSION = "0.2.3"
@@ -45,6 +45,49 @@ _NS = 1_000_000_000
 _EPS_S = 1e-9
 
 
+class Later:
+    """A value computed when first read: ``fn()``, once (then kept; ``fn`` is dropped).
+    Given for a field of :class:`MgmResult` that not every caller reads (the ideal step
+    time and step deviation read every step of the job), the field reads as the value.
+    Pickled and copied as the value."""
+
+    __slots__ = ("_fn", "_value")
+
+    def __init__(self, fn) -> None:
+        self._fn = fn
+        self._value = None
+
+    def value(self):
+        """``fn()``, computed on the first call."""
+        if self._fn is not None:
+            self._value, self._fn = self._fn(), None
+        return self._value
+
+    def __reduce__(self):
+        return _same, (self.value(),)
+
+
+def _same(x):
+    return x
+
+
+class _LaterField:
+    """A dataclass field whose value may be given as a :class:`Later` (read as its value;
+    no default)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self._slot = "_later_" + name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            raise AttributeError  # (dataclasses: the field has no default)
+        v = obj.__dict__[self._slot]
+        return v.value() if isinstance(v, Later) else v
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__[self._slot] = value
+
+
 @dataclass(frozen=True)
 class MgmResult:
     """mgm 0.2.3's answer for one job (or one interval of it).
@@ -73,6 +116,10 @@ class MgmResult:
     ``available_slice_efficiency``; None without slice-count records or for non-elastic
     results). ``excluded_time_s``: mgm's ``total_excluded_time`` of an exclusion query
     (:func:`~.mgm_exclusion.account_mgm_excluding`; 0 otherwise).
+
+    ``ideal_step_time_s`` and ``step_deviation_s`` may be given as :class:`Later` values
+    (:func:`~.mgm.account_mgm` with a memo does): they are computed when first read, and
+    read, compare, print and pickle as the values.
     """
 
     job: str
@@ -85,8 +132,8 @@ class MgmResult:
     max_productive_step: int
     last_recorded_step: int
     disruptions: int
-    ideal_step_time_s: float | None
-    step_deviation_s: dict[int, float]
+    ideal_step_time_s: float | None = _LaterField()  # type: ignore[assignment]
+    step_deviation_s: dict[int, float] = _LaterField()  # type: ignore[assignment]
     interval: tuple[int, int] | None = None
     elastic: bool = False
     badput_keys: tuple[str, ...] = ()
