@@ -229,3 +229,90 @@ def test_the_drop_in_calculator_polled_as_its_spool_grows_answers_as_a_new_one(t
         assert queries(calc) == queries(GoodputCalculator("mgm-run", run_dir=run,
                                                           definitions="mgm"))
     assert calc._mgm_memo is not None and calc._mgm_memo.hits
+
+
+@SETTINGS
+@given(case=arrivals(), running=st.booleans(),
+       sizes=st.lists(st.integers(1, 2000), min_size=1, max_size=3),
+       edges=st.lists(st.tuples(st.integers(0, 10**6), st.integers(-1, 1)), max_size=2))
+def test_the_monitors_windows_with_a_memo_equal_them_afresh(case, running, sizes, edges):
+    """``account_mgm_windows`` (the monitor's mgm series: the whole job and rolling
+    windows ending at *now*, ``sizes`` in ms; also windows from an event's time, or 1 ns
+    either side, to *now*), polled after every batch and again with nothing new at a later
+    *now*, with its memo and without."""
+    from goodput_processor.definitions.mgm import account_mgm_windows
+
+    job, batches = case
+    memo = AccountingMemo()
+    seen: dict = {}
+
+    def answer(snap, now, memo=None):
+        t = events(snap, now)[0].t
+        wins = [(now - k * MS, now) for k in sizes] + [
+            (int(t[k % len(t)]) + d, now) for k, d in edges if len(t)]
+        try:
+            whole, parts = account_mgm_windows(snap, wins, memo=memo)
+        except ValueError as e:
+            return "refused", str(e)
+        return [None if r is None else (r, r.to_json_dict()) for r in (whole, *parts)]
+
+    for batch in batches:
+        for key, i in batch:
+            seen.setdefault(key, []).append(i)
+        snap = _snapshot(job, seen)
+        last = max(int(p.data[:, C_END].max()) for p in snap.processes.values()
+                   if len(p.data))
+        now = last + (MS if running else 10**12)
+        for at in (now, now + 3 * MS):  # the windows move with now
+            assert answer(snap, at, memo) == answer(snap, at)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(devs=st.lists(st.floats(-5, 5, allow_nan=False), max_size=400),
+       recent=st.integers(0, 120), baseline=st.integers(0, 300),
+       mode=st.sampled_from(["cumulative", "interval"]))
+def test_the_step_deviation_metric_reads_the_last_steps_only_and_equals_it_from_all(
+        devs, recent, baseline, mode):
+    """``workload.step_deviation_from_baseline`` of a dict (read from its end) equals it of
+    the same deviations as a read-only mapping (every value read), or fails the same."""
+    import types
+
+    from goodput_processor.workload import step_deviation_from_baseline as f
+
+    d = {k: v for k, v in enumerate(devs)}
+
+    def run(m):
+        try:
+            return f(m, mode, recent, baseline)
+        except Exception as e:  # (statistics.median of nothing)
+            return type(e)
+    got, want = run(d), run(types.MappingProxyType(d))
+    assert got == want or (got != got and want != want)
+
+
+def test_a_window_over_attempts_with_custom_types_in_another_order():
+    """Custom badput types numbered over the attempts in order (``b`` first seen in the
+    second attempt, before its ``a``): a window's types read from the attempts' events
+    (with a memo) are those of the stream (without)."""
+    job = JobSpans("types", strings=["a", "b"])
+    for attempt, names in enumerate(([0], [1, 0])):
+        t0 = T0 + attempt * 10**12
+        rows = []
+        for k in range(6):
+            t = t0 + k * 2000 * MS
+            rows.append((t, t + 1500 * MS, K_STEP, k + 3 * attempt, -1))
+            if k in (2, 4):
+                name = names[(k // 2 - 1) % len(names)]
+                rows.append((t + 200 * MS, t + (400 + 100 * name) * MS, K_CUSTOM_BADPUT,
+                             NONE, name))
+        d = np.zeros((len(rows), NCOLS), np.int64)
+        d[:, [0, 1, 2, 3, 6]] = rows
+        d[:, 4], d[:, 7], d[:, 8] = NONE, attempt, np.arange(len(rows)) + 100 * attempt
+        job.processes[(attempt, 0, "")] = ProcessSpans("types", attempt, 0, data=d)
+    now = T0 + 10**12 + 20 * 2000 * MS
+    memo = AccountingMemo()
+    for lo in (T0, T0 + 10**12 - 1, T0 + 10**12 + 3000 * MS):
+        kw = {"now_ns": now, "interval_ns": (lo, now)}
+        got = _answer(job, memo=memo, **kw)
+        _same(got, _answer(job, **kw))
+        assert got[0].custom_badput_s

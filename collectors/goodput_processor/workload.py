@@ -22,6 +22,7 @@ Needs ``google-cloud-monitoring`` (the ``gcp`` extra) only to send.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import statistics
@@ -97,7 +98,7 @@ def mgm_badput_seconds(m) -> dict:
     return out
 
 
-def details(result, *, excluded_s: float = 0.0) -> dict:
+def details(result, *, excluded_s: float = 0.0, share: bool = False) -> dict:
     """mgm's ``WorkloadMetricDetails`` of a job, keyed by name: ``goodput_time``
     ``{"TOTAL": s}``, ``badput_time`` ``{name: s | {TYPE: s}}``, ``max_productive_step``,
     ``total_elapsed_time`` (s), ``disruption_count``, ``step_time_deviation`` ``{step: s}``,
@@ -107,6 +108,8 @@ def details(result, *, excluded_s: float = 0.0) -> dict:
 
     ``result``: an :class:`~.definitions.mgm.MgmResult` (mgm's numbers) or a
     :class:`~.report.JobResult` (this project's, buckets named by :data:`BUCKET_NAMES`).
+    ``share``: an :class:`~.definitions.mgm.MgmResult`'s own ``step_deviation_s`` (one
+    entry per step: for callers that only read it), not a copy.
     """
     from .definitions.mgm import MgmResult
 
@@ -117,7 +120,8 @@ def details(result, *, excluded_s: float = 0.0) -> dict:
             "max_productive_step": int(result.max_productive_step),
             "total_elapsed_time": result.total_time_s,
             "disruption_count": int(result.disruptions),
-            "step_time_deviation": dict(result.step_deviation_s),
+            "step_time_deviation": (result.step_deviation_s if share
+                                    else dict(result.step_deviation_s)),
             "ideal_step_time": result.ideal_step_time_s or 0.0,
             "total_excluded_time": excluded_s,
         }
@@ -243,13 +247,21 @@ def step_deviation_from_baseline(deviations: dict[int, float], mode: str = "cumu
     """
     if mode not in ("cumulative", "interval"):
         raise ValueError(f"unsupported MonitoringWindowType mode: {mode!r}")
-    devs = [abs(d) for d in deviations.values()]
+    if (isinstance(deviations, dict) and len(deviations) >= 100 and isinstance(recent, int)
+            and isinstance(baseline, int) and recent > 0 and baseline >= 0):
+        # only the last recent + baseline deviations are read: not every step of the job
+        devs = [abs(d) for d in itertools.islice(reversed(deviations.values()),
+                                                 recent + baseline)][::-1]
+        n = len(deviations)
+    else:
+        devs = [abs(d) for d in deviations.values()]
+        n = len(devs)
     if not devs:
         return 0.0
-    if len(devs) < 100:
+    if n < 100:
         return sum(devs) / len(devs)
     spike = percentile(devs[-recent:], spike_percentile)
-    if mode == "interval" or len(devs) < recent + baseline:
+    if mode == "interval" or n < recent + baseline:
         return spike
     return spike - statistics.median(devs[-(recent + baseline):-recent])
 
@@ -355,7 +367,7 @@ def job_series(snap, opts: WorkloadOptions, definitions: str = "mgm", *, spans=N
         whole, parts = account_mgm_windows(
             spans, [(w.start_ns, w.end_ns) for w in snap.windows],
             ideal_step_time_s=ideal_step_time_s, memo=memo)
-        d = details(whole)
+        d = details(whole, share=True)  # (read only)
         windows = [interval_details(m, int(w.window_s))
                    for m, w in zip(parts, snap.windows, strict=True)]
     elif definitions == "goodput":

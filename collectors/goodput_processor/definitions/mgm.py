@@ -64,6 +64,7 @@ step starts, starts of spans (and checkpoint statistics), ends of zero-length sp
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -80,7 +81,9 @@ from .mgm_events import (
     E_WAIT_END,
     E_WAIT_START,
     Events,
+    in_order,
     keyed_chunks,
+    renumber,
     stream,
 )
 from .mgm_result import (
@@ -341,10 +344,9 @@ def _account(job: JobSpans, interval_ns, now_ns, ideal_step_time_s, elastic,
     start, end = (int(x) for x in interval_ns)
     if start >= end:
         raise ValueError(f"interval start {start} ns is not before its end {end} ns")
-    ev = events()
     # the stream is in time order: the events in (start, end] are a slice of it
-    i, j = (int(x) for x in np.searchsorted(ev.t, (start, end), side="right"))
-    sub = Events(ev.t[i:j], ev.kind[i:j], ev.val[i:j], ev.dur[i:j], ev.types, ev.wait_types)
+    sub, i, j = (_slice(chunks, start, end) if memo is not None and in_order(chunks)
+                 else _slice_of(events(), start, end))
     if not len(sub.t):
         raise ValueError(
             f"job {job.name!r}: no mgm events within the interval ({start}, {end}] ns")
@@ -360,6 +362,44 @@ def _account(job: JobSpans, interval_ns, now_ns, ideal_step_time_s, elastic,
         eff = None if e is None else (e.stepping, e.available)
     core, steps = _replayed(memo, (key, i, j), elastic, lambda: sub, ideal_step_time_s)
     return _finish(job.name, core, steps, hi - lo, (lo, hi), elastic, eff)
+
+
+def _slice_of(ev: Events, start: int, end: int) -> tuple[Events, int, int]:
+    """The events of ``ev`` in ``(start, end]`` (ns) and their positions ``[i, j)``."""
+    i, j = (int(x) for x in np.searchsorted(ev.t, (start, end), side="right"))
+    return (Events(ev.t[i:j], ev.kind[i:j], ev.val[i:j], ev.dur[i:j], ev.types,
+                   ev.wait_types), i, j)
+
+
+def _slice(chunks, start: int, end: int) -> tuple[Events, int, int]:
+    """:func:`_slice_of` the stream of ``chunks`` when it is their concatenation
+    (:func:`~.mgm_events.in_order`), from the chunks that hold the slice (the stream is not
+    made)."""
+    types: dict = {}
+    wait_types: dict = {}
+    parts = []
+    i = j = 0
+    for c in chunks:
+        before = (dict(types), dict(wait_types))
+        for n in c.types:
+            types.setdefault(n, len(types))
+        for n in c.wait_types:
+            wait_types.setdefault(n, len(wait_types))
+        a, b = (int(x) for x in np.searchsorted(c.t, (start, end), side="right"))
+        i, j = i + a, j + b
+        if a < b:
+            part = SimpleNamespace(t=c.t[a:b], kind=c.kind[a:b], val=c.val[a:b],
+                                   dur=c.dur[a:b], types=c.types, wait_types=c.wait_types)
+            parts.append((part, renumber([part], *before)[0]))
+    if not parts:
+        return Events(_Z, _Z.astype(np.int8), _Z, _Z, tuple(types), tuple(wait_types)), i, j
+    t, kind, dur = (np.concatenate([getattr(p, f) for p, _ in parts])
+                    for f in ("t", "kind", "dur"))
+    val = np.concatenate([v for _, v in parts])
+    return Events(t, kind, val, dur, tuple(types), tuple(wait_types)), i, j
+
+
+_Z = np.zeros(0, np.int64)
 
 
 # --- table ---------------------------------------------------------------------------
