@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Mapping
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +24,7 @@ from goodput_processor.definitions import mgm_resume
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.definitions.mgm_calc import _calculate
 from goodput_processor.definitions.mgm_events import events
+from goodput_processor.definitions.mgm_steps import Deviation, _step_time_arrays
 from goodput_processor.memo import AccountingMemo
 from goodput_processor.timeline import (
     C_END,
@@ -48,7 +50,7 @@ def _answer(job, **kw):
     except ValueError as e:
         return "refused", str(e)
     fields = {k: getattr(r, k) for k in r.__dataclass_fields__}
-    orders = {k: list(v.items()) for k, v in fields.items() if isinstance(v, dict)}
+    orders = {k: list(v.items()) for k, v in fields.items() if isinstance(v, Mapping)}
     # (NaN-free: == on floats is exact)
     assert all(not isinstance(v, float) or math.isfinite(v) for v in fields.values())
     return r, fields, orders, r.to_json_dict()
@@ -124,6 +126,9 @@ def test_the_replay_carried_over_a_stream_cut_anywhere_equals_the_whole_replay(
         st_ = mgm_resume.advance(st_, mgm_resume._cut(ev, a, b))
     assert st_.n == n
     assert _core_state(mgm_resume.core(st_, ev.types)) == _core_state(_calculate(ev))
+    keys, times = _step_time_arrays(ev)  # mgm's step times, from the state
+    assert keys.tolist() == st_.st_keys.tolist()
+    assert times.tolist() == (st_.st_ns / 10**9).tolist()
 
 
 def test_a_growing_attempt_is_replayed_from_its_settled_point():
@@ -273,8 +278,9 @@ def test_the_monitors_windows_with_a_memo_equal_them_afresh(case, running, sizes
        mode=st.sampled_from(["cumulative", "interval"]))
 def test_the_step_deviation_metric_reads_the_last_steps_only_and_equals_it_from_all(
         devs, recent, baseline, mode):
-    """``workload.step_deviation_from_baseline`` of a dict (read from its end) equals it of
-    the same deviations as a read-only mapping (every value read), or fails the same."""
+    """``workload.step_deviation_from_baseline`` of a dict or of mgm's step deviation
+    mapping (read from their end) equals it of the same deviations as a read-only mapping
+    (every value read), or fails the same."""
     import types
 
     from goodput_processor.workload import step_deviation_from_baseline as f
@@ -288,6 +294,10 @@ def test_the_step_deviation_metric_reads_the_last_steps_only_and_equals_it_from_
             return type(e)
     got, want = run(d), run(types.MappingProxyType(d))
     assert got == want or (got != got and want != want)
+    dev = Deviation(np.arange(len(devs)), np.array(devs, np.float64), 0.25)  # (mgm's)
+    got, want = run(dev), run(types.MappingProxyType(dict(dev)))
+    assert got == want or (got != got and want != want)
+    assert dev == {k: abs(v - 0.25) for k, v in enumerate(devs)} and len(dev) == len(devs)
 
 
 def test_a_window_over_attempts_with_custom_types_in_another_order():

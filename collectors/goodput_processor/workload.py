@@ -247,11 +247,16 @@ def step_deviation_from_baseline(deviations: dict[int, float], mode: str = "cumu
     """
     if mode not in ("cumulative", "interval"):
         raise ValueError(f"unsupported MonitoringWindowType mode: {mode!r}")
-    if (isinstance(deviations, dict) and len(deviations) >= 100 and isinstance(recent, int)
-            and isinstance(baseline, int) and recent > 0 and baseline >= 0):
+    last = getattr(deviations, "last_values", None)  # (definitions.mgm_steps.Deviation)
+    if ((isinstance(deviations, dict) or last is not None) and len(deviations) >= 100
+            and isinstance(recent, int) and isinstance(baseline, int) and recent > 0
+            and baseline >= 0):
         # only the last recent + baseline deviations are read: not every step of the job
-        devs = [abs(d) for d in itertools.islice(reversed(deviations.values()),
-                                                 recent + baseline)][::-1]
+        devs = [abs(d) for d in (last(recent + baseline) if last is not None else
+                                 itertools.islice(reversed(deviations.values()),
+                                                  recent + baseline))]
+        if last is None:
+            devs.reverse()
         n = len(deviations)
     else:
         devs = [abs(d) for d in deviations.values()]

@@ -97,7 +97,7 @@ from .mgm_result import (
     MgmResult,
 )
 from .mgm_resume import resumed_core, settled_box
-from .mgm_steps import _deviation, compute_ideal_step_time
+from .mgm_steps import Deviation, _step_time_arrays, compute_ideal_step_time, deviation_of
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -165,9 +165,11 @@ def _finish(job: str, core, steps, total_ns: int, interval, elastic: bool = Fals
     )
 
 
-def _steps(ev: Events, ideal_step_time_s) -> tuple[float | None, dict[int, float]]:
-    """``(ideal step time, step deviation)`` of :class:`MgmResult` for the events ``ev``."""
-    ideal, deviation = _deviation(ev, ideal_step_time_s)
+def _steps(keys: np.ndarray, times: np.ndarray, ideal_step_time_s
+           ) -> tuple[float | None, Deviation]:
+    """``(ideal step time, step deviation)`` of :class:`MgmResult` for mgm's step times
+    ``keys``/``times`` (:func:`~.mgm_steps._step_time_arrays`)."""
+    ideal, deviation = deviation_of(keys, times, ideal_step_time_s)
     return (None if ideal is None else float(ideal)), deviation
 
 
@@ -176,16 +178,24 @@ def _replayed(memo, key, elastic: bool, events, ideal_step_time_s, resume=None,
     """mgm's replay of ``events()`` and its step statistics, kept in ``memo`` under
     ``key`` (the statistics as a :class:`~.mgm_result.Later`: computed when read, from
     ``unkept()``, the same events without the memo, default ``events``); ``resume()``:
-    the replay from a settled one (:mod:`.mgm_resume`), when not elastic."""
+    the replay from a settled one and the replay's state (:mod:`.mgm_resume`), used when
+    not elastic (the step times then come from its state)."""
     if memo is None:
         ev = events()
-        return _calculate(ev, elastic), _steps(ev, ideal_step_time_s)
-    core = cached(memo, ("mgm_core", key, elastic),
-                  lambda: _calculate(events(), elastic) if resume is None or elastic
-                  else resume())
-    later = events if unkept is None else unkept
+        return _calculate(ev, elastic), _steps(*_step_time_arrays(ev), ideal_step_time_s)
+    if resume is not None and not elastic:
+        core, replay = cached(memo, ("mgm_resumed", key), resume)
+
+        def arrays():
+            return replay.st_keys, replay.st_ns / _NS
+    else:
+        core = cached(memo, ("mgm_core", key, elastic), lambda: _calculate(events(), elastic))
+        later = events if unkept is None else unkept
+
+        def arrays():
+            return _step_time_arrays(later())
     steps = cached(memo, ("mgm_deviation", key, ideal_step_time_s),
-                   lambda: Later(lambda: _steps(later(), ideal_step_time_s)))
+                   lambda: Later(lambda: _steps(*arrays(), ideal_step_time_s)))
     return core, steps
 
 

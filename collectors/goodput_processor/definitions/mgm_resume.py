@@ -18,7 +18,7 @@ Elastic replays are not resumed (the caller replays them whole).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -86,6 +86,12 @@ class Replay:
     run_last: int | None = None
     custom: tuple = (_Z, _Z, _Z)  # custom badput intervals (start < end): start, end, type
     ckpt: tuple = (_NO_CKPT, _NO_CKPT)  # save, restore: (steps, sums of s, counts)
+    # mgm's step times (``_step_time_arrays``): step numbers in the dict's order, times
+    # (ns), whether the numbers increase, the last step (number, start)
+    st_keys: np.ndarray = field(default_factory=lambda: _Z)
+    st_ns: np.ndarray = field(default_factory=lambda: _Z)
+    st_sorted: bool = True
+    st_last: tuple | None = None
 
 
 def _phase_pairs(ev: Events, k0: int, k1: int, pending):
@@ -234,7 +240,10 @@ def advance(st: Replay, ev: Events) -> Replay:
         seg_max = int(y[-1])
     else:
         seg_num, seg_t, seg_max = st.seg_num, st.seg_t, st.seg_max
+    st_keys, st_ns, st_sorted = _step_times(st, y, ty)
     return Replay(
+        st_keys=st_keys, st_ns=st_ns, st_sorted=st_sorted,
+        st_last=(int(y[-1]), int(ty[-1])) if len(y) else st.st_last,
         n=st.n + len(t), productive_s=productive_s, startup_s=startup_s, wasted_ns=wasted_ns,
         custom_ns=tuple(custom_ns.items()), present=frozenset(present),
         recovery_ns=recovery_ns, disruptions=st.disruptions + len(cuts), seg_num=seg_num,
@@ -244,6 +253,33 @@ def advance(st: Replay, ev: Events) -> Replay:
         pending_custom=pending_custom, phase_ns=tuple(phase_ns),
         dl_any=st.dl_any or bool(len(dl)), sync_ns=sync_ns, run_first=first, run_last=last,
         custom=custom, ckpt=tuple(ckpt))
+
+
+def _step_times(st: Replay, y: np.ndarray, ty: np.ndarray):
+    """``(st_keys, st_ns, st_sorted)`` of ``st`` after the step starts ``y``/``ty``: the
+    pairs of consecutive numbers (from ``st``'s last step on) added as mgm's dict adds
+    them (a number's first place, its last time)."""
+    if st.st_last is not None:
+        y = np.concatenate(([st.st_last[0]], y))
+        ty = np.concatenate(([st.st_last[1]], ty))
+    ok = np.flatnonzero(y[1:] == y[:-1] + 1)
+    if not len(ok):
+        return st.st_keys, st.st_ns, st.st_sorted
+    nk, nv = y[ok], ty[ok + 1] - ty[ok]
+    if st.st_sorted and bool((nk[1:] > nk[:-1]).all()) and (
+            not len(st.st_keys) or nk[0] > st.st_keys[-1]):
+        return np.concatenate((st.st_keys, nk)), np.concatenate((st.st_ns, nv)), True
+    keys, ns = np.concatenate((st.st_keys, nk)), np.concatenate((st.st_ns, nv))
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    head = np.ones(len(sk), bool)
+    head[1:] = sk[1:] != sk[:-1]
+    tail = np.ones(len(sk), bool)
+    tail[:-1] = head[1:]
+    first, last = order[head], order[tail]
+    o = np.argsort(first)
+    keys, ns = keys[first[o]], ns[last[o]]
+    return keys, ns, bool((keys[1:] > keys[:-1]).all())
 
 
 def core(st: Replay, types: tuple) -> _Core:
@@ -348,12 +384,14 @@ def settled_box(memo: AccountingMemo) -> dict:
     return cached(memo, ("mgm_settled",), dict)
 
 
-def resumed_core(chunks: list, keys: tuple, memo: AccountingMemo, box: dict) -> _Core:
+def resumed_core(chunks: list, keys: tuple, memo: AccountingMemo, box: dict
+                 ) -> tuple[_Core, Replay]:
     """:func:`~.mgm_calc._calculate` (not elastic) of the stream of ``chunks`` (attempts'
     events, :func:`~.mgm_events.keyed_chunks`; ``keys`` theirs), resumed from the settled
     replay kept in ``box`` (:func:`settled_box`) when the stream begins as that one's
     did, else from the start (the stream taken from ``memo``); a replay at this stream's
-    settled point is kept there for the next call."""
+    settled point is kept there for the next call. Returns the result and the replay
+    carried over the whole stream (its step times: ``st_keys``, ``st_ns``)."""
     got = _resume(box.get("ck"), chunks, keys)
     if got is None:
         ev = stream(chunks, keys, memo)
@@ -362,7 +400,8 @@ def resumed_core(chunks: list, keys: tuple, memo: AccountingMemo, box: dict) -> 
         st, tail, types, wait_types = got
     box.pop("ck", None)
     if not chunks or not in_order(chunks):
-        return core(advance(st, tail), types)
+        st = advance(st, tail)
+        return core(st, types), st
     # the settled point: all attempts but the last, and the last one's events up to
     # SETTLE_NS before its latest (at least where the replay is)
     size = sum(len(c.t) for c in chunks[:-1])
@@ -380,7 +419,8 @@ def resumed_core(chunks: list, keys: tuple, memo: AccountingMemo, box: dict) -> 
     k = at - size
     box["ck"] = _Settled(keys[:-1], size, tuple(head_types), tuple(head_wait_types), types,
                          wait_types, (c.t[:k], c.kind[:k], last_val[:k], c.dur[:k]), settled)
-    return core(advance(settled, _cut(tail, at - st.n, len(tail.t))), types)
+    st = advance(settled, _cut(tail, at - st.n, len(tail.t)))
+    return core(st, types), st
 
 
 def _cut(ev: Events, i: int, j: int) -> Events:

@@ -3,12 +3,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from .mgm_events import E_STEP, Events
 from .mgm_result import _NS
 
-__all__ = ["compute_ideal_step_time"]
+__all__ = ["Deviation", "compute_ideal_step_time"]
+
+
+class Deviation(Mapping):
+    """mgm's step deviation, step number -> ``|step time - ideal|`` (seconds), a read-only
+    mapping over arrays: ``keys`` (step numbers, in mgm's dict order), ``times`` (seconds)
+    and ``ideal`` (seconds; None: empty). Equal to (and ordered as) the dict
+    ``dict(zip(keys, abs(times - ideal)))``, which is made on the first lookup or full
+    iteration; its length and its last values (:meth:`last_values`) are read without it."""
+
+    __slots__ = ("_keys", "_times", "_ideal", "_dict")
+
+    def __init__(self, keys: np.ndarray, times: np.ndarray, ideal: float | None) -> None:
+        if ideal is None:
+            keys, times = keys[:0], times[:0]
+        self._keys, self._times, self._ideal, self._dict = keys, times, ideal, None
+
+    def _d(self) -> dict[int, float]:
+        if self._dict is None:
+            self._dict = dict(zip(self._keys.tolist(),
+                                  np.abs(self._times - self._ideal).tolist(), strict=True))
+        return self._dict
+
+    def __getitem__(self, step: int) -> float:
+        return self._d()[step]
+
+    def __iter__(self):
+        return iter(self._d())
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return repr(self._d())
+
+    def last_values(self, n: int) -> list[float]:
+        """The last ``n`` values (or all when fewer), in order."""
+        n = min(n, len(self._keys))
+        if n <= 0:
+            return []
+        return np.abs(self._times[len(self._times) - n:] - self._ideal).tolist()
+
+    def __reduce__(self):
+        return Deviation, (self._keys, self._times, self._ideal)
+
 
 
 def compute_ideal_step_time(step_times_s) -> float | None:
@@ -58,14 +104,17 @@ def _step_time_arrays(ev: Events) -> tuple[np.ndarray, np.ndarray]:
     return keys[first[o]], times[last[o]]
 
 
-def _deviation(ev: Events, ideal_step_time_s) -> tuple[float | None, dict[int, float]]:
+def _deviation(ev: Events, ideal_step_time_s) -> tuple[float | None, Deviation]:
     """``(ideal step time, step deviation)`` of :class:`MgmResult` (seconds) for the step
     events of ``ev``: ``ideal_step_time_s``, else :func:`compute_ideal_step_time` of the
     step times (:func:`_step_times`)."""
-    keys, times = _step_time_arrays(ev)
+    return deviation_of(*_step_time_arrays(ev), ideal_step_time_s)
+
+
+def deviation_of(keys: np.ndarray, times: np.ndarray, ideal_step_time_s
+                 ) -> tuple[float | None, Deviation]:
+    """:func:`_deviation` of the step times ``keys``/``times`` (:func:`_step_time_arrays`)."""
     ideal = ideal_step_time_s
     if ideal is None:
         ideal = compute_ideal_step_time(times)
-    deviation = {} if ideal is None else dict(zip(
-        keys.tolist(), np.abs(times - ideal).tolist(), strict=True))
-    return ideal, deviation
+    return ideal, Deviation(keys, times, ideal)
