@@ -1,0 +1,121 @@
+"""How `goodput report` and a live poll grow with the job: measured at several sizes, fitted.
+
+Issue 17, target 5: a 10^7-step job (a four-month job of 1 s steps, with restarts and
+checkpoints) gets ``goodput report`` under 30 s and under 2 GB, and ``goodput serve`` live
+polls under 100 ms; measured once and extrapolated with the fitted growth law.
+
+For each ``--steps`` size:
+
+- **report**: the spool of ``benchmarks/recorded_job.py`` recorded by the real recorder
+  (``bench_report.py``'s job and its ``measure``: ``goodput report --format json
+  --no-cache`` in its own process, wall seconds and peak RSS), both definitions;
+- **live** (``--live``): ``bench_live.py``'s ``serve-report`` surface on its job of the same
+  size (last attempt running; ``GET /v1/report`` after 60 s of new data and with nothing
+  new, ms, and the serving process's peak RSS).
+
+Each series is fitted with a power law ``y = a * steps^b`` (least squares in log-log,
+``numpy.polyfit``); printed: ``b`` and the law's value at 10^7 and 10^8 steps next to the
+targets. Spools are kept under ``--keep`` (reused by later runs, as ``bench_report.py
+--keep`` and ``bench_live.py --keep`` do: the same directories can be shared).
+
+    python benchmarks/bench_growth.py --keep /tmp/growth --steps 100000 1000000 10000000
+    python benchmarks/bench_growth.py --keep /tmp/growth --steps 100000 1000000 --live
+
+A run at 10^7 steps records about 700 MB per spool (about 2.5 minutes each) and needs about
+6 GB of memory. It is a benchmark, never a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_live  # noqa: E402
+import bench_report  # noqa: E402
+import recorded_job  # noqa: E402
+
+#: (series, unit, target at 10^7 steps)
+TARGETS = {"report goodput s": 30.0, "report goodput MB": 2000.0, "report mgm s": 30.0,
+           "report mgm MB": 2000.0, "live 60 s new ms": 100.0, "live nothing new ms": 100.0}
+
+
+def report_point(keep: Path, steps: int) -> dict:
+    """Report wall seconds and peak MB for both definitions on the recorded spool of
+    ``steps`` steps (recorded under ``keep`` unless already there)."""
+    d = keep / f"this-{steps}"
+    done = Path(str(d) + bench_report._DONE)
+    if not done.is_file():
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(HERE.parent / "src"), str(HERE.parent / "collectors")])}
+        done.write_text(json.dumps(recorded_job.write_job(str(d), steps, env=env)))
+    out = {}
+    for defs in ("goodput", "mgm"):
+        wall, peak = bench_report.measure(str(d), defs)
+        out[f"report {defs} s"], out[f"report {defs} MB"] = wall, peak
+    return out
+
+
+def live_point(keep: Path, steps: int) -> dict:
+    """``serve-report`` live poll figures of ``bench_live.py`` on its job of ``steps``."""
+    job = bench_live.prepare(keep / "live", steps)
+    work = Path(tempfile.mkdtemp(prefix="bench_growth_", dir="/tmp"))
+    try:
+        res = bench_live.run_child("serve-report", "goodput", job, work)
+    finally:
+        bench_live.truncate(job["run_dir"], job["meta"])
+        bench_live.append_new(job["run_dir"], job["meta"], job["new_path"])
+    return {"live 60 s new ms": res["new"], "live nothing new ms": res["none"],
+            "live peak MB": res["rss"]}
+
+
+def fit(xs, ys) -> tuple[float, float] | None:
+    """``(a, b)`` of ``y = a * x^b`` by least squares in log-log; None with < 2 points."""
+    pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None and y > 0]
+    if len(pts) < 2:
+        return None
+    b, log_a = np.polyfit([math.log10(x) for x, _ in pts], [math.log10(y) for _, y in pts], 1)
+    return 10 ** log_a, b
+
+
+def main(argv=None) -> int:
+    """Measure every size, print the points and the fitted laws; returns 0."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--keep", required=True, help="directory of the spools (kept, reused)")
+    ap.add_argument("--live", action="store_true", help="also measure serve's live polls")
+    args = ap.parse_args(argv)
+    keep = Path(args.keep)
+    keep.mkdir(parents=True, exist_ok=True)
+    points: dict[int, dict] = {}
+    for steps in sorted(args.steps):
+        points[steps] = report_point(keep, steps)
+        if args.live:
+            points[steps].update(live_point(keep, steps))
+        print(f"{steps:>11,} steps: " + ", ".join(f"{k} {v:,.1f}" for k, v in
+                                                   points[steps].items()), flush=True)
+    series = sorted({k for p in points.values() for k in p})
+    print(f"\n{'series':<22} {'b (y ~ steps^b)':>16} {'at 10^7':>10} {'at 10^8':>10} "
+          f"{'target at 10^7':>15}")
+    for name in series:
+        law = fit(list(points), [points[s].get(name) for s in points])
+        target = TARGETS.get(name)
+        tgt = "-" if target is None else f"< {target:,.0f}"
+        if law is None:
+            print(f"{name:<22} {'-':>16} {'-':>10} {'-':>10} {tgt:>15}")
+            continue
+        a, b = law
+        print(f"{name:<22} {b:>16.2f} {a * 1e7 ** b:>10,.1f} {a * 1e8 ** b:>10,.1f} {tgt:>15}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
