@@ -233,10 +233,14 @@ def account_mgm(
             end since (:mod:`goodput_processor.memo`; a live job's, read by a spool tailer
             or ``goodput serve``): each attempt's events, the event stream, mgm's replay of
             it and the step deviation are taken from it when what they depend on is
-            unchanged, so a call with nothing new only recomputes what depends on *now*.
-            The result equals the one without a memo. Results share what the memo keeps
-            (``step_deviation_s``): treat them as read-only. The call ends the memo's
-            round (:meth:`~goodput_processor.memo.AccountingMemo.end_round`).
+            unchanged, so a call with nothing new only recomputes what depends on *now*;
+            the whole job's replay resumes from the state it had at a settled point of the
+            stream when the stream still begins with the same events
+            (:mod:`.mgm_resume`), and its ideal step time and step deviation are computed
+            when first read (:class:`~.mgm_result.Later`). The result equals the one
+            without a memo. Results share what the memo keeps (``step_deviation_s``):
+            treat them as read-only. The call ends the memo's round
+            (:meth:`~goodput_processor.memo.AccountingMemo.end_round`).
 
     Returns:
         An :class:`MgmResult`. Its ``slice_efficiency`` is mgm's for ``get_job_goodput_

@@ -3,6 +3,7 @@ badput types, their breakdown order, the release reproduced (see :mod:`.mgm`).""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["BADPUT_TYPES", "ELASTIC_TYPES", "MGM_VERSION", "Later", "MgmResult"]
@@ -103,7 +104,9 @@ class MgmResult:
     there are no steps); ``disruptions``: number of repeated step numbers.
     ``ideal_step_time_s``: given, or mgm's ``compute_ideal_step_time`` (None when every
     step time is under 1 s or there is no step time); ``step_deviation_s``: step number ->
-    ``|step time - ideal|`` in seconds (empty without an ideal step time). ``interval``:
+    ``|step time - ideal|`` in seconds (empty without an ideal step time), a read-only
+    mapping in mgm's dict order (:class:`~.mgm_steps.Deviation`, equal to that dict; a
+    dict of signed deviations for exclusion results). ``interval``:
     None for the whole job, else the effective ``(start_ns, end_ns)`` (ns since the epoch)
     the interval total was measured over.
 
@@ -133,7 +136,7 @@ class MgmResult:
     last_recorded_step: int
     disruptions: int
     ideal_step_time_s: float | None = _LaterField()  # type: ignore[assignment]
-    step_deviation_s: dict[int, float] = _LaterField()  # type: ignore[assignment]
+    step_deviation_s: Mapping[int, float] = _LaterField()  # type: ignore[assignment]
     interval: tuple[int, int] | None = None
     elastic: bool = False
     badput_keys: tuple[str, ...] = ()

@@ -3,7 +3,8 @@
 mgm 0.2.3 computes a job by walking its log in order (:func:`~.mgm_calc._calculate` does
 the same walk on the whole stream at once). Its state after a prefix of the stream is
 small: the sums of the segments a repeated step number closed, the open segment's steps,
-phase starts not yet ended, the custom badput intervals, checkpoint statistics per step.
+phase starts not yet ended, the custom badput intervals, checkpoint statistics per step
+(and, for the ideal step time and step deviation, mgm's step times so far).
 :class:`Replay` is that state; :func:`advance` carries it over the next events and
 :func:`core` finishes it into the same :class:`~.mgm_calc._Core` as ``_calculate`` of the
 whole stream, to the bit (sums in the same order: ``tests/test_mgm_incremental.py``).
