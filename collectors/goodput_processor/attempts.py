@@ -144,8 +144,7 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
         all_starts = start_col[of_kind]  # complete and open records of this kind
         if len(rows) <= _FEW_OPEN:  # the usual case: a few phases in flight, no sort of
             ost = np.unique(starts)  # the rows: one pass, binary searches in the open starts
-            near = all_starts >= ost[0]  # (rows that start before every open record: none
-            cand, cand_open = all_starts[near], is_open[of_kind][near]  # of them counts)
+            cand, cand_open = _near(all_starts, is_open[of_kind], ost[0])
             # each row's place among the open starts: how many of them are below its start
             idx = np.searchsorted(ost, cand, "left")
             same = ost[np.minimum(idx, len(ost) - 1)] == cand
@@ -159,9 +158,8 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
             nxt = above[np.searchsorted(ost, starts) + 1]
             has = nxt != np.iinfo(np.int64).max
             end[rows[has]] = np.minimum(end[rows[has]], nxt[has])
-        else:  # (rows that start before every open record: none of them counts)
-            near = all_starts >= starts.min()
-            all_starts, kind_open = all_starts[near], is_open[of_kind][near]
+        else:
+            all_starts, kind_open = _near(all_starts, is_open[of_kind], int(starts.min()))
             done = np.sort(all_starts[~kind_open])
             if len(done):
                 pos = np.minimum(np.searchsorted(done, starts), len(done) - 1)
@@ -179,6 +177,16 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     op[:, C_FLAGS] = (op[:, C_FLAGS] & ~F_OPEN) | F_ENDLESS
     # the other rows in file order, then the open records kept
     return np.concatenate((np.compress(~is_open, d, axis=0), op))
+
+
+def _near(starts: np.ndarray, is_open: np.ndarray, first: int) -> tuple:
+    """``(starts, is_open)`` of the rows that start at or after ``first`` (the earliest
+    open record: rows before it match none), or all of them when that would not leave
+    out many: rows mostly come in time order, so the middle row tells."""
+    if len(starts) < 1024 or starts[len(starts) // 2] >= first:
+        return starts, is_open
+    near = starts >= first
+    return starts[near], is_open[near]
 
 
 def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:
