@@ -179,11 +179,15 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     return np.concatenate((np.compress(~is_open, d, axis=0), op))
 
 
+#: Rows of one kind below which :func:`_near` keeps them all (tests set 0).
+_NEAR_MIN = 1024
+
+
 def _near(starts: np.ndarray, is_open: np.ndarray, first: int) -> tuple:
     """``(starts, is_open)`` of the rows that start at or after ``first`` (the earliest
     open record: rows before it match none), or all of them when that would not leave
     out many: rows mostly come in time order, so the middle row tells."""
-    if len(starts) < 1024 or starts[len(starts) // 2] >= first:
+    if len(starts) < _NEAR_MIN or starts[len(starts) // 2] >= first:
         return starts, is_open
     near = starts >= first
     return starts[near], is_open[near]
