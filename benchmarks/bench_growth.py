@@ -14,9 +14,11 @@ For each ``--steps`` size:
   new, ms, and the serving process's peak RSS).
 
 Each series is fitted with a power law ``y = a * steps^b`` (least squares in log-log,
-``numpy.polyfit``); printed: ``b`` and the law's value at 10^7 and 10^8 steps next to the
-targets. Spools are kept under ``--keep`` (reused by later runs, as ``bench_report.py
---keep`` and ``bench_live.py --keep`` do: the same directories can be shared).
+``numpy.polyfit``) over all sizes, and over the two largest only (where fixed costs no
+longer flatten it: the law to extrapolate with); printed: ``b`` and the laws' values at
+10^7 and 10^8 steps next to the targets. Spools are kept under ``--keep`` (reused by
+later runs, as ``bench_report.py --keep`` and ``bench_live.py --keep`` do: the same
+directories can be shared).
 
     python benchmarks/bench_growth.py --keep /tmp/growth --steps 100000 1000000 10000000
     python benchmarks/bench_growth.py --keep /tmp/growth --steps 100000 1000000 --live
@@ -103,17 +105,22 @@ def main(argv=None) -> int:
         print(f"{steps:>11,} steps: " + ", ".join(f"{k} {v:,.1f}" for k, v in
                                                    points[steps].items()), flush=True)
     series = sorted({k for p in points.values() for k in p})
-    print(f"\n{'series':<22} {'b (y ~ steps^b)':>16} {'at 10^7':>10} {'at 10^8':>10} "
-          f"{'target at 10^7':>15}")
+    print(f"\n{'series':<22} {'b, all sizes':>13} {'at 10^7':>10} {'at 10^8':>10} "
+          f"{'b, 2 largest':>13} {'at 10^8':>10} {'target at 10^7':>15}")
+    sizes = sorted(points)
     for name in series:
-        law = fit(list(points), [points[s].get(name) for s in points])
+        law = fit(sizes, [points[s].get(name) for s in sizes])
+        top = fit(sizes[-2:], [points[s].get(name) for s in sizes[-2:]])
         target = TARGETS.get(name)
         tgt = "-" if target is None else f"< {target:,.0f}"
-        if law is None:
-            print(f"{name:<22} {'-':>16} {'-':>10} {'-':>10} {tgt:>15}")
-            continue
-        a, b = law
-        print(f"{name:<22} {b:>16.2f} {a * 1e7 ** b:>10,.1f} {a * 1e8 ** b:>10,.1f} {tgt:>15}")
+        cols = []
+        for f, at in ((law, (1e7, 1e8)), (top, (1e8,))):
+            if f is None:
+                cols += ["-"] * (1 + len(at))
+            else:
+                cols += [f"{f[1]:.2f}"] + [f"{f[0] * x ** f[1]:,.1f}" for x in at]
+        print(f"{name:<22} {cols[0]:>13} {cols[1]:>10} {cols[2]:>10} {cols[3]:>13} "
+              f"{cols[4]:>10} {tgt:>15}")
     return 0
 
 
