@@ -1,6 +1,6 @@
 """The accounting's fast paths give exactly what the general code gives (Hypothesis).
 
-``accounting.DISJOINT_FAST_PATH`` (no painting when no two blocking phases of an attempt
+``painting.DISJOINT_FAST_PATH`` (no painting when no two blocking phases of an attempt
 overlap) and ``attempts._FEW_OPEN`` (open records resolved one by one, without sorting)
 are switched off and on over random jobs whose phases mostly follow one another, as a
 training loop writes them, with overlaps, zero-length phases, open records, restarts,
@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodput_processor import accounting, attempts, to_json_dict
+from goodput_processor import attempts, painting, to_json_dict
 from goodput_processor.accounting import account
 from goodput_processor.timeline import (
     F_NONBLOCKING,
@@ -116,12 +116,12 @@ def test_fast_paths_equal_the_general_code(job, ideal, running):
         fast = _everything(job, ideal, now)
     finally:
         attempts._NEAR_MIN = near
-    old = accounting.DISJOINT_FAST_PATH, attempts._FEW_OPEN
+    old = painting.DISJOINT_FAST_PATH, attempts._FEW_OPEN
     try:
-        accounting.DISJOINT_FAST_PATH, attempts._FEW_OPEN = False, 0
+        painting.DISJOINT_FAST_PATH, attempts._FEW_OPEN = False, 0
         general = _everything(job, ideal, now)
     finally:
-        accounting.DISJOINT_FAST_PATH, attempts._FEW_OPEN = old
+        painting.DISJOINT_FAST_PATH, attempts._FEW_OPEN = old
     assert fast == general
 
 
@@ -135,7 +135,7 @@ def test_the_fast_path_is_taken_on_a_training_loop():
     data[:, 3] = np.where(data[:, 2] == K_STEP, np.arange(2 * n) // 2, NONE)
     data[:, 4], data[:, 6], data[:, 8] = NONE, -1, np.arange(2 * n)
     lv = np.where(data[:, 2] == K_STEP, 1, 0).astype(np.int16)
-    totals = accounting._disjoint_totals(data[:, 0], data[:, 1], lv, int(data[-1, 1]), 3)
+    totals = painting._disjoint_totals(data[:, 0], data[:, 1], lv, int(data[-1, 1]), 3)
     assert totals is not None and totals.tolist() == [n * 10 * MS, n * 10 * MS, 0]
     data[5, 1] += 15 * MS  # one phase runs into the next: paint
-    assert accounting._disjoint_totals(data[:, 0], data[:, 1], lv, int(data[-1, 1]), 3) is None
+    assert painting._disjoint_totals(data[:, 0], data[:, 1], lv, int(data[-1, 1]), 3) is None

@@ -14,7 +14,8 @@ import numpy as np
 
 from goodput import schema
 
-from .accounting import _Acc, _account
+from .accounting import _account
+from .painting import _Acc
 from .report import JobResult
 from .timeline import JobSpans
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from goodput import schema
 
-from ..accounting import _Acc, _account
+from ..accounting import _account
+from ..painting import _Acc
 from ..report import JobResult
 from ..timeline import C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
 from .fleet import Fleet, fleet_of
@@ -80,7 +81,7 @@ def _covering_step(seg_start, ss, se, snum) -> np.ndarray:
     jj = np.where(ok, j, 0)
     cummax = np.maximum.accumulate(se)
     pam = np.maximum.accumulate(np.where(se == cummax, np.arange(len(ss)), 0))
-    jj = np.where(se[jj] > seg_start, jj, pam[jj])  # as accounting._step_times
+    jj = np.where(se[jj] > seg_start, jj, pam[jj])  # as painting._step_times
     ok &= se[jj] > seg_start
     out[ok] = np.where(snum[jj[ok]] == NONE, NO_STEP, snum[jj[ok]])
     return out
