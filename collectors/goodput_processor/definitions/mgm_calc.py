@@ -187,6 +187,24 @@ def _elastic(ev: Events, unprod: dict[str, float], present: set) -> None:
             unprod[name] = max(0.0, unprod[name] - overlap / _NS)
 
 
+def add_segment_sums(seg: _Segment | None, sums: tuple, custom_ns: dict,
+                     present: set) -> tuple[float, int, float]:
+    """``sums`` = (productive s, wasted ns, startup s) with the segment ``seg`` added (as
+    mgm's replay adds each stretch between repeats; None: nothing to add). Its custom badput
+    (ns by type index) is added to ``custom_ns`` and the badput names it makes present to
+    ``present``."""
+    if seg is None:
+        return sums
+    present.add("WASTED_PROGRESS_FROM_DISRUPTION")
+    if seg.counted:
+        present.update(("CUSTOM_BADPUT_EVENTS", "PROGRAM_STARTUP"))
+    for v, ns in seg.custom_ns.items():
+        custom_ns[v] = custom_ns.get(v, 0) + ns
+    productive_s, wasted_ns, startup_s = sums
+    return (productive_s + seg.productive_s, wasted_ns + seg.wasted_ns,
+            startup_s + seg.startup_s)
+
+
 def _calculate(ev: Events, elastic: bool = False) -> _Core:
     """mgm 0.2.3 ``_get_current_productive_and_unproductive_time`` on the event stream.
 
@@ -233,16 +251,8 @@ def _calculate(ev: Events, elastic: bool = False) -> _Core:
 
     def add_segment(seg: _Segment | None):
         nonlocal productive_s, wasted_ns, startup_s
-        if seg is None:
-            return
-        present.add("WASTED_PROGRESS_FROM_DISRUPTION")
-        if seg.counted:
-            present.update(("CUSTOM_BADPUT_EVENTS", "PROGRAM_STARTUP"))
-        productive_s += seg.productive_s
-        wasted_ns += seg.wasted_ns
-        startup_s += seg.startup_s
-        for v, ns in seg.custom_ns.items():
-            custom_ns[v] = custom_ns.get(v, 0) + ns
+        productive_s, wasted_ns, startup_s = add_segment_sums(
+            seg, (productive_s, wasted_ns, startup_s), custom_ns, present)
 
     # Infrastructure recovery at each repeat: the latest job start before it minus the
     # start of the step recorded just before it, if later.

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..memo import AccountingMemo, cached
-from .mgm_calc import _Core, _repeats, _segment
+from .mgm_calc import _Core, _repeats, _segment, add_segment_sums
 from .mgm_events import (
     E_CUSTOM_END,
     E_CUSTOM_START,
@@ -215,15 +215,8 @@ def advance(st: Replay, ev: Events) -> Replay:
             break
         i = cuts[r] + nseg
         seg = _segment(allnum[b:i], allt[b:i], int(allnum[i]), custom)
-        if seg is not None:  # as _calculate's add_segment
-            present.add("WASTED_PROGRESS_FROM_DISRUPTION")
-            if seg.counted:
-                present.update(("CUSTOM_BADPUT_EVENTS", "PROGRAM_STARTUP"))
-            productive_s += seg.productive_s
-            wasted_ns += seg.wasted_ns
-            startup_s += seg.startup_s
-            for v, ns in seg.custom_ns.items():
-                custom_ns[v] = custom_ns.get(v, 0) + ns
+        productive_s, wasted_ns, startup_s = add_segment_sums(
+            seg, (productive_s, wasted_ns, startup_s), custom_ns, present)
         k = int(np.searchsorted(jpos, sp[cuts[r]], side="left")) - 1
         js = int(t[jpos[k]]) if k >= 0 else st.last_js
         if js is not None and js > allt[i - 1]:
@@ -306,15 +299,9 @@ def core(st: Replay, types: tuple) -> _Core:
         fnum, ft = np.concatenate(st.seg_num), np.concatenate(st.seg_t)
         last_step = int(fnum.max())
         seg = _segment(fnum, ft, last_step, st.custom)
+        productive_s, wasted_ns, startup_s = add_segment_sums(
+            seg, (productive_s, wasted_ns, startup_s), custom_ns, present)
         if seg is not None:
-            present.add("WASTED_PROGRESS_FROM_DISRUPTION")
-            if seg.counted:
-                present.update(("CUSTOM_BADPUT_EVENTS", "PROGRAM_STARTUP"))
-            productive_s += seg.productive_s
-            wasted_ns += seg.wasted_ns
-            startup_s += seg.startup_s
-            for v, ns in seg.custom_ns.items():
-                custom_ns[v] = custom_ns.get(v, 0) + ns
             max_productive = seg.max_productive_step
         if st.last_je is not None:
             productive_s += int(st.last_je - ft[int(np.argmax(fnum))]) / _NS
