@@ -90,15 +90,20 @@ class _Sorted:
         order = np.argsort(per, kind="stable")
         t = np.concatenate((np.diff(self.cum_t), np.diff(later.cum_t)))[order]
         cnt = np.concatenate((np.diff(self.cum_cnt), np.diff(later.cum_cnt)))[order]
-        joint = later.first if len(self.last) else later.first[:0]
-        boundary = np.abs(self.last[:1] - joint).astype(np.float64)
-        diffs = np.sort(np.concatenate((self.diffs, later.diffs, boundary)), kind="stable")
+        diffs = np.sort(np.concatenate((self.diffs, later.diffs, self.boundary(later))),
+                        kind="stable")
         maxes = [m for m in (self.max_step, later.max_step) if m is not None]
         return _Sorted(per[order], np.concatenate(([0], np.cumsum(t))),
                        np.concatenate(([0], np.cumsum(cnt))), diffs,
                        self.first if len(self.first) else later.first,
                        later.last if len(later.last) else self.last,
                        max(maxes) if maxes else None)
+
+    def boundary(self, later: _Sorted) -> np.ndarray:
+        """The difference between these steps' last single-step time and ``later``'s first
+        (float64, one value, or none when either has no single step)."""
+        joint = later.first if len(self.last) else later.first[:0]
+        return np.abs(self.last[:1] - joint).astype(np.float64)
 
     def above(self, thr: float) -> tuple[int, int]:
         """(count, time ns) of the steps whose time per step is > ``thr``."""
@@ -212,9 +217,7 @@ def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
         return _fresh(parts, ideal_given_ns, none)
     head = _sorted_parts(memo, "sorted_steps", parts[:-1], part_keys[:-1], none)
     tail = _Sorted.of(parts[-1:], none)
-    joint = tail.first if len(head.last) else tail.first[:0]
-    boundary = np.abs(head.last[:1] - joint).astype(np.float64)
-    tail_diffs = np.sort(np.concatenate((tail.diffs, boundary)))
+    tail_diffs = np.sort(np.concatenate((tail.diffs, head.boundary(tail))))
 
     def above(thr):
         n1, t1 = head.above(thr)
