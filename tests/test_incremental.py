@@ -91,21 +91,31 @@ def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, pi
     seen: dict = {}
     with _pieces_of(piece_rows):
         for batch in batches:
-            for key, i in batch:
-                seen.setdefault(key, []).append(i)
-            snap = _snapshot(job, seen)
-            last = max(int(p.data[:, C_END].max()) for p in snap.processes.values()
-                       if len(p.data))
-            now = last + (MS if running else 10**12)
+            snap, now = _take(job, seen, batch, running)
             fresh = account(snap, ideal, now)
             again = account(snap, ideal, now, memo=memo)
             assert _state(again) == _state(fresh)
             rows = sum(len(p.data) for p in snap.processes.values())
             assert len(memo) < 40 * (len(snap.processes) + 1) + 4 * rows  # one poll's worth
-            w_again = account_windows(snap, (0.05, 1, 600), ideal, now, w_memo)
-            w_fresh = account_windows(snap, (0.05, 1, 600), ideal, now)
-            assert _state(w_again[0]) == _state(w_fresh[0])
-            assert w_again[1] == w_fresh[1]
+            _same_windows(snap, ideal, now, w_memo)
+
+
+def _take(job: JobSpans, seen: dict, batch, running: bool) -> tuple[JobSpans, int]:
+    """The job after ``batch`` arrived (``seen``: the rows so far, updated), and the poll's
+    now: just after its last row (running) or long after."""
+    for key, i in batch:
+        seen.setdefault(key, []).append(i)
+    snap = _snapshot(job, seen)
+    last = max(int(p.data[:, C_END].max()) for p in snap.processes.values() if len(p.data))
+    return snap, last + (MS if running else 10**12)
+
+
+def _same_windows(snap: JobSpans, ideal, now: int, w_memo: AccountingMemo) -> None:
+    """The rolling windows through ``w_memo`` equal them afresh."""
+    w_again = account_windows(snap, (0.05, 1, 600), ideal, now, w_memo)
+    w_fresh = account_windows(snap, (0.05, 1, 600), ideal, now)
+    assert _state(w_again[0]) == _state(w_fresh[0])
+    assert w_again[1] == w_fresh[1]
 
 
 @st.composite
@@ -136,24 +146,16 @@ def in_time(draw):
 def test_running_attempt_in_pieces_equals_fresh_accounting(case, ideal, running, piece_rows):
     """A running attempt cut into pieces poll after poll (:mod:`goodput_processor.pieces`)
     as its rows arrive in time order with a few late ones: the same as accounting afresh,
-    also with the rolling windows; and the cuts are used."""
+    also with the rolling windows."""
     job, batches = case
     memo, w_memo = AccountingMemo(), AccountingMemo()
     seen: dict = {}
     with _pieces_of(piece_rows):
         for batch in batches:
-            for key, i in batch:
-                seen.setdefault(key, []).append(i)
-            snap = _snapshot(job, seen)
-            last = max(int(p.data[:, C_END].max()) for p in snap.processes.values()
-                       if len(p.data))
-            now = last + (MS if running else 10**12)
+            snap, now = _take(job, seen, batch, running)
             assert _state(account(snap, ideal, now, memo=memo)) == _state(
                 account(snap, ideal, now))
-            w_again = account_windows(snap, (0.05, 1, 600), ideal, now, w_memo)
-            w_fresh = account_windows(snap, (0.05, 1, 600), ideal, now)
-            assert _state(w_again[0]) == _state(w_fresh[0])
-            assert w_again[1] == w_fresh[1]
+            _same_windows(snap, ideal, now, w_memo)
 
 
 def test_a_long_running_attempt_is_cut_into_pieces():
