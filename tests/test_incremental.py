@@ -16,6 +16,7 @@ import contextlib
 import random
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_fixtures import T0_NS, otlp_span, resource
@@ -28,7 +29,14 @@ from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.memo import AccountingMemo
 from goodput_processor.serve.store import LiveStore
-from goodput_processor.timeline import C_END, NCOLS, JobSpans, ProcessSpans, drop_duplicates
+from goodput_processor.timeline import (
+    C_END,
+    C_START,
+    NCOLS,
+    JobSpans,
+    ProcessSpans,
+    drop_duplicates,
+)
 from goodput_processor.windows import account_windows
 
 SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
@@ -55,15 +63,22 @@ def arrivals(draw):
     return job, [b for b in batches if b]
 
 
-def _snapshot(job: JobSpans, seen: dict) -> JobSpans:
+def _snapshot(job: JobSpans, seen: dict, identity: bool = False) -> JobSpans:
     """The job as a store holds it after the rows in ``seen``: each process's rows in
-    arrival order, duplicates dropped (the first kept)."""
+    arrival order, duplicates dropped (the first kept); ``identity``: each process with an
+    OS process identity (instance, pid, start: its open records are then resolved a batch
+    at a time, :mod:`goodput_processor.open_records`)."""
     out = JobSpans(job.name, strings=job.strings)
     for key, idx in seen.items():
         p = job.processes[key]
         data, _ = drop_duplicates(p.data[idx]) if idx else (np.zeros((0, NCOLS), np.int64), 0)
+        os_process = {}
+        if identity:
+            os_process = {"instance": f"a{key[0]}p{key[1]}{key[2]}", "pid": 100 + key[1],
+                          "process_start_ns": int(p.data[:, C_START].min())}
         out.processes[key] = ProcessSpans(p.job, p.attempt, p.index, host=p.host,
-                                          process_count=p.process_count, data=data)
+                                          process_count=p.process_count, data=data,
+                                          **os_process)
     return out
 
 
@@ -80,18 +95,21 @@ def _pieces_of(rows: int | None):
         pieces.PIECE_ROWS, pieces._KEEP_LAST = saved
 
 
+@pytest.mark.parametrize("identity", [False, True])
 @SETTINGS
 @given(case=arrivals(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
        piece_rows=st.sampled_from([None, 1, 3]))
-def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, piece_rows):
+def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, piece_rows,
+                                                        identity):
     """... also with the running attempt cut into pieces of a few rows
-    (:mod:`goodput_processor.pieces`), with the rolling windows."""
+    (:mod:`goodput_processor.pieces`), with the rolling windows, with and without OS
+    process identity."""
     job, batches = case
     memo, w_memo = AccountingMemo(), AccountingMemo()
     seen: dict = {}
     with _pieces_of(piece_rows):
         for batch in batches:
-            snap, now = _take(job, seen, batch, running)
+            snap, now = _take(job, seen, batch, running, identity)
             fresh = account(snap, ideal, now)
             again = account(snap, ideal, now, memo=memo)
             assert _state(again) == _state(fresh)
@@ -100,12 +118,14 @@ def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, pi
             _same_windows(snap, ideal, now, w_memo)
 
 
-def _take(job: JobSpans, seen: dict, batch, running: bool) -> tuple[JobSpans, int]:
-    """The job after ``batch`` arrived (``seen``: the rows so far, updated), and the poll's
-    now: just after its last row (running) or long after."""
+def _take(job: JobSpans, seen: dict, batch, running: bool,
+          identity: bool = False) -> tuple[JobSpans, int]:
+    """The job after ``batch`` arrived (``seen``: the rows so far, updated; ``identity``:
+    see :func:`_snapshot`), and the poll's now: just after its last row (running) or long
+    after."""
     for key, i in batch:
         seen.setdefault(key, []).append(i)
-    snap = _snapshot(job, seen)
+    snap = _snapshot(job, seen, identity)
     last = max(int(p.data[:, C_END].max()) for p in snap.processes.values() if len(p.data))
     return snap, last + (MS if running else 10**12)
 
@@ -140,19 +160,21 @@ def in_time(draw):
     return job, [merged[k:k + size] for k in range(0, len(merged), size)]
 
 
+@pytest.mark.parametrize("identity", [False, True])
 @SETTINGS
 @given(case=in_time(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
        piece_rows=st.sampled_from([1, 2, 5]))
-def test_running_attempt_in_pieces_equals_fresh_accounting(case, ideal, running, piece_rows):
+def test_running_attempt_in_pieces_equals_fresh_accounting(case, ideal, running, piece_rows,
+                                                           identity):
     """A running attempt cut into pieces poll after poll (:mod:`goodput_processor.pieces`)
     as its rows arrive in time order with a few late ones: the same as accounting afresh,
-    also with the rolling windows."""
+    also with the rolling windows, with and without OS process identity."""
     job, batches = case
     memo, w_memo = AccountingMemo(), AccountingMemo()
     seen: dict = {}
     with _pieces_of(piece_rows):
         for batch in batches:
-            snap, now = _take(job, seen, batch, running)
+            snap, now = _take(job, seen, batch, running, identity)
             assert _state(account(snap, ideal, now, memo=memo)) == _state(
                 account(snap, ideal, now))
             _same_windows(snap, ideal, now, w_memo)

@@ -38,7 +38,8 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import AccountingMemo, cached, rows_key
+from .memo import AccountingMemo, cached, folded, process_state, rows_key
+from .open_records import OpenResolver
 from .report import ReportWarning
 from .timeline import (
     C_AUX,
@@ -212,10 +213,52 @@ def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:
     return [replace(proc, data=d[run == i]) for i in range(len(cuts) + 1)]
 
 
-def _max_attr(rows: np.ndarray, col: int) -> int:
+def _max_attr(rows: np.ndarray, col: int) -> int | None:
     vals = rows[:, col]
     vals = vals[vals != NONE]
-    return int(vals.max()) if len(vals) else 0
+    return int(vals.max()) if len(vals) else None
+
+
+def _latest(rows: np.ndarray, *cols: int) -> tuple | None:
+    """``(end, *cols)`` of the row with the latest end (the first of equals), or None."""
+    if not len(rows):
+        return None
+    r = rows[int(np.argmax(rows[:, C_END]))]
+    return (int(r[C_END]), *(int(r[c]) for c in cols))
+
+
+def _evidence(d: np.ndarray) -> tuple:
+    """What :func:`_run` reads of a process's rows ``d`` (>= 1 row): the earliest start of
+    a start marker (None: none), the longest heartbeat interval they give (None), the
+    earliest start of any row, the latest end marker ``(end, sidx)`` and identity marker
+    ``(end, ival, aux)`` (None), the latest end of any row, and the highest recorder error
+    and drop counts of the end markers and heartbeats (None). Summaries of consecutive
+    rows combine by :func:`_evidence_both`."""
+    kinds = d[:, C_KIND]
+    js = d[kinds == K_JOB_START]
+    rec = d[(kinds == K_JOB_END) | (kinds == K_HEARTBEAT)]
+    ivals = js[:, C_IVAL]
+    ivals = ivals[(ivals != NONE) & (ivals > 0)]
+    return (int(js[:, C_START].min()) if len(js) else None,
+            int(ivals.max()) if len(ivals) else None,
+            int(d[:, C_START].min()),
+            _latest(d[kinds == K_JOB_END], C_SIDX),
+            _latest(d[kinds == K_IDENTITY], C_IVAL, C_AUX),
+            int(d[:, C_END].max()),
+            _max_attr(rec, C_IVAL), _max_attr(rec, C_AUX))
+
+
+def _evidence_both(a: tuple, b: tuple) -> tuple:
+    """:func:`_evidence` of rows A then rows B, from theirs (A's marker wins a tie)."""
+    def pick(f, x, y):
+        return x if y is None else y if x is None else f(x, y)
+
+    def later(x, y):
+        return y if y[0] > x[0] else x
+
+    return (pick(min, a[0], b[0]), pick(max, a[1], b[1]), min(a[2], b[2]),
+            pick(later, a[3], b[3]), pick(later, a[4], b[4]), max(a[5], b[5]),
+            pick(max, a[6], b[6]), pick(max, a[7], b[7]))
 
 
 @dataclass
@@ -239,32 +282,28 @@ class _Run:
     dropped: int
 
 
-def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None) -> _Run:
-    d = proc.data
-    kinds = d[:, C_KIND]
-    js, je, ident = d[kinds == K_JOB_START], d[kinds == K_JOB_END], d[kinds == K_IDENTITY]
+def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None, memo=None) -> _Run:
+    js_start, interval, first, je, ident, last_alive, errors, dropped = folded(
+        memo, "evidence", proc, _evidence, _evidence_both)
     end_marker = reason = None
-    if len(je):
-        i = int(np.argmax(je[:, C_END]))
-        end_marker = int(je[i, C_END])
-        reason = job.strings[je[i, C_SIDX]] if je[i, C_SIDX] >= 0 else "unspecified"
+    if je is not None:
+        end_marker = je[0]
+        reason = job.strings[je[1]] if je[1] >= 0 else "unspecified"
     slot, count = proc.index, proc.process_count
     known = proc.index_source in _SLOT_SOURCES
-    if len(ident):
-        last = ident[int(np.argmax(ident[:, C_END]))]
-        if last[C_IVAL] != NONE and last[C_IVAL] >= 0:
-            slot, known = int(last[C_IVAL]), True
-        if last[C_AUX] != NONE and last[C_AUX] > 0:
-            count = int(last[C_AUX])
-    intervals = [int(v) for v in js[:, C_IVAL] if v != NONE and v > 0]
-    rec = d[(kinds == K_JOB_END) | (kinds == K_HEARTBEAT)]
+    if ident is not None:
+        if ident[1] != NONE and ident[1] >= 0:
+            slot, known = ident[1], True
+        if ident[2] != NONE and ident[2] > 0:
+            count = ident[2]
     has_os = proc.instance and proc.pid is not None and proc.process_start_ns is not None
     hint = proc.attempt if legacy is not None or proc.attempt_source == "env" else None
+    start = first if js_start is None else js_start
     return _Run(
         proc=proc,
-        start=(start := int(js[:, C_START].min()) if len(js) else int(d[:, C_START].min())),
+        start=start,
         launched=proc.process_start_ns if has_os else start,
-        last_alive=int(d[:, C_END].max()),
+        last_alive=last_alive,
         end_marker=end_marker,
         reason=reason,
         slot=slot,
@@ -273,9 +312,9 @@ def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None) -> _Run:
         os_process=(proc.host, proc.pid, proc.process_start_ns) if has_os else None,
         hint=hint,
         legacy=legacy,
-        interval=max(intervals) if intervals else DEFAULT_HEARTBEAT_INTERVAL_MS,
-        errors=_max_attr(rec, C_IVAL),
-        dropped=_max_attr(rec, C_AUX),
+        interval=DEFAULT_HEARTBEAT_INTERVAL_MS if interval is None else interval,
+        errors=errors or 0,
+        dropped=dropped or 0,
     )
 
 
@@ -289,18 +328,28 @@ def _runs(job: JobSpans, memo=None) -> list[_Run]:
                       sorted(proc.run.items()), proc.instance, proc.pid,
                       proc.process_start_ns, proc.attempt_source, proc.index_source))
         origin = (key, rows_key(proc.data), ident)
+        state = None if memo is None else process_state(memo, origin)  # (kept while seen)
         runs += cached(memo, ("runs", *origin),
-                       lambda proc=proc, a=key[0], o=origin: _process_runs(job, a, proc, o))
+                       lambda proc=proc, a=key[0], o=origin, s=state:
+                       _process_runs(job, a, proc, o, s, memo))
     return runs
 
 
 def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
-                  origin: tuple | None = None) -> list[_Run]:
+                  origin: tuple | None = None, state: dict | None = None,
+                  memo=None) -> list[_Run]:
     """The runs of one resource, its open records resolved; ``origin``: the memo identity
-    of its rows, kept on each run's rows (:func:`~goodput_processor.memo.proc_key`)."""
-    proc = replace(proc, data=resolve_open(proc.data), origin=origin)
+    of its rows, kept on each run's rows (:func:`~goodput_processor.memo.proc_key`);
+    ``state``: what ``memo`` keeps of the process (its open records resolved a batch at a
+    time, :class:`~goodput_processor.open_records.OpenResolver`)."""
     if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
-        return [_run(job, proc, None)]
+        if state is None:
+            data, settled = resolve_open(proc.data), None
+        else:
+            data, settled = state.setdefault("open", OpenResolver()).resolve(proc.data)
+        return [_run(job, replace(proc, data=data, origin=origin, settled=settled), None,
+                     memo)]
+    proc = replace(proc, data=resolve_open(proc.data), origin=origin)
     return [_run(job, p if origin is None else replace(p, origin=(*origin, part)),
                  (attempt, part)) for part, p in enumerate(_split_runs(proc))]
 

@@ -15,13 +15,19 @@ A process's rows are identified by :func:`rows_key`: their number and the bytes 
 and the first row. That is exact for the rows of ``goodput serve`` and of a spool tailer,
 which only ever grow at the end (a duplicate is dropped where it arrives, so the rows kept
 never change); a caller that edits rows in place must not pass a memo.
+
+A summary of a running process's rows (its evidence, its step numbers, its restart phases)
+is kept by :func:`folded` for the rows that only grow, and a poll summarises only the rows
+added since. The rows an accounting with a memo gives its attempts live in a buffer of the
+memo (the open records resolved at their end): they are valid until the next accounting
+with the same memo, which may write over those records; results keep no view of them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AccountingMemo", "cached", "proc_key", "rows_key"]
+__all__ = ["AccountingMemo", "cached", "folded", "proc_key", "process_state", "rows_key"]
 
 _MISS = object()
 
@@ -41,6 +47,46 @@ def proc_key(p) -> tuple:
     else :func:`rows_key` of its rows."""
     origin = getattr(p, "origin", None)
     return origin if origin is not None else rows_key(p.data)
+
+
+def process_state(memo: AccountingMemo, origin: tuple) -> dict:
+    """What is kept of one process across polls (its open records' resolver, the summaries
+    of :func:`folded`), by the process's key and resource identity in ``origin`` (a
+    ``ProcessSpans.origin``). Kept while each accounting asks for it
+    (:func:`goodput_processor.attempts.build_attempts` does, for every process)."""
+    return memo.get(("process", origin[0], origin[2]), dict)
+
+
+def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params):
+    """``summarize(p.data)`` for a process ``p`` (a ``ProcessSpans``), through ``memo``:
+    the summary of the rows that only grow (``p.data[:p.settled]``) is kept, and a later
+    call summarises only the rows added since, then the rest (the open records resolved).
+
+    Args:
+        memo: an :class:`AccountingMemo`, or None (then just ``summarize(p.data)``).
+        tag: names the summary; ``params``: hashable inputs it depends on besides the rows
+            (a summary kept with other params is not used).
+        summarize: ``rows (k, NCOLS) -> summary``, for any ``k >= 1`` (and for ``p.data``,
+            which may be empty).
+        combine: ``(summary of rows A, summary of rows B) -> summary of A then B`` (A's rows
+            come first: ties must go as ``summarize`` of both would take them).
+    """
+    d = p.data
+    m = getattr(p, "settled", None)
+    origin = getattr(p, "origin", None)
+    if memo is None or not m or origin is None:
+        return summarize(d)
+    state = process_state(memo, origin)
+    kept = state.get(tag)
+    if kept is not None and kept[0] == params and kept[1] <= m and rows_key(
+            d[: kept[1]]) == kept[2]:
+        n0, s = kept[1], kept[3]
+        if m > n0:
+            s = combine(s, summarize(d[n0:m]))
+    else:
+        s = summarize(d[:m])
+    state[tag] = (params, m, rows_key(d[:m]), s)
+    return combine(s, summarize(d[m:])) if len(d) > m else s
 
 
 def cached(memo: AccountingMemo | None, key, compute):

@@ -121,6 +121,11 @@ class ProcessSpans:
     #: For rows derived from others (open records resolved, a run split off): the memo
     #: identity of what they were derived from (:func:`goodput_processor.memo.proc_key`).
     origin: tuple | None = field(default=None, repr=False, compare=False)
+    #: Rows of ``data`` that only grow at the end from one poll of a live job to the next
+    #: (``data[:settled]`` is a prefix of the next poll's rows; the open records resolved
+    #: follow them): set by the accounting with a memo, None otherwise
+    #: (:func:`goodput_processor.memo.folded`).
+    settled: int | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
