@@ -229,6 +229,36 @@ def test_spool_tailing_torn_lines_new_attempts_several_jobs(tmp_path):
         store.results(job="c")
 
 
+def test_spool_tailer_lists_a_directory_again_only_when_it_changed(tmp_path, monkeypatch):
+    """A directory's listing is kept while its mtime stays (appends still read), and taken
+    again when a file or a subdirectory is added; a directory made to look unchanged
+    (its mtime put back) is not listed again, which shows the listing was kept."""
+    from goodput_processor.serve import tail
+
+    monkeypatch.setattr(tail, "_SETTLE_NS", 0)  # (no coarse-mtime margin in this test)
+    run = tmp_path / "run"
+    store = LiveStore(min_interval_s=0)
+    tailer = SpoolTailer(store, [run])
+    Timeline(job="t").job_start(0).steps(0, 2, start=0, step_time=1).write(run)
+    first = tailer.poll()
+    assert first > 0 and tailer.poll() == 0
+    journal = next(run.glob("*.jsonl"))
+    with open(journal, "ab") as f:  # an append: the directory is not listed again
+        f.write(journal.read_bytes().splitlines(keepends=True)[-1])
+    assert tailer.poll() == 1
+    mtime = os.stat(run).st_mtime_ns
+    hidden = run / "spans-hidden.jsonl"
+    hidden.write_bytes(journal.read_bytes())
+    os.utime(run, ns=(mtime, mtime))
+    assert tailer.poll() == 0  # the kept listing: the new file is not seen
+    (run / "later").mkdir()  # a new attempt's directory: listed, with the file seen now
+    Timeline(job="t", attempt=1).job_start(10).steps(3, 4, start=10, step_time=1).write(
+        run / "later")
+    assert tailer.poll() > first
+    assert set(tailer.positions()) == {str(journal), str(hidden),
+                                       str(next((run / "later").glob("*.jsonl")))}
+
+
 def test_malformed_spool_line_counted(tmp_path):
     run = tmp_path / "run"
     path = Timeline(job="m").job_start(0).steps(0, 2, start=0, step_time=1).write(run)

@@ -21,6 +21,7 @@ import gzip
 import logging
 import os
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -32,6 +33,30 @@ __all__ = ["SpoolTailer"]
 
 _log = logging.getLogger(__name__)
 _CHUNK = 8 << 20  # bytes read at a time
+#: A directory whose mtime is this recent (ns) is listed again at every poll.
+_SETTLE_NS = 2_000_000_000
+
+
+def _scan(d: str) -> tuple[list[str], list[str]]:
+    """``(spool files, subdirectories)`` directly in directory ``d``: the ``*.jsonl`` and
+    ``*.jsonl.gz`` files (links to files too) but the metrics spools, and the directories
+    that are not links.
+
+    Raises:
+        OSError: ``d`` cannot be listed.
+    """
+    files, subdirs = [], []
+    with os.scandir(d) as entries:
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    subdirs.append(e.path)
+                elif (e.name.endswith((".jsonl", ".jsonl.gz")) and e.is_file()
+                      and not e.name.startswith(schema.METRICS_SPOOL_PREFIX)):
+                    files.append(e.path)
+            except OSError:
+                continue
+    return files, subdirs
 
 
 class SpoolTailer:
@@ -53,7 +78,8 @@ class SpoolTailer:
         if not self.dirs:
             raise ValueError("no spool directory to tail")
         self.store, self.poll_s = store, float(poll_s)
-        self._files: dict[Path, list[int]] = {}  # path -> [offset, lines taken in]
+        self._files: dict[str, list[int]] = {}  # path -> [offset, lines taken in]
+        self._dirs: dict[str, tuple] = {}  # directory -> (mtime ns, spool files, subdirectories)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._poll_lock = threading.Lock()
@@ -64,37 +90,60 @@ class SpoolTailer:
             n = 0
             for d in self.dirs:
                 try:
-                    files = sorted(p for pattern in ("*.jsonl", "*.jsonl.gz")
-                                   for p in d.rglob(pattern) if p.is_file()
-                                   and not p.name.startswith(schema.METRICS_SPOOL_PREFIX))
+                    files = self._list(os.fspath(d))
                 except OSError:
                     continue  # missing or unreadable for now: try again next poll
                 names = set(files)
                 for p in files:
-                    if p.name.endswith(".gz"):
-                        if p not in self._files and p.with_name(p.name[:-3]) not in self._files:
+                    if p.endswith(".gz"):
+                        if p not in self._files and p[:-3] not in self._files:
                             n += self._read_gz(p)
-                    elif p in self._files or p.with_name(p.name + ".gz") not in names:
+                    elif p in self._files or p + ".gz" not in names:
                         n += self._read(p)
             return n
 
-    def _read_gz(self, path: Path) -> int:
+    def _list(self, root: str) -> list[str]:
+        """Paths of the spool files under ``root`` (recursively, not into links to
+        directories), in path order. A directory is listed again only when its mtime moved
+        or is recent (:data:`_SETTLE_NS`: file systems that keep coarse mtimes): appending
+        to a file does not change its directory, adding or renaming one does.
+
+        Raises:
+            OSError: ``root`` cannot be read.
+        """
+        out, todo, now = [], [root], time.time_ns()
+        while todo:
+            d = todo.pop()
+            try:
+                mtime = os.stat(d).st_mtime_ns
+                kept = self._dirs.get(d)
+                if kept is None or kept[0] != mtime or now - mtime < _SETTLE_NS:
+                    kept = self._dirs[d] = (mtime, *_scan(d))
+            except OSError:
+                if d == root:
+                    raise
+                continue  # a subdirectory gone or unreadable (as a glob skips it)
+            out += kept[1]
+            todo += kept[2]
+        return sorted(out, key=lambda p: p.split(os.sep))
+
+    def _read_gz(self, path: str) -> int:
         """Take in every line of a compacted segment (complete once it exists), once."""
         state = self._files[path] = [0, 0]
         try:
             with gzip.open(path, "rb") as f:
                 for line in f:
                     state[1] += 1
-                    self.store.ingest_line(line, (str(path), state[1]))
-            state[0] = path.stat().st_size
+                    self.store.ingest_line(line, (path, state[1]))
+            state[0] = os.stat(path).st_size
         except (OSError, EOFError, zlib.error) as e:
             _log.warning("goodput serve: cannot read %s: %s", path, e)
         return state[1]
 
-    def _read(self, path: Path) -> int:
+    def _read(self, path: str) -> int:
         state = self._files.setdefault(path, [0, 0])
         try:
-            size = path.stat().st_size
+            size = os.stat(path).st_size
             if size < state[0]:
                 _log.warning("goodput serve: %s shrank; reading it again from the start", path)
                 state[:] = [0, 0]
@@ -117,7 +166,7 @@ class SpoolTailer:
                             break
                     for line in chunk[:end].splitlines():
                         state[1] += 1
-                        self.store.ingest_line(line, (str(path), state[1]))
+                        self.store.ingest_line(line, (path, state[1]))
                         n += 1
                     state[0] += end
                     f.seek(state[0])
@@ -149,4 +198,4 @@ class SpoolTailer:
     def positions(self) -> dict[str, int]:
         """Bytes taken in so far per file path."""
         with self._poll_lock:
-            return {os.fspath(p): s[0] for p, s in self._files.items()}
+            return {p: s[0] for p, s in self._files.items()}
