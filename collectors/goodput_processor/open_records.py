@@ -35,6 +35,14 @@ def _kind_max(kinds: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
+def _member(x: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    """Bool mask: which of ``x`` are in ``sorted_values`` (sorted ascending)."""
+    if not len(sorted_values):
+        return np.zeros(len(x), bool)
+    pos = np.minimum(np.searchsorted(sorted_values, x), len(sorted_values) - 1)
+    return sorted_values[pos] == x
+
+
 class OpenResolver:
     """:func:`~goodput_processor.attempts.resolve_open` of one process's rows, which only
     grow at the end, a batch at a time (see the module docstring).
@@ -117,7 +125,7 @@ class OpenResolver:
             later = np.sort(new[of_kind, C_START])
             done = np.sort(new[of_kind & ~is_open, C_START])
             if len(done):
-                keep[rows[np.isin(starts, done)]] = False
+                keep[rows[_member(starts, done)]] = False
             pos = np.searchsorted(later, starts, "right")
             has = pos < len(later)
             self.nxt[rows[has]] = np.minimum(self.nxt[rows[has]], later[pos[has]])
@@ -139,14 +147,13 @@ class OpenResolver:
             pos = np.searchsorted(later, starts, "right")
             has = pos < len(later)
             nxt[rows[has]] = later[pos[has]]
-            matched = np.isin(starts, done)
+            matched = _member(starts, done)
             # the rows taken before: searched only where they may start at or after it
             top = self.top[kind] if kind < len(self.top) else _LOW
             top_done = self.top_done[kind] if kind < len(self.top_done) else _LOW
             if (starts <= top_done).any():
                 old = self.buf[:m0]
-                old_done = old[old[:, C_KIND] == kind, C_START]
-                matched |= np.isin(starts, old_done)
+                matched |= _member(starts, np.sort(old[old[:, C_KIND] == kind, C_START]))
             if (starts < top).any():
                 old = self.buf[:m0]
                 taken = np.sort(np.concatenate((old[old[:, C_KIND] == kind, C_START],
@@ -159,8 +166,8 @@ class OpenResolver:
             _, first = np.unique(starts, return_index=True)
             dup = np.ones(len(rows), bool)
             dup[first] = False
-            kept_starts = self.pend[self.pend[:, C_KIND] == kind, C_START]
-            keep[rows[matched | dup | np.isin(starts, kept_starts)]] = False
+            kept_starts = np.sort(self.pend[self.pend[:, C_KIND] == kind, C_START])
+            keep[rows[matched | dup | _member(starts, kept_starts)]] = False
         self.pend = np.concatenate((self.pend, op[keep]))
         self.nxt = np.concatenate((self.nxt, nxt[keep]))
 
