@@ -91,6 +91,7 @@ def read(path, monkeypatch, fast: bool) -> str:
         if not fast:
             m.setattr(read_template, "scan", lambda lines: [None] * len(lines))
             m.setattr(read_fast.Batch, "add", lambda self, spans, taken=None: False)
+            m.setattr(reader, "_dumps", None)  # every resource read, none remembered
         return dump(read_run_dir(path, workers=1, cache=False))
 
 
@@ -113,6 +114,26 @@ def test_recorder_layout_is_read_from_the_text(tmp_path, monkeypatch):
         m.setattr(reader._Reader, "_spans_slow", lambda *a: pytest.fail("slow path"))
         s = read_run_dir(tmp_path, workers=1, cache=False)
     assert len(s.jobs["job"].processes[(0, 0, "")].data) == 400
+    same(tmp_path, monkeypatch)
+
+
+def test_a_resource_like_the_last_one_is_not_read_again(tmp_path, monkeypatch):
+    def on(host, pid):
+        return {"attributes": RESOURCE["attributes"] + [
+            {"key": "host.name", "value": {"stringValue": host}},
+            {"key": "process.pid", "value": {"intValue": pid}}]}
+
+    hosts = [("a", "1"), ("a", "1"), ("b", "2"), ("a", "1"), ("a", "1")]
+    text = "".join(line([step(i, T0 + 10 * i)], resource=on(*h)) + "\n"
+                   for i, h in enumerate(hosts))
+    (tmp_path / "spans-p00000-a0000.jsonl").write_text(text)
+    calls, plain = [], reader._Reader.resource_attrs
+    with monkeypatch.context() as m:
+        m.setattr(reader._Reader, "resource_attrs",
+                  lambda self, attrs: calls.append(attrs["host.name"]) or plain(self, attrs))
+        proc = read_run_dir(tmp_path, workers=1, cache=False).jobs["job"].processes[(0, 0, "")]
+    assert calls == ["a", "b", "a"]  # each line's resource is the same text as the last?
+    assert (proc.host, proc.pid) == ("a", 1)
     same(tmp_path, monkeypatch)
 
 

@@ -32,8 +32,28 @@ try:  # a dependency (fast); the standard library's json is the fallback
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             return json.loads(data)
+
+    def _loads_exact(data):
+        """``(_loads(data), exact)``: ``exact`` when orjson parsed it, so that
+        :func:`_dumps` of any part of it is that part's exact text (no ``NaN``, infinity
+        or integer past 64 bits, which orjson refuses and would not write back as read).
+
+        Raises:
+            ValueError, RecursionError: as ``json.loads``.
+        """
+        try:
+            return orjson.loads(data), True
+        except orjson.JSONDecodeError:
+            return json.loads(data), False
+
+    _dumps = orjson.dumps
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
+
+    def _loads_exact(data):
+        return json.loads(data), False
+
+    _dumps = None
 
 
 _KIND_CODES = {name: code for code, name in enumerate(tl.KIND_NAMES)}

@@ -66,7 +66,9 @@ from .read_spans import (  # noqa: F401 - goodput serve reads these as reader.X
     SpanRows,
     _as_int,
     _attr_value,
+    _dumps,
     _loads,
+    _loads_exact,
     flag_bit,
     job_name,
     json_resource_attrs,
@@ -125,6 +127,8 @@ class _Reader(SpanRows):
         # While read_range reads (None otherwise, as goodput serve uses a reader): spans
         # lists of one process not yet made rows, as (spans, job, proc, where).
         self._batch: list | None = None
+        # The resource of the last line read (see _resource): (its text, what it gave).
+        self._last_resource: tuple = (None, None)
         self._fast = read_fast.Batch(_KIND_CODES, _KIND_ATTRS, _attr_value, _as_int, flag_bit)
 
     def _job(self, name: str) -> JobSpans:
@@ -182,6 +186,7 @@ class _Reader(SpanRows):
         stats = self.file_stats.setdefault(path, [0, 0, None])
         if self.max_string is None and self.max_custom_types is None:
             self._batch = []  # no limit to count in order: spans may wait for a batch
+        self._last_resource = (None, None)
         try:
             with read_io.open_spool(path) as f:
                 f.seek(start)
@@ -193,12 +198,12 @@ class _Reader(SpanRows):
                     try:
                         if pre is not None:  # spans taken from the text: parse the rest
                             try:
-                                req = _loads(pre[0])
+                                req, exact = _loads_exact(pre[0])
                             except (ValueError, RecursionError):  # as the whole line says
                                 pre = None
-                                req = _loads(line)
+                                req, exact = _loads_exact(line)
                         else:
-                            req = _loads(line)
+                            req, exact = _loads_exact(line)
                         ok = isinstance(req, dict) and "resourceSpans" in req
                         got = "" if ok else f"got {type(req).__name__}" + (
                             f" with keys {sorted(req)[:5]}" if isinstance(req, dict) else "")
@@ -218,8 +223,8 @@ class _Reader(SpanRows):
                     first = False
                     stats[1] += 1
                     try:
-                        last_job = self._request(req, where, line,
-                                                 pre and pre[1]) or last_job
+                        last_job = self._request(req, where, line, pre and pre[1],
+                                                 exact) or last_job
                     except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
                         self._skip_line(last_job, "malformed", where, f"bad OTLP structure ({e!r})")
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
@@ -239,8 +244,28 @@ class _Reader(SpanRows):
         else:
             self._skip(job, reason, where, why)
 
-    def _resource(self, rs: dict):
-        return self.resource_attrs(json_resource_attrs(rs))
+    def _resource(self, rs: dict, exact: bool = False):
+        """:meth:`resource_attrs` of an OTLP JSON ``ResourceSpans``. ``exact``: ``rs`` was
+        parsed by orjson (:func:`~goodput_processor.read_spans._loads_exact`); then a
+        resource written as the one before it (the same text: each line of a process
+        repeats it) gives what it gave, without reading it again: reading it again would
+        set the same values (goodput report has no limit to count, ``max_string`` None).
+
+        Raises:
+            AttributeError: ``rs`` or its resource is not a JSON object.
+        """
+        if not exact or self.max_string is not None or _dumps is None:
+            return self.resource_attrs(json_resource_attrs(rs))
+        try:
+            key = _dumps(rs.get("resource"))
+        except TypeError:  # orjson.JSONEncodeError: not written back, read as it is
+            key = None
+        last, got = self._last_resource
+        if key is not None and key == last:
+            return got
+        got = self.resource_attrs(json_resource_attrs(rs))
+        self._last_resource = (key, got)
+        return got
 
     def resource_attrs(self, attrs: dict):
         """Job and process of a resource given as ``{key: python value}``.
@@ -248,6 +273,7 @@ class _Reader(SpanRows):
         Returns ``(job, proc, supported, schema_version)``; shared by the OTLP JSON path
         here and the protobuf path of :mod:`goodput_processor.serve.decode`.
         """
+        self._last_resource = (None, None)  # what it sets may differ from the last line's
         name = job_name(attrs)
         try:
             attempt = _as_int(attrs.get(schema.RES_ATTEMPT, 0))
@@ -291,13 +317,13 @@ class _Reader(SpanRows):
         return job, proc, ok, version
 
     def _request(self, req: dict, where, line: bytes | None = None,
-                 taken=None) -> JobSpans | None:
+                 taken=None, exact: bool = False) -> JobSpans | None:
         """Read one OTLP request (``line``: the JSON line it was parsed from, if any;
         ``taken``: spans taken from its first spans list by :func:`read_template.scan`,
-        before the ones ``req`` holds)."""
+        before the ones ``req`` holds; ``exact``: see :meth:`_resource`)."""
         job = None
         for ri, rs in enumerate(req["resourceSpans"] or ()):
-            job, proc, ok, version = self._resource(rs)
+            job, proc, ok, version = self._resource(rs, exact)
             scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
             for si, ss in enumerate(scopes):
                 spans = ss.get("spans") or ()
