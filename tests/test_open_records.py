@@ -5,7 +5,8 @@ in flight, repeated at later flushes, completed later or never, overlapping phas
 kind, late rows) arrive in random batches. After every batch the
 :class:`~goodput_processor.open_records.OpenResolver` kept from the batches before must give
 the same array, byte for byte, as :func:`~goodput_processor.attempts.resolve_open` of all
-the rows so far, and say how many rows come before the open records it kept.
+the rows so far, and say how many rows come before the open records it kept; and so must
+``resolve_open`` written over the rows themselves (``in_place``, ``goodput report``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from goodput_processor import attempts
 from goodput_processor.attempts import resolve_open
 from goodput_processor.open_records import OpenResolver
 from goodput_processor.timeline import (
@@ -71,6 +73,15 @@ def test_resolved_a_batch_at_a_time_equals_resolved_at_once(case):
         assert settled == int(((data[:n, C_FLAGS] & F_OPEN) == 0).sum())
         assert not (got[settled:, C_FLAGS] & F_OPEN).any()
         assert ((got[settled:, C_FLAGS] & F_ENDLESS) != 0).all()
+        own = data[:n].copy()  # resolved over the rows themselves, a few rows at a time
+        chunk, attempts._CHUNK_ROWS = attempts._CHUNK_ROWS, 2
+        try:
+            in_place = resolve_open(own, in_place=True)
+        finally:
+            attempts._CHUNK_ROWS = chunk
+        assert in_place.tobytes() == want.tobytes()
+        assert in_place.base is own or in_place is own or not (
+            (own[:, C_FLAGS] & F_OPEN).any())
 
 
 def test_rows_that_do_not_continue_the_ones_taken_are_taken_again():

@@ -117,7 +117,7 @@ class Attempt:
 _FEW_OPEN = 16
 
 
-def resolve_open(d: np.ndarray) -> np.ndarray:
+def resolve_open(d: np.ndarray, in_place: bool = False) -> np.ndarray:
     """One process's rows with its ``goodput.open`` records resolved.
 
     An open record (a phase in flight at a flush) is dropped when the phase's complete
@@ -127,6 +127,9 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     is kept with that end, the open flag cleared and ``F_ENDLESS`` set (its end is inferred:
     ``--definitions mgm`` does not take it for a recorded end). Of several open records of
     one phase, one is kept.
+
+    Returns a new array, or with ``in_place`` (and ``d`` writeable) the start of ``d``
+    itself, overwritten (no copy of the rows: for rows read for one accounting).
     """
     flags = d[:, C_FLAGS]
     is_open = (flags & F_OPEN) != 0
@@ -177,7 +180,25 @@ def resolve_open(d: np.ndarray) -> np.ndarray:
     op[:, C_END] = np.maximum(op[:, C_END], end)
     op[:, C_FLAGS] = (op[:, C_FLAGS] & ~F_OPEN) | F_ENDLESS
     # the other rows in file order, then the open records kept
+    if in_place and d.flags.writeable:
+        return _compact(d, is_open, op)
     return np.concatenate((np.compress(~is_open, d, axis=0), op))
+
+
+#: Rows moved at a time by :func:`_compact`.
+_CHUNK_ROWS = 1 << 16
+
+
+def _compact(d: np.ndarray, drop: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """``concatenate((d[~drop], tail))`` written over ``d`` itself, a chunk at a time
+    (``len(tail) <= drop.sum()``); returns the view of ``d`` it fills."""
+    w = int(np.argmax(drop))  # rows before the first dropped stay where they are
+    for i in range(w, len(d), _CHUNK_ROWS):
+        block = d[i : i + _CHUNK_ROWS][~drop[i : i + _CHUNK_ROWS]]  # (a copy)
+        d[w : w + len(block)] = block
+        w += len(block)
+    d[w : w + len(tail)] = tail
+    return d[: w + len(tail)]
 
 
 #: Rows of one kind below which :func:`_near` keeps them all (tests set 0).
@@ -344,12 +365,12 @@ def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
     time, :class:`~goodput_processor.open_records.OpenResolver`)."""
     if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
         if state is None:
-            data, settled = resolve_open(proc.data), None
+            data, settled = resolve_open(proc.data, job.rows_owned), None
         else:
             data, settled = state.setdefault("open", OpenResolver()).resolve(proc.data)
         return [_run(job, replace(proc, data=data, origin=origin, settled=settled), None,
                      memo)]
-    proc = replace(proc, data=resolve_open(proc.data), origin=origin)
+    proc = replace(proc, data=resolve_open(proc.data, job.rows_owned), origin=origin)
     return [_run(job, p if origin is None else replace(p, origin=(*origin, part)),
                  (attempt, part)) for part, p in enumerate(_split_runs(proc))]
 

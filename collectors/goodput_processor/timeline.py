@@ -150,6 +150,10 @@ class JobSpans:
     schema_versions: set[str] = field(default_factory=set)
     over_limit: Counter = field(default_factory=Counter)
     custom_sids: set[int] = field(default_factory=set, repr=False)
+    #: The accounting may write each process's open records resolved over its rows
+    #: (:func:`~goodput_processor.attempts.resolve_open` in place): set for rows read for
+    #: one accounting (``goodput report``), saving a copy of them.
+    rows_owned: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass
