@@ -49,6 +49,13 @@ def step(n, start, end=None, **kw):
                 [{"key": schema.ATTR_STEP, "value": {"intValue": str(n)}}], **kw)
 
 
+def opened(name, start, end, n=None, value=True, **kw):
+    """A span in flight at a flush (``goodput.open``), a step with its number first."""
+    attrs = [] if n is None else [{"key": schema.ATTR_STEP, "value": {"intValue": str(n)}}]
+    return span(name, start, end, attrs + [{"key": schema.ATTR_OPEN,
+                                           "value": {"boolValue": value}}], **kw)
+
+
 def window(start, end):
     return span("goodput.window", start, end, [{"key": "goodput.window.index",
                                                 "value": {"intValue": "1"}}], parent="",
@@ -115,6 +122,28 @@ def test_recorder_layout_is_read_from_the_text(tmp_path, monkeypatch):
         s = read_run_dir(tmp_path, workers=1, cache=False)
     assert len(s.jobs["job"].processes[(0, 0, "")].data) == 400
     same(tmp_path, monkeypatch)
+
+
+def test_the_last_spans_of_a_flush_are_read_from_the_text(tmp_path, monkeypatch):
+    t = T0
+    journal = line([step(1, t), span(schema.DATA_LOADING, t + 500, t + 600),
+                    opened(schema.STEP, t + 600, t + 900, 2)])  # a journal line: all forms
+    compacted = line([step(3, t + 1000), opened(schema.STEP, t + 1500, t + 1900, 4),
+                      window(t, t + 2000)])  # a compacted window: the open span, then it
+    lines = [journal.encode() + b"\n", compacted.encode() + b"\n"]
+    found = read_template.scan(lines)
+    assert [f[1].n for f in found] == [3, 2]
+    for raw, (skeleton, _) in zip(lines, found, strict=True):
+        full = json.loads(raw)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        left = json.loads(skeleton)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        assert left == full[len(full) - len(left):] and len(left) == len(full) - (
+            3 if raw is lines[0] else 2)
+    (tmp_path / "spans-p00000-a0000.jsonl").write_bytes(b"".join(lines))
+    with monkeypatch.context() as m:  # clean: no span read one by one
+        m.setattr(reader._Reader, "_spans_slow", lambda *a: pytest.fail("slow path"))
+        read_run_dir(tmp_path, workers=1, cache=False)
+    got = same(tmp_path, monkeypatch)
+    assert '"unknown"' not in got
 
 
 def test_a_resource_like_the_last_one_is_not_read_again(tmp_path, monkeypatch):
@@ -197,6 +226,24 @@ def _bad_lines() -> dict[str, str]:
         "torn_in_resource": c[:-20],
         "invalid_after": c[:-3] + ",}]}",
         "nan_resource": c.replace('"stringValue":"1.3"', '"doubleValue":NaN'),
+        "open_last": line(good + [opened(schema.STEP, t + 700, t + 800, 8)]),
+        "open_then_forms": line(good + [opened(schema.STEP, t + 700, t + 800, 8)] + good[:1]),
+        "open_mid": mid(opened(schema.STEP, t + 700, t + 800, 8)),
+        "open_no_step": mid(opened(schema.STEP, t + 700, t + 800)),
+        "open_false": line(good + [opened(schema.STEP, t + 700, t + 800, 8, value=False)]),
+        "open_checkpoint": line(good + [opened(schema.CHECKPOINT_SAVE, t + 700, t + 800)]),
+        "open_heartbeat": line(good + [opened(schema.HEARTBEAT, t + 700, t + 800)]),
+        "open_bad_last": line(good + [opened(schema.STEP, "0" + str(t + 700), t + 800, 8)]),
+        "open_end_before_start": line(good + [opened(schema.STEP, t + 700, t + 600, 8)]),
+        "one_form": line(good[:1]),
+        "one_form_one_attribute": line(good[:1], resource={"attributes": [
+            {"key": "service.name", "value": {"stringValue": "job"}}]}),
+        "forms_then_scope": json.dumps({"resourceSpans": [{"scopeSpans": [
+            {"scope": {"name": "goodput", "version": "0.1.0"}, "spans": good},
+            {"scope": {"name": "goodput", "version": "0.1.0"}, "spans": [step(5, t)]}],
+            "resource": RESOURCE}]}, separators=(",", ":")),
+        "forms_then_spans_again": line(good).replace(']}],"resource"', '],"spans":[' + json.dumps(
+            step(3, t), separators=(",", ":")) + ']}],"resource"', 1),
         "second_resource": json.dumps({"resourceSpans": json.loads(c)["resourceSpans"]
                                        + json.loads(line(good))["resourceSpans"]},
                                       separators=(",", ":")),

@@ -94,8 +94,9 @@ _U64 = 1 << 64
 _I64_MAX = (1 << 63) - 1
 #: Spans read into rows at once (see SpanRows._spans).
 _BATCH_SPANS = 4096
-#: Lines read at once (for read_template.scan).
-_CHUNK_LINES = 32
+#: Lines read at once (for read_template.scan): up to this many, or this many bytes.
+_CHUNK_LINES = 1024
+_CHUNK_BYTES = 2 << 20
 
 
 _VALUE_TYPES = (("intValue", int), ("stringValue", str), ("boolValue", bool),
@@ -150,6 +151,7 @@ class SpanRows:
         most ``left`` bytes of them (-1: all); read a chunk at a time, for the scan."""
         chunk: list = []
         scan = self._batch is not None
+        size = 0
         try:
             for lineno, line in enumerate(f, 1):
                 self.nlines = lineno
@@ -159,9 +161,10 @@ class SpanRows:
                         break
                     left -= len(line)
                 chunk.append((lineno, line))
-                if len(chunk) == _CHUNK_LINES:
+                size += len(line)
+                if size >= _CHUNK_BYTES or len(chunk) == _CHUNK_LINES:
                     yield from self._scanned(chunk, scan)
-                    chunk = []
+                    chunk, size = [], 0
         except (OSError, EOFError, zlib.error):
             yield from self._scanned(chunk, scan)  # the lines before it are read, as before
             raise

@@ -43,6 +43,7 @@ __all__ = ["Taken", "scan"]
 _PREFIX = re.compile(rb'\{"resourceSpans":\[\{"scopeSpans":\[\{"scope":\{"name":"[^"\\\x00-\x1f]*",'
                      rb'"version":"[^"\\\x00-\x1f]*"\},"spans":\[')
 _CUT = b'"spans":[{'
+_PAD = bytes(8)
 _I64_MAX = (1 << 63) - 1
 
 _IS_HEX = np.zeros(256, bool)
@@ -67,14 +68,20 @@ class Taken:
 class _Variant:
     """One form of a span's text between its braces: fixed bytes and fields."""
 
-    def __init__(self, kind: int, name: str, step_digits: int | None):
+    def __init__(self, kind: int, name: str, step_digits: int | None, flags: int | None):
         parts = ['"traceId":"', ("tid", 32), '","spanId":"', ("sid", 16),
                  '","parentSpanId":"', ("parent", 16),
                  f'","name":"{name}","kind":1,"startTimeUnixNano":"', ("start", 19),
                  '","endTimeUnixNano":"', ("end", 19), '"']
+        attrs = []
         if step_digits:
-            parts += [f',"attributes":[{{"key":"{schema.ATTR_STEP}","value":{{"intValue":"',
-                      ("ival", step_digits), '"}}]']
+            attrs += [f'{{"key":"{schema.ATTR_STEP}","value":{{"intValue":"',
+                      ("ival", step_digits), '"}}']
+        if flags is not None:  # an open span (the phase in flight at a flush)
+            attrs += [","] if attrs else []
+            attrs += [f'{{"key":"{schema.ATTR_OPEN}","value":{{"boolValue":true}}}}']
+        if attrs:
+            parts += [',"attributes":['] + attrs + [']']
         text, fields = b"", {}
         holes = []
         for p in parts:
@@ -85,41 +92,54 @@ class _Variant:
             fields[field] = slice(len(text), len(text) + width)
             holes.extend(range(len(text), len(text) + width))
             text += b"0" * width
-        self.kind, self.length, self.fields = kind, len(text), fields
-        self.template = np.frombuffer(text, np.uint8)
-        self.holes = np.zeros(len(text), bool)
-        self.holes[holes] = True
-        self._tiles = (np.empty(0, np.uint8), np.empty(0, np.uint8))
+        self.kind, self.length, self.fields, self.flags = kind, len(text), fields, flags or 0
+        # the fixed bytes (and a mask of them), padded to whole 8-byte words
+        self.width = width = -(-len(text) // 8) * 8
+        mask = np.zeros(width, np.uint8)
+        mask[:len(text)] = 255
+        mask[holes] = 0
+        fixed = np.zeros(width, np.uint8)
+        fixed[:len(text)] = np.frombuffer(text, np.uint8)
+        self._mask, self._fixed = mask.view(np.uint64), (fixed & mask).view(np.uint64)
 
     def matches(self, text: np.ndarray) -> np.ndarray:
-        """Per row of ``text`` (C-contiguous, ``length`` columns): its fixed bytes are
-        this form's? All rows at once, 8 bytes a step, first; row by row if one is not."""
-        size = text.size
-        mask, fixed = self._tiles
-        if len(mask) < size:  # the form's mask and fixed bytes, repeated
-            rows = max(size // self.length, 2 * len(mask) // self.length, 256)
-            one = np.where(self.holes, 0, 255).astype(np.uint8)
-            mask, fixed = np.tile(one, rows), np.tile(self.template & one, rows)
-            self._tiles = mask, fixed
-        flat, words = text.reshape(-1), size // 8 * 8
-        u64 = np.uint64
-        if ((flat[:words].view(u64) & mask[:words].view(u64)) == fixed[:words].view(u64)).all() \
-                and ((flat[words:] & mask[words:size]) == fixed[words:size]).all():
-            return np.ones(len(text), bool)
-        return _rows_all((text == self.template) | self.holes)
+        """Per row of ``text`` (C-contiguous uint8, ``width`` columns: a span's text from
+        its first byte, and what follows it to the width): its fixed bytes are this
+        form's? 8 bytes a step."""
+        return _rows_all((text.view(np.uint64) & self._mask) == self._fixed)
 
 
 def _variants() -> dict[int, list[_Variant]]:
+    """The forms by length: each kind without attributes, and with ``goodput.open`` true
+    (the flag it sets, as the reader reads it: ``F_OPEN`` where the kind reads it, else
+    none); a step also with its step number (1 to 19 digits) before that."""
+    from .read_spans import _KIND_ATTRS, flag_bit  # read_spans imports this module
+
     out: dict[int, list[_Variant]] = {}
     for kind, name in enumerate(tl.KIND_NAMES):
+        slot = _KIND_ATTRS[kind].get(schema.ATTR_OPEN)  # None: the attribute read past
+        opened = 0 if slot is None else flag_bit(slot, True) if slot >= 3 else None
         forms = [None] + (list(range(1, 20)) if name == schema.STEP else [])
         for digits in forms:
-            v = _Variant(kind, name, digits)
-            out.setdefault(v.length, []).append(v)
+            for flags in (None, opened) if opened is not None else (None,):
+                v = _Variant(kind, name, digits, flags)
+                out.setdefault(v.length, []).append(v)
     return out
 
 
-_VARIANTS = _variants()
+_VARIANTS: dict[int, list[_Variant]] = {}
+_LENGTHS = np.empty(0, np.int64)  # the forms' lengths, sorted
+_IS_LENGTH = np.zeros(1, bool)  # by length: a form's? (the last: any longer one)
+
+
+def _forms() -> dict[int, list[_Variant]]:
+    global _LENGTHS, _IS_LENGTH
+    if not _VARIANTS:
+        _VARIANTS.update(_variants())
+        _LENGTHS = np.array(sorted(_VARIANTS), np.int64)
+        _IS_LENGTH = np.zeros(_LENGTHS[-1] + 2, bool)
+        _IS_LENGTH[_LENGTHS] = True
+    return _VARIANTS
 _POW10 = 10 ** np.arange(18, -1, -1, dtype=np.int64)
 _POW16 = (1 << np.arange(60, -1, -4, dtype=np.uint64)).view(np.int64)
 
@@ -171,6 +191,7 @@ def scan(lines: list[bytes]) -> list[tuple[bytes, Taken] | None]:
     """Per line: ``(skeleton, taken)`` when spans could be taken out of it (parse the
     skeleton, and put ``taken`` before its first spans list's spans), else None."""
     out: list = [None] * len(lines)
+    forms = _forms()
     lines_at, cuts, first_at, ends = [], [], [], []  # per line with a cut
     offset = 0
     for j, line in enumerate(lines):
@@ -183,36 +204,115 @@ def scan(lines: list[bytes]) -> list[tuple[bytes, Taken] | None]:
         offset += len(line)
     if not lines_at:
         return out
-    buf = np.frombuffer(b"".join(lines), np.uint8)
+    buf = np.frombuffer(b"".join([*lines, _PAD]), np.uint8)  # a form's width past the end
     # each "},{" between spans: the position of its "{"
     brace = np.flatnonzero(buf == 123)
     brace = brace[brace >= 2]
     brace = brace[(buf[brace - 1] == 44) & (buf[brace - 2] == 125)]
-    lo_hi = np.searchsorted(brace, np.array(first_at + ends, np.int64).reshape(2, -1))
-    starts_parts, lens_parts, cands = [], [], []
-    n = 0
-    for j, at, first, (lo, hi) in zip(lines_at, cuts, first_at, lo_hi.T.tolist(), strict=True):
-        if hi == lo:  # one span or none: never one of its own (it runs to the line's end)
-            continue
-        b = brace[lo:hi]
-        starts = np.concatenate(([first], b[:-1] + 1))
-        starts_parts.append(starts)
-        lens_parts.append(b - 2 - starts)
-        cands.append((j, at, n, hi - lo, first - at - 10, int(b[-1]) + 1))
-        n += hi - lo
-    if not n:
+    first = np.array(first_at, np.int64)
+    end = np.array(ends, np.int64)
+    lo, hi = np.searchsorted(brace, np.stack((first, end)))
+    # Per line: its pieces, each the text of a span followed by "},{" (the leading ones
+    # are its first spans list's spans, the others are not forms), then one slot for the
+    # span after the last piece taken: one with a "},{" in it (two attributes), or the
+    # last of the list (followed by "}]").
+    m, count = len(lines_at), hi - lo
+    line_of = np.repeat(np.arange(m), count)
+    piece_base = np.cumsum(count) - count  # per line: its first piece
+    base = piece_base + np.arange(m)  # per line: its first slot
+    nslots = int(count.sum()) + m
+    pieces = np.arange(nslots - m) + np.repeat(lo - piece_base, count)  # into brace
+    starts = brace[pieces - 1] + 1
+    has = count > 0
+    starts[piece_base[has]] = first[has]
+    slot_start = np.empty(nslots, np.int64)  # where the span of each slot would start
+    slot_start[np.arange(nslots - m) + line_of] = starts
+    slot_start[base + count] = np.where(has, brace[np.maximum(hi - 1, 0)] + 1, first) \
+        if len(brace) else first
+    rows = np.empty((nslots, tl.NCOLS), np.int64)
+    tid_bytes = np.zeros((nslots, 32), np.uint8)
+    ok = np.zeros(nslots, bool)
+    # the pieces that can be taken: those before the first of a line that is no form's
+    # length (the rest of the line: the other spans and the resource)
+    lens = brace[pieces] - 2 - starts
+    slots = np.arange(nslots - m) + line_of
+    known = _IS_LENGTH[np.minimum(lens, len(_IS_LENGTH) - 1)]
+    if not known.all():
+        stop = np.minimum.reduceat(np.where(known, nslots, np.arange(nslots - m)),
+                                   piece_base[has])
+        known &= np.arange(nslots - m) < np.repeat(stop, count[has])
+        starts, lens, slots = starts[known], lens[known], slots[known]
+    _read(buf, forms, starts, lens, slots, rows, tid_bytes, ok)
+    taken = np.minimum.reduceat(np.where(ok, nslots, np.arange(nslots)), base) - base
+    # the span after them, when a form ends at a "}" followed by "]" or ",{"
+    at = slot_start[base + taken]
+    pos = at[:, None] + _LENGTHS
+    fits = pos + 2 < end[:, None]
+    pos = np.minimum(pos, len(buf) - 3)
+    after = buf[pos + 1]
+    li, ki = np.nonzero(fits & (buf[pos] == 125) & (
+        (after == 93) | ((after == 44) & (buf[pos + 2] == 123))))
+    last_end = np.full(m, -1, np.int64)
+    if len(li):  # a few per line (a "}]" inside the span's attributes too)
+        got = np.empty((len(li), tl.NCOLS), np.int64)
+        got_tids = np.zeros((len(li), 32), np.uint8)
+        got_ok = np.zeros(len(li), bool)
+        _read(buf, forms, at[li], _LENGTHS[ki], np.arange(len(li)), got, got_tids, got_ok)
+        # one per line at most (a span read as a form ends there: it cannot end elsewhere)
+        got_ok &= np.bincount(li[got_ok], minlength=m)[li] == 1
+        li, ki = li[got_ok], ki[got_ok]
+        slots = base[li] + taken[li]
+        rows[slots] = got[got_ok]
+        tid_bytes[slots] = got_tids[got_ok]
+        ok[slots] = True
+        last_end[li] = at[li] + _LENGTHS[ki]  # its "}"
+        taken[li] += 1
+    if not ok.any():
         return out
-    starts = np.concatenate(starts_parts)
-    lens = np.concatenate(lens_parts)
-    ok = np.zeros(n, bool)
-    rows = np.empty((n, tl.NCOLS), np.int64)
-    tid_bytes = np.zeros((n, 32), np.uint8)
+    # trace ids: numbered by runs of equal ones (a line has one or a few)
+    n = nslots
+    words = tid_bytes.view(np.uint64)
+    new_run = np.ones(n, bool)
+    new_run[1:] = (words[1:] != words[:-1]).any(1)
+    runs = np.flatnonzero(new_run)
+    numbers: dict = {}
+    run_codes = [numbers.setdefault(key, len(numbers))
+                 for key in map(bytes, tid_bytes[runs])]
+    codes = np.repeat(np.array(run_codes, np.int64), np.diff(np.append(runs, n)))
+    tids = [t.decode("ascii") for t in numbers]
+    line_start = np.array([e - len(lines[j]) for j, e in zip(lines_at, ends, strict=True)],
+                          np.int64)
+    # where the rest of each line starts: the first span not taken (after its "{", kept
+    # from the cut), or the list's end ("]": the "{" of the cut left out)
+    closes = np.zeros(m, bool)
+    closes[last_end >= 0] = buf[last_end[last_end >= 0] + 1] == 93
+    rests = np.where(last_end >= 0, last_end + np.where(closes, 1, 3),
+                     slot_start[base + np.minimum(taken, count)]) - line_start
+    for j, cut, b, k, rest, whole in zip(lines_at, cuts, base.tolist(), taken.tolist(),
+                                         rests.tolist(), closes.tolist(), strict=True):
+        if not k:
+            continue
+        line = lines[j]
+        tail = line[rest:]
+        if b'pans":' in tail or b'"scope":' in tail:  # "spans", "scopeSpans",
+            # "resourceSpans" or "scope" again, replacing what was cut: keep out
+            continue
+        out[j] = (line[:cut + (9 if whole else 10)] + tail,
+                  Taken(rows[b:b + k], tids, codes[b:b + k]))
+    return out
+
+
+def _read(buf: np.ndarray, forms: dict, starts: np.ndarray, lens: np.ndarray,
+          slots: np.ndarray, rows: np.ndarray, tid_bytes: np.ndarray, ok: np.ndarray):
+    """Read the texts ``buf[starts[i]:starts[i] + lens[i]]`` that are one of the forms
+    into ``rows[slots[i]]`` (its trace id's text into ``tid_bytes[slots[i]]``), and set
+    ``ok[slots[i]]``; the others are left as they are."""
     for length in np.flatnonzero(np.bincount(lens)).tolist():
-        variants = _VARIANTS.get(length)
+        variants = forms.get(length)
         if not variants:
             continue
         idx = np.flatnonzero(lens == length)
-        text = sliding_window_view(buf, length)[starts[idx]]
+        text = sliding_window_view(buf, variants[0].width)[starts[idx]]
         for v in variants:
             good = v.matches(text)
             if not good.any():
@@ -242,42 +342,12 @@ def scan(lines: list[bytes]) -> list[tuple[bytes, Taken] | None]:
             block[:, tl.C_KIND] = v.kind
             block[:, tl.C_IVAL] = ival
             block[:, tl.C_AUX] = tl.NONE
-            block[:, tl.C_FLAGS] = 0
+            block[:, tl.C_FLAGS] = v.flags
             block[:, tl.C_SIDX] = -1
             block[:, tl.C_SID] = sid  # int(spanId, 16), less 2**64 past 2**63
+            at = slots[at]
             rows[at] = block
             tid_bytes[at] = tid
             ok[at] = True
             if every:
                 break
-    if not ok.any():
-        return out
-    # trace ids: numbered by runs of equal ones (a line has one or a few)
-    words = tid_bytes.view(np.uint64)
-    new_run = np.ones(n, bool)
-    new_run[1:] = (words[1:] != words[:-1]).any(1)
-    runs = np.flatnonzero(new_run)
-    numbers: dict = {}
-    run_codes = [numbers.setdefault(key, len(numbers))
-                 for key in map(bytes, tid_bytes[runs])]
-    codes = np.repeat(np.array(run_codes, np.int64), np.diff(np.append(runs, n)))
-    tids = [t.decode("ascii") for t in numbers]
-    # per line: the spans taken (up to its first that is not a form), where the rest starts
-    firsts = np.array([c[2] for c in cands], np.int64)
-    counts = np.array([c[3] for c in cands], np.int64)
-    not_ok = np.where(ok, n, np.arange(n))
-    taken = np.minimum(np.minimum.reduceat(not_ok, firsts) - firsts, counts)
-    last = np.minimum(firsts + taken, n - 1)
-    rests = np.where(taken < counts, starts[last], [c[5] for c in cands]) - [c[4] for c in cands]
-    for (j, at, first, _, _, _), k, rest in zip(cands, taken.tolist(), rests.tolist(),
-                                                strict=True):
-        if not k:
-            continue
-        line = lines[j]
-        tail = line[rest:]
-        if (b'"spans":' in tail or b'"scopeSpans":' in tail or b'"resourceSpans":' in tail
-                or b'"scope":' in tail):  # a key again, replacing what was cut: keep out
-            continue
-        out[j] = (line[:at + 10] + tail,
-                  Taken(rows[first:first + k], tids, codes[first:first + k]))
-    return out

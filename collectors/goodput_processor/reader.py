@@ -326,9 +326,10 @@ class _Reader(SpanRows):
             job, proc, ok, version = self._resource(rs, exact)
             scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
             for si, ss in enumerate(scopes):
-                spans = ss.get("spans") or ()
-                scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name")
                 first = taken if ri == 0 and si == 0 else None
+                # with spans taken, the list left may be empty: a list still
+                spans = ss.get("spans") or ([] if first is not None else ())
+                scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name")
                 if not spans and first is None:
                     continue
                 if scope != schema.SCOPE_NAME:
