@@ -268,15 +268,19 @@ class Batch:
         else:
             rows, keep, segments = np.empty((0, _NCOLS), np.int64), np.ones(0, bool), []
         strings = self._strings
+        every = bool(keep.all())
         if self._taken:  # put the taken spans in their place
-            parts, keeps, tid_parts, to_final = [], [], [], []
+            parts, tid_parts, to_final = [], [], []
+            keeps: list | None = None if every else []  # (all kept: the usual)
             at = done = 0
             lines = iter(segments)
             for seg in self._segments:
                 if isinstance(seg, int):
                     parts.append(rows[at:at + seg])
-                    keeps.append(keep[at:at + seg])
-                    to_final.append(np.arange(done, done + seg))
+                    if keeps is not None:
+                        keeps.append(keep[at:at + seg])
+                    if strings:
+                        to_final.append(np.arange(done, done + seg))
                     covered = 0
                     while covered < seg:
                         line = next(lines)
@@ -286,14 +290,16 @@ class Batch:
                     done += seg
                 else:
                     parts.append(seg.rows)
-                    keeps.append(np.ones(seg.n, bool))
+                    if keeps is not None:
+                        keeps.append(np.ones(seg.n, bool))
                     tid_parts.append((seg.tids, seg.tcodes, seg.n))
                     done += seg.n
             if strings:
                 final = np.concatenate(to_final).tolist()
                 strings = [(final[i], values) for i, values in strings]
-            rows, keep, segments = np.concatenate(parts), np.concatenate(keeps), tid_parts
-        every = bool(keep.all())
+            rows, segments = np.concatenate(parts), tid_parts
+            if keeps is not None:
+                keep = np.concatenate(keeps)
         tids, tcodes = _trace_codes(segments, None if every else keep)
         if not every:
             rows = rows[keep]

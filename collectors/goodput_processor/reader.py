@@ -127,8 +127,9 @@ class _Reader(SpanRows):
         # While read_range reads (None otherwise, as goodput serve uses a reader): spans
         # lists of one process not yet made rows, as (spans, job, proc, where).
         self._batch: list | None = None
-        # The resource of the last line read (see _resource): (its text, what it gave).
-        self._last_resource: tuple = (None, None)
+        # The resource of the last line read (see _resource): (its text, what it gave, the
+        # parsed object).
+        self._last_resource: tuple = (None, None, None)
         self._fast = read_fast.Batch(_KIND_CODES, _KIND_ATTRS, _attr_value, _as_int, flag_bit)
 
     def _job(self, name: str) -> JobSpans:
@@ -186,7 +187,8 @@ class _Reader(SpanRows):
         stats = self.file_stats.setdefault(path, [0, 0, None])
         if self.max_string is None and self.max_custom_types is None:
             self._batch = []  # no limit to count in order: spans may wait for a batch
-        self._last_resource = (None, None)
+        self._last_resource = (None, None, None)
+        rest, parsed = None, None  # the rest of the last line with spans taken, parsed
         try:
             with read_io.open_spool(path) as f:
                 f.seek(start)
@@ -196,9 +198,12 @@ class _Reader(SpanRows):
                     stats[0] += 1
                     where = (path, lineno)
                     try:
-                        if pre is not None:  # spans taken from the text: parse the rest
+                        if pre is not None and pre[0] == rest:  # as the last line's rest
+                            req, exact = parsed  # (a journal's lines): parsed once, not changed
+                        elif pre is not None:  # spans taken from the text: parse the rest
                             try:
-                                req, exact = _loads_exact(pre[0])
+                                req, exact = parsed = _loads_exact(pre[0])
+                                rest = pre[0]
                             except (ValueError, RecursionError):  # as the whole line says
                                 pre = None
                                 req, exact = _loads_exact(line)
@@ -256,15 +261,18 @@ class _Reader(SpanRows):
         """
         if not exact or self.max_string is not None or _dumps is None:
             return self.resource_attrs(json_resource_attrs(rs))
+        last, got, last_rs = self._last_resource
+        if rs is last_rs:  # the same object (a line parsed once, read again): never changed
+            return got
         try:
             key = _dumps(rs.get("resource"))
         except TypeError:  # orjson.JSONEncodeError: not written back, read as it is
             key = None
-        last, got = self._last_resource
         if key is not None and key == last:
+            self._last_resource = (key, got, rs)
             return got
         got = self.resource_attrs(json_resource_attrs(rs))
-        self._last_resource = (key, got)
+        self._last_resource = (key, got, rs)
         return got
 
     def resource_attrs(self, attrs: dict):
@@ -273,7 +281,7 @@ class _Reader(SpanRows):
         Returns ``(job, proc, supported, schema_version)``; shared by the OTLP JSON path
         here and the protobuf path of :mod:`goodput_processor.serve.decode`.
         """
-        self._last_resource = (None, None)  # what it sets may differ from the last line's
+        self._last_resource = (None, None, None)  # what it sets may differ from the last line's
         name = job_name(attrs)
         try:
             attempt = _as_int(attrs.get(schema.RES_ATTEMPT, 0))
