@@ -58,6 +58,7 @@ import numpy as np
 from goodput import schema
 
 from .memo import cached, proc_key
+from .restart_rows import restart_rows, union_ns
 from .steptimes import runs_median
 from .timeline import (
     C_AUX,
@@ -70,10 +71,8 @@ from .timeline import (
     F_ENDLESS,
     F_ERROR,
     F_NONBLOCKING,
-    K_CHECKPOINT_RESTORE,
     K_JOB_END,
     K_LAUNCHER_EVENT,
-    K_PROGRAM_STARTUP,
     K_STEP,
     NCOLS,
     NONE,
@@ -230,19 +229,6 @@ def _last_progress(a, rows) -> int | None:
     return int(d[sel, C_END].max()) if sel.any() else None
 
 
-def _union_ns(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> tuple[int, list]:
-    """Length (ns) of the union of [starts, ends) clipped to [lo, hi), and its pieces."""
-    s, e = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
-    keep = e > s
-    pieces: list[tuple[int, int]] = []
-    for x, y in sorted(zip(s[keep].tolist(), e[keep].tolist(), strict=True)):
-        if pieces and x <= pieces[-1][1]:
-            pieces[-1] = (pieces[-1][0], max(pieces[-1][1], y))
-        else:
-            pieces.append((x, y))
-    return sum(y - x for x, y in pieces), pieces
-
-
 def _minus(pieces: list, other: list) -> int:
     """ns of ``pieces`` (disjoint, sorted) not covered by ``other`` (disjoint, sorted)."""
     total = 0
@@ -252,81 +238,27 @@ def _minus(pieces: list, other: list) -> int:
     return total
 
 
-def _restart_rows(r, bound: int | None, end_ns: int) -> tuple:
-    """What :func:`_restart_phases` reads of attempt ``r``'s primary rows (clipped to the
-    attempt, ending at ``end_ns``): the first phase's start, the first kept step's start,
-    the restore time and pieces before it, the compilation pieces before it, the blocking
-    compilation spans, the kept steps' starts (sorted) and ends, and whether a restore was
-    recorded."""
-    d = r.primary.data
-    kinds, flags = d[:, C_KIND], d[:, C_FLAGS]
-    blocking = (flags & F_NONBLOCKING) == 0
-    s, e = np.clip(d[:, C_START], r.start_ns, end_ns), np.clip(d[:, C_END], r.start_ns,
-                                                                end_ns)
-    phase = is_phase(kinds) & (e >= s)
-    first = int(s[phase].min()) if phase.any() else end_ns
-    steps = (kinds == K_STEP) & blocking & (e > s)
-    kept = steps & ((d[:, C_IVAL] <= bound) if bound is not None else True)
-    t_fk = int(s[kept].min()) if kept.any() else end_ns
-    t_fk = max(t_fk, first)
-    rest = (kinds == K_CHECKPOINT_RESTORE) & blocking
-    comp = (kinds == K_PROGRAM_STARTUP) & blocking
-    restore_ns, rest_pieces = _union_ns(s[rest], e[rest], first, t_fk)
-    _, comp_pieces = _union_ns(s[comp], e[comp], first, t_fk)
-    ks, ke = s[kept], e[kept]
-    order = np.argsort(ks, kind="stable")
-    return (first, t_fk, restore_ns, rest_pieces, comp_pieces, s[comp], e[comp], ks[order],
-            ke[order], bool(rest.any()))
-
-
-def _last_time(r, bound: int | None) -> int | None:
-    """The latest start or end of attempt ``r``'s primary rows when it has a phase and a
-    kept step (then :func:`_restart_rows` reads the same up to any end at or after it);
-    None otherwise (its first phase or first kept step defaults to the attempt's end)."""
-    d = r.primary.data
-    if not len(d):
-        return None
-    kinds = d[:, C_KIND]
-    s, e = np.maximum(d[:, C_START], r.start_ns), np.maximum(d[:, C_END], r.start_ns)
-    steps = (kinds == K_STEP) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0) & (e > s)
-    if bound is not None:
-        steps &= d[:, C_IVAL] <= bound
-    if not (is_phase(kinds) & (e >= s)).any() or not steps.any():
-        return None
-    return int(max(s.max(), e.max()))
-
-
 def _restart_phases(r, bound: int | None, result, resume: int | None,
                     memo=None) -> tuple[dict, int]:
     """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
     recompilation_warmup (ns or None), and the start of its first kept step (ns).
-    ``memo`` keeps what comes from ``r``'s rows (:func:`_restart_rows`)."""
-    # rows that end (and start) by the attempt's end read the same clipped at their own
-    # latest time: a running attempt whose rows did not change keeps its result as now moves
-    last = cached(memo, ("restart_last", proc_key(r.primary), r.start_ns, bound),
-                  lambda: _last_time(r, bound))
-    end = min(r.end_ns, last) if last is not None else r.end_ns
-    rows = cached(memo, ("restart", r.attempt, r.start_ns, end, proc_key(r.primary), bound),
-                  lambda: _restart_rows(r, bound, end))
-    first, t_fk, restore_ns, rest_pieces, comp_pieces, cs, ce, ks, ke, restored = rows
-    compile_ns = _minus(comp_pieces, rest_pieces)
+    ``memo`` keeps what comes from ``r``'s rows (:func:`.restart_rows.restart_rows`)."""
+    rows = restart_rows(r, bound, memo)
+    first, t_fk, restore_ns = rows.first, rows.t_fk, rows.restore_ns
+    compile_ns = _minus(rows.comp_pieces, rows.rest_pieces)
     # warm-up: the first kept step, and the leading steps slower than the attempt's level
     warm_ns, warm_end = 0, t_fk
-
-    def ends_at(t: int) -> np.ndarray:  # ends of the kept steps starting at t
-        return ke[np.searchsorted(ks, t, "left"):np.searchsorted(ks, t, "right")]
-
-    if len(ks):
-        first_row = ends_at(t_fk)
-        warm_end = int(first_row.max()) if len(first_row) else t_fk
+    if rows.kept:
+        end = rows.latest_end(t_fk)
+        warm_end = t_fk if end is None else end
         idx, excess, starts = warmup(result, r.attempt, memo)
         if len(idx):
             warm_ns = int(round(float(excess.sum())))
-            ends = ends_at(int(starts.max()))
-            if len(ends):
-                warm_end = max(warm_end, int(ends.max()))
-        warm_ns += _union_ns(cs, ce, t_fk, warm_end)[0]
-    if restored:
+            end = rows.latest_end(int(starts.max()))
+            if end is not None:
+                warm_end = max(warm_end, end)
+        warm_ns += union_ns(rows.comp_starts, rows.comp_ends, t_fk, warm_end)[0]
+    if rows.restored:
         restore = restore_ns
     elif resume is not None and resume > 0:
         restore = None  # resumed without a recorded restore: its time is in rendezvous_init
