@@ -124,10 +124,13 @@ def save(root: Path, files: list[Path], spans: SpanSet, now_s: float | None = No
                          "examples": list(job.examples),
                          "schema_versions": sorted(job.schema_versions),
                          "over_limit": dict(job.over_limit), "processes": procs})
-        rows = np.concatenate(parts) if parts else np.empty((0, tl.NCOLS), np.int64)
         fd, tmp = tempfile.mkstemp(prefix="rows-", suffix=".npy", dir=d)
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, rows, allow_pickle=False)
+        with os.fdopen(fd, "wb") as f:  # what np.save writes, without joining the parts
+            np.lib.format.write_array_header_1_0(f, {
+                "descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)),
+                "fortran_order": False, "shape": (at, tl.NCOLS)})
+            for part in parts:
+                f.write(np.ascontiguousarray(part, np.int64).data)
         index = {"key": _code_key(), "files": stats, "rows": os.path.basename(tmp),
                  "strings": list(spans.strings), "jobs": jobs,
                  "skipped": dict(spans.skipped), "examples": list(spans.examples),
