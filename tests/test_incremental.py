@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from otlp_fixtures import T0_NS, otlp_span, resource
+from otlp_fixtures import T0_NS, Timeline, otlp_span, resource
 from test_fast_paths import MS, T0, loop_jobs
 from test_properties import NOW, NS, _feed, _lines, jobs
 
@@ -262,6 +262,37 @@ def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed
             except ValueError as e:
                 m_live = str(e)
             assert m_live == m_fresh
+
+
+def test_a_live_os_process_is_resolved_once_for_the_report_and_the_windows(tmp_path):
+    """A running OS process of ``goodput serve``'s store, with a step in flight at every
+    flush and a few whose end was lost, taken in a few lines at a time: after each, the
+    report and the rolling windows through the store's memos equal accounting afresh, and
+    both memos keep one resolver of its open records (:mod:`goodput_processor.open_records`)
+    between them."""
+    tl = Timeline(job="live").os_process(4242, 0).job_start(0)
+    for n in range(60):
+        t = 1 + n
+        tl.open(schema.STEP, t, t + 0.5, {schema.ATTR_STEP: n})  # in flight at a flush
+        if n % 7 != 3:  # (some ends lost: their phase runs until the next step began)
+            tl.step(n, t, t + 0.9)
+    lines = tl.write(tmp_path, spans_per_line=3).read_bytes().splitlines(keepends=True)
+    store = LiveStore(min_interval_s=0)
+    for k in range(0, len(lines), 2):
+        for i, line in enumerate(lines[k : k + 2]):
+            store.ingest_line(line, ("journal", k + i))
+        snap = store.snapshot("live")
+        now = max(int(p.data[:, C_END].max()) for p in snap.processes.values()) + MS
+        (live,) = store.results(now_ns=now, job="live")
+        assert live.attempts[-1].end_reason == "running"
+        assert _state(live) == _state(account(snap, None, now))
+        with store.memo("live", windows=True) as memo:
+            w_live = account_windows(store.snapshot("live"), (5, 60), None, now, memo)
+        assert w_live[1] == account_windows(snap, (5, 60), None, now)[1]
+    _, memos = store._memos["live"]
+    assert memos[False].processes is memos[True].processes
+    (state,) = memos[False].processes.values()
+    assert state["open"].n == sum(len(p.data) for p in store.snapshot("live").processes.values())
 
 
 def _steps(n: int, first: int = 0) -> list:

@@ -52,9 +52,11 @@ def proc_key(p) -> tuple:
 def process_state(memo: AccountingMemo, origin: tuple) -> dict:
     """What is kept of one process across polls (its open records' resolver, the summaries
     of :func:`folded`), by the process's key and resource identity in ``origin`` (a
-    ``ProcessSpans.origin``). Kept while each accounting asks for it
+    ``ProcessSpans.origin``), in ``memo.processes``. Kept while each accounting asks for it
     (:func:`goodput_processor.attempts.build_attempts` does, for every process)."""
-    return memo.get(("process", origin[0], origin[2]), dict)
+    key = (origin[0], origin[2])
+    memo._touched.add(key)
+    return memo.processes.setdefault(key, {})
 
 
 def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params):
@@ -103,11 +105,18 @@ class AccountingMemo:
     use, so the memo holds one accounting's worth of results (memory bounded by the job's
     rows, not by the number of polls). Not thread-safe: one accounting at a time.
     ``hits``/``misses`` count lookups (for tests and benchmarks).
+
+    ``processes`` holds what is kept per process (:func:`process_state`); memos of one job
+    may share it (``goodput serve``'s report and rolling windows: one copy of a process's
+    resolved rows), if their accountings run one at a time. After each accounting, the
+    processes it did not ask for are dropped from it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, processes: dict | None = None) -> None:
         self._old: dict = {}
         self._new: dict = {}
+        self.processes: dict = {} if processes is None else processes
+        self._touched: set = set()
         self.hits = 0
         self.misses = 0
 
@@ -137,8 +146,11 @@ class AccountingMemo:
         return value
 
     def end_round(self) -> None:
-        """End of one accounting: results it did not use are dropped."""
+        """End of one accounting: results and processes it did not use are dropped."""
         self._old, self._new = self._new, {}
+        for key in [k for k in self.processes if k not in self._touched]:
+            del self.processes[key]
+        self._touched = set()
 
     def __len__(self) -> int:
         return len(self._old) + len(self._new)

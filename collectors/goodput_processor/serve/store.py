@@ -98,7 +98,7 @@ class LiveStore:
         self._rows: dict[str, dict[tuple, ProcessRows]] = {}  # job -> process -> rows taken
         self._dups: Counter = Counter()  # job -> duplicates dropped from its rows
         self._done: dict[str, tuple] = {}  # job -> (version, now, result): nothing running
-        self._memos: dict[tuple, tuple] = {}  # (job, windows) -> (lock, AccountingMemo)
+        self._memos: dict[str, tuple] = {}  # job -> (lock, {windows: AccountingMemo})
         self._last_seen: dict[str, float] = {}  # job -> wall-clock s of its last span
         #: Counters: ``requests``, ``spans`` (of any scope), ``lines`` (spool lines), and
         #: ``refused_<reason>`` for requests refused (see :meth:`count`).
@@ -315,12 +315,15 @@ class LiveStore:
     def memo(self, name: str, windows: bool = False):
         """Job ``name``'s :class:`~goodput_processor.memo.AccountingMemo`, held for one
         accounting (accountings of one job wait for each other; ``windows``: the memo of
-        the accountings with rolling windows, kept apart)."""
+        the accountings with rolling windows, kept apart but for what is kept per process,
+        which both share: one copy of each process's resolved rows)."""
         with self._lock:
-            lock, memo = self._memos.setdefault((name, windows),
-                                                (threading.Lock(), AccountingMemo()))
+            lock, memos = self._memos.setdefault(name, (threading.Lock(), {}))
         with lock:
-            yield memo
+            if windows not in memos:
+                shared = next(iter(memos.values())).processes if memos else None
+                memos[windows] = AccountingMemo(shared)
+            yield memos[windows]
 
     def account(self, name: str, now_ns: int | None = None) -> JobResult:
         """Account job ``name`` now, isolated: an exception of the accounting gives a
@@ -463,8 +466,7 @@ class LiveStore:
                 self._rows.pop(name, None)
                 self._dups.pop(name, None)
                 self._done.pop(name, None)
-                self._memos.pop((name, False), None)
-                self._memos.pop((name, True), None)
+                self._memos.pop(name, None)
                 self._rate.forget(name)
             _log.info("goodput serve: job %r left after %g s without spans", name,
                       self.retention_s)
