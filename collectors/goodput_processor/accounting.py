@@ -23,18 +23,17 @@ from .attribution import host_badput
 from .checks import file_warnings, job_warnings
 from .elastic import slice_efficiency, slice_records
 from .memo import AccountingMemo, cached, proc_key
-from .painting import _Acc, resume_step
+from .painting import _Acc
 from .reader import read_run_dir
 from .recovery import recovery_report
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
 from .steptimes import step_stats
 from .stragglers import straggler_report
+from .summaries import error_spans, resume_of, resume_step
 from .timeline import (
-    C_FLAGS,
     C_IVAL,
     C_KIND,
     C_START,
-    F_ERROR,
     K_STEP,
     NONE,
     RUN_ATTRIBUTES,
@@ -99,7 +98,7 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     attempts = build_attempts(job, now_ns, memo)
     acc = _Acc(job, attempts, keep_segments, memo)
     resume = [cached(memo, ("resume", proc_key(a.primary)),
-                     lambda a=a: resume_step(a.primary.data)) for a in attempts]
+                     lambda a=a: resume_of(a.primary, memo)) for a in attempts]
     rows, recovery_ns, bounds = [], 0, []
     for i, a in enumerate(attempts):
         later = [r for r in resume[i + 1 :] if r is not None]
@@ -113,7 +112,7 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
                 for p in a.processes[1:]])
         if has_next:
             recovery_ns += attempts[i + 1].start_ns - a.end_ns
-        errors = sum(cached(memo, ("errors", proc_key(p)), lambda p=p: _error_spans(p.data))
+        errors = sum(cached(memo, ("errors", proc_key(p)), lambda p=p: error_spans(p, memo))
                      for p in a.processes)
         rows.append(AttemptResult(
             attempt=a.attempt, start_ns=a.start_ns, end_ns=a.end_ns,
@@ -136,11 +135,6 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
                      slowdown_unattributed_s=unattributed)
     # --- end recovery
     return result, attempts, acc
-
-
-def _error_spans(d: np.ndarray) -> int:
-    """Rows of one process with status ERROR."""
-    return int(((d[:, C_FLAGS] & F_ERROR) != 0).sum())
 
 
 def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s):

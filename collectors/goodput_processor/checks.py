@@ -8,22 +8,11 @@ returns :class:`~goodput_processor.report.ReportWarning` objects with a stable `
 
 from __future__ import annotations
 
-import numpy as np
-
 from .attempts import Attempt
 from .memo import cached, proc_key
 from .report import JobResult, ReportWarning
-from .timeline import (
-    C_END,
-    C_IVAL,
-    C_KIND,
-    C_START,
-    K_ACCELERATOR_INIT,
-    K_CHECKPOINT_RESTORE,
-    K_STEP,
-    NONE,
-    JobSpans,
-)
+from .summaries import StepOrder, step_order_of
+from .timeline import JobSpans
 
 __all__ = ["CODES", "file_warnings", "job_warnings"]
 
@@ -34,12 +23,6 @@ CODES = (
     "spool_file_skipped", "empty_spool_file", "spans_rejected", "ideal_step_time_contradicted",
     "over_limit",
 )
-#: A span ending this long before its attempt's start (or steps overlapping by this much)
-#: is a clock that moved, not a rounding.
-_CLOCK_SLACK_NS = 1_000_000_000
-#: A span starting before this (2001-09-09) comes from a clock that was never set (a node
-#: booted without NTP reads 1970) or from an explicit timestamp in the wrong unit.
-_PLAUSIBLE_NS = 10**18
 _MS = 1_000_000
 
 
@@ -53,7 +36,8 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
     for i, a in enumerate(attempts):
         key = ("warnings", proc_key(a.primary), a.attempt, a.start_ns, a.primary.index,
                i > 0, reached)
-        found, reached = cached(memo, key, lambda a=a, i=i, r=reached: _attempt_warnings(a, i, r))
+        found, reached = cached(memo, key, lambda a=a, i=i, r=reached: _attempt_warnings(
+            a, i, r, memo))
         out += found
     counts = [(a.attempt, a.declared_process_count) for a in attempts
               if a.declared_process_count is not None]
@@ -87,37 +71,30 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
     return out
 
 
-def _attempt_warnings(a: Attempt, i: int, reached: int | None) -> tuple[list, int | None]:
+def _attempt_warnings(a: Attempt, i: int, reached: int | None,
+                      memo=None) -> tuple[list, int | None]:
     """The warnings of attempt ``a`` (the ``i``-th) from its primary's steps, given the
-    highest step reached before it; -> (warnings, highest step reached so far)."""
+    highest step reached before it; -> (warnings, highest step reached so far). The
+    primary's rows are read through ``memo`` (:func:`.summaries.step_order_of`)."""
     out: list = []
-    d = a.primary.data
-    kinds = d[:, C_KIND]
-    sel = np.flatnonzero((kinds == K_STEP) & (d[:, C_IVAL] != NONE))
-    nums, starts, ends = d[sel, C_IVAL], d[sel, C_START], d[sel, C_END]
-    if len(starts) > 1 and not (np.diff(starts) > 0).all():
-        # in time order, ties by step number: the order spans arrived in must not matter
-        order = np.lexsort((ends, nums, starts))
-        nums, starts, ends = nums[order], starts[order], ends[order]
-    restored = bool((kinds == K_CHECKPOINT_RESTORE).any())
-    if i and len(nums) and reached is not None and not restored and nums[0] <= reached:
+    s = step_order_of(a.primary, a.start_ns, memo)
+    if i and s.steps and reached is not None and not s.restored and s.first[1] <= reached:
         out.append(ReportWarning(
             "steps_restart_without_restore",
-            f"attempt {a.attempt} starts at step {int(nums[0])}, at or below step "
+            f"attempt {a.attempt} starts at step {s.first[1]}, at or below step "
             f"{reached} reached before, and records no checkpoint restore: its earlier "
             "steps count as wasted. If it resumed from a checkpoint, record the restore "
             "(goodput.checkpoint_restore(step=...) or an instrumented checkpoint API)",
             a.attempt, a.primary.index))
-    back = int((np.diff(nums) < 0).sum())
-    if back:
+    if s.back:
         out.append(ReportWarning(
             "steps_backwards",
-            f"attempt {a.attempt}: the step number goes down {back} time(s) within the "
+            f"attempt {a.attempt}: the step number goes down {s.back} time(s) within the "
             "attempt (a counter reset, or two loops recording steps)",
             a.attempt, a.primary.index))
-    out += _clock(a, d, starts, ends)
-    if len(nums):
-        reached = int(nums.max()) if reached is None else max(reached, int(nums.max()))
+    out += _clock(a, s)
+    if s.steps:
+        reached = s.highest if reached is None else max(reached, s.highest)
     return out, reached
 
 
@@ -139,14 +116,11 @@ def _missing_attempts(attempts: list[Attempt]) -> list:
     return out
 
 
-def _clock(a: Attempt, d: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list:
+def _clock(a: Attempt, s: StepOrder) -> list:
     """The wall clock moved under the process: spans that end well before the attempt
-    started, or steps that overlap."""
+    started, or steps that overlap (``s``: the primary's steps, :func:`_attempt_warnings`)."""
     out = []
-    early = int(((d[:, C_KIND] >= K_ACCELERATOR_INIT)
-                 & (d[:, C_END] < a.start_ns - _CLOCK_SLACK_NS)).sum())
-    overlap = int((starts[1:] < ends[:-1] - _CLOCK_SLACK_NS).sum()) if len(starts) else 0
-    unset = int((d[:, C_START] < _PLAUSIBLE_NS).sum())
+    early, overlap, unset = s.early, s.overlap, s.unset
     if unset:
         out.append(ReportWarning(
             "clock_jump",

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .memo import cached, proc_key
-from .timeline import C_AUX, C_IVAL, C_KIND, C_SIDX, C_START, K_ELASTIC_SLICES, NONE, JobSpans
+from .summaries import elastic_markers
+from .timeline import C_AUX, C_IVAL, C_SIDX, C_START, NONE, JobSpans
 
 __all__ = ["SliceEfficiency", "slice_efficiency", "slice_records"]
 
@@ -61,12 +62,7 @@ def slice_records(job: JobSpans, processes=None, memo=None) -> np.ndarray:
     """
     rows = []
     for p in (job.processes.values() if processes is None else processes):
-        d = p.data
-
-        def markers(d=d):
-            return d[d[:, C_KIND] == K_ELASTIC_SLICES]
-
-        for r in cached(memo, ("slices", proc_key(p)), markers):
+        for r in cached(memo, ("slices", proc_key(p)), lambda p=p: elastic_markers(p, memo)):
             sidx = int(r[C_SIDX])
             try:
                 available = int(job.strings[sidx]) if sidx >= 0 else 0

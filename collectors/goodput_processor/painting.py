@@ -18,6 +18,8 @@ from goodput import schema
 from .attempts import Attempt
 from .memo import AccountingMemo, cached, proc_key, rows_key
 from .pieces import running_pieces
+from .summaries import custom_sids, resume_step
+from .summaries import step_counts as _step_counts
 from .timeline import (
     C_AUX,
     C_END,
@@ -62,27 +64,6 @@ _PRIORITY = ("wasted_progress", "elastic_slice_down", "elastic_scale_up", "check
              "program_startup", "accelerator_init", "training_prep", "process_startup", "step")
 #: Split of int64 ns for exact float sums: 2**26 (low parts sum exactly over 2**27 terms).
 _SPLIT = 1 << 26
-
-
-def _step_counts(aux: np.ndarray) -> np.ndarray:
-    """Steps each step span covers: ``goodput.step.count`` (column aux), absent or < 1 = 1."""
-    return np.where(aux == NONE, 1, np.maximum(aux, 1))
-
-
-def resume_step(d: np.ndarray) -> int | None:
-    """Resume step of an attempt from its primary process's records (see the docs):
-    the step of its first checkpoint restore, else its first step span's step minus the
-    number of steps that span covers (1 for a recorded step)."""
-    kinds, ival, start = d[:, C_KIND], d[:, C_IVAL], d[:, C_START]
-    for kind in (K_CHECKPOINT_RESTORE, K_STEP):
-        rows = np.flatnonzero((kinds == kind) & (ival != NONE))
-        if len(rows):
-            rows = rows[start[rows] == start[rows].min()]  # ties: the lowest step
-            r = rows[np.argmin(ival[rows])]
-            if kind == K_CHECKPOINT_RESTORE:
-                return int(ival[r])
-            return int(ival[r]) - int(_step_counts(d[r : r + 1, C_AUX])[0])
-    return None
 
 
 def _paint(a0: int, a1: int, starts, ends, levels, nlevels: int):
@@ -167,12 +148,8 @@ def _int_bincount(idx: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
 def _custom_types(job: JobSpans, attempts: list[Attempt], memo=None) -> list[str]:
     types = set()
     for a in attempts:
-        d = a.primary.data
-
-        def sids(d=d):
-            return np.unique(d[d[:, C_KIND] == K_CUSTOM_BADPUT][:, C_SIDX]).tolist()
-
-        for s in cached(memo, ("custom", proc_key(a.primary)), sids):
+        for s in cached(memo, ("custom", proc_key(a.primary)),
+                        lambda p=a.primary: custom_sids(p, memo)):
             types.add(_type_name(job, s))
     return sorted(types)
 
