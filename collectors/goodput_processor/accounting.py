@@ -309,6 +309,8 @@ def report_run_dir(
             def compute(js=js):
                 return account_excluding(js, exclusions_ns, ideal_step_time_s, now_ns)
         else:
+            js.rows_owned = True  # (read here for this one accounting: resolved in place)
+
             def compute(js=js):
                 return account(js, ideal_step_time_s, now_ns)
         r = isolated(name, compute, lambda e, n=name: _log.exception(
