@@ -121,9 +121,13 @@ def report(
         if job not in spans.jobs:
             raise KeyError(f"no job named {job!r} in {spans.path} (jobs: {', '.join(names)})")
         names = [job]
-    if at_ns is None:
-        return [one(spans.jobs[n]) for n in names]
-    return [one(as_of(spans.jobs[n], at_ns)) for n in names]
+    out = []
+    for n in names:
+        js = spans.jobs[n] if at_ns is None else as_of(spans.jobs[n], at_ns)
+        # (read here for this one accounting: its open records resolved in place)
+        js.rows_owned = definitions == "mgm" and not exclusions_ns
+        out.append(one(js))
+    return out
 
 
 def to_json(definitions: str, results: Sequence, indent: int | None = 2) -> str:
