@@ -371,7 +371,8 @@ class _Reader(SpanRows):
                 proc.run.update(op.run)
                 if len(op._buf):
                     d = np.frombuffer(op._buf, np.int64).reshape(-1, tl.NCOLS)
-                    d[:, tl.C_SIDX] = smap[d[:, tl.C_SIDX]]
+                    if other.strings:  # else every sidx is -1
+                        d[:, tl.C_SIDX] = smap[d[:, tl.C_SIDX]]
                     d[:, tl.C_TIDX] = tmap[d[:, tl.C_TIDX]]
                     proc._buf.extend(op._buf)  # memcpy; grows in place (mremap)
         self.skipped.update(other.skipped)
