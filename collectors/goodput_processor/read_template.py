@@ -10,11 +10,14 @@ Most of a spool is lines the recorder wrote, with ``goodput.step`` and
 Parsing them (orjson) and reading the parsed dicts cost about 1 us a span. :func:`scan`
 reads a chunk of lines at once with numpy instead: each line's spans array is cut at
 ``},{``, and each piece that is byte for byte one of these forms (:data:`_VARIANTS`: every
-goodput kind without attributes, a step with its step number; lowercase hex ids, decimal
+goodput kind without attributes, a step with its step number, each of these also with
+``goodput.open`` true last (the span in flight at a flush); lowercase hex ids, decimal
 times) gives its row directly. The leading run of such spans of a line's first spans list
-is taken out of the line; the rest of the line (the skeleton, with the other spans and the
-resource) is parsed by orjson as before, and the reader puts the taken rows before that
-list's other spans.
+is taken out of the line, and after it one more span that is a form and ends at a ``}``
+followed by ``]`` (the list's last span: a journal line is often all forms) or by ``,{``
+(a span with two attributes, cut in two at ``},{``). The rest of the line (the skeleton,
+with the other spans and the resource; its first spans list may be left empty) is parsed
+by orjson as before, and the reader puts the taken rows before that list's other spans.
 
 This gives exactly what parsing the whole line gives, because it is done only when the cut
 cannot change the meaning of the line: no backslash in the line (no escaped character,
@@ -22,9 +25,11 @@ so every key is written as it reads), the text before the cut is exactly
 ``{"resourceSpans":[{"scopeSpans":[{"scope":{"name":"...","version":"..."},"spans":[``
 (so the array cut is the first resource's first scope's spans list), and the rest of the
 line holds none of the keys ``"resourceSpans"``, ``"scopeSpans"``, ``"scope"``, ``"spans"``
-(so no duplicate key replaces what was cut). A span taken is a JSON object of its own, so
-the line is valid JSON exactly when its skeleton is; the reader parses the skeleton, and
-where that fails, the whole line as before (for the same error message).
+(so no duplicate key replaces what was cut; checked as ``pans":`` and ``"scope":``, which
+refuses a little more). A span taken is a JSON object of its own (its strings hold no
+quote: it ends where its form ends), so the line is valid JSON exactly when its skeleton
+is; the reader parses the skeleton, and where that fails, the whole line as before (for
+the same error message).
 """
 
 from __future__ import annotations
