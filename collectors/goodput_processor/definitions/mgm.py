@@ -300,7 +300,10 @@ class _Round:
     out (the caller ends it)."""
 
     def __init__(self, memo: AccountingMemo) -> None:
-        self.get = memo.get
+        self._memo = memo
+
+    def __getattr__(self, name: str):
+        return getattr(self._memo, name)
 
     def end_round(self) -> None:
         pass
