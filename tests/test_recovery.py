@@ -19,15 +19,16 @@ from test_cli import goodput
 from test_metrics import _points
 
 from goodput import schema
-from goodput_processor.accounting import report_run_dir
+from goodput_processor.accounting import account, report_run_dir
 from goodput_processor.metrics import GoodputMetrics
 from goodput_processor.recovery import PHASES
 from goodput_processor.report import job_to_dict
+from goodput_processor.serve.store import LiveStore
 
 HOSTS, SLOW, CRASH = 16, 5, 12
 
 
-def _two_rank_restart(d, *, launcher=None, pods=False):
+def _two_rank_restart(d, *, launcher=None, pods=False, spans_per_line=512):
     """Attempt 0: 2 ranks, steps 1-14 of 1 s, save of step 10; rank 1 falls silent at 19.3
     (its last heartbeat), rank 0 ends with an exception at 20. Attempt 1 from 25: accelerator
     init 27-29, prep 29-30, gap, restore of step 10 30.5-32, compilation 32-34, step 11 of
@@ -49,7 +50,7 @@ def _two_rank_restart(d, *, launcher=None, pods=False):
             tl.heartbeat(19, 19.3)
         else:
             tl.job_end(20, reason="exception")
-        tl.write(d)
+        tl.write(d, spans_per_line=spans_per_line)
     for p in (0, 1):
         extra = {}
         if pods:
@@ -67,7 +68,7 @@ def _two_rank_restart(d, *, launcher=None, pods=False):
         for i, n in enumerate(range(12, 21)):
             tl.step(n, 36.5 + i, 37.5 + i)
         tl.job_end(45.5)
-        tl.write(d)
+        tl.write(d, spans_per_line=spans_per_line)
     if launcher:  # torchelastic's agent on node0: it saw rank 1 (pid 101) die of SIGKILL at 19.4
         tl = Timeline(process=0, host="node0", **{schema.RES_PROCESS_ROLE: "launcher",
                                     schema.RES_PROCESS_PID: 99,
@@ -80,7 +81,7 @@ def _two_rank_restart(d, *, launcher=None, pods=False):
             schema.ATTR_LAUNCHER_RESTART_COUNT: 0, schema.ATTR_LAUNCHER_GLOBAL_RANK: 1})
         tl.span(schema.LAUNCHER_EVENT, 21, 23, {
             schema.ATTR_LAUNCHER_EVENT: "torchelastic.worker.status.RENDEZVOUS"})
-        tl.heartbeat(23, 46).write(d)
+        tl.heartbeat(23, 46).write(d, spans_per_line=spans_per_line)
     return d
 
 
@@ -126,6 +127,27 @@ def test_launcher_events_tell_a_signal_and_leave_the_attempts_alone(tmp_path):
     assert rec.first_failure.process == 1
     assert rec.evidence["launcher_detected_after_s"] == pytest.approx(0.1)
     assert rec.evidence["launcher_rendezvous_s"] == pytest.approx(2.0)
+
+
+def test_launcher_events_polled_live_equal_the_report(tmp_path):
+    """The same run taken in by ``goodput serve``'s store a few lines at a time and polled
+    with its memo after each (the launcher's events summarised a batch at a time): every
+    poll equals accounting afresh, and the last one the report, launcher evidence included."""
+    run = _two_rank_restart(tmp_path / "agent", launcher=True, spans_per_line=1)
+    lines = [(f, line) for f in sorted(run.glob("*.jsonl"))
+             for line in f.read_bytes().splitlines(keepends=True)]
+    store = LiveStore(min_interval_s=0)
+    for i, (f, line) in enumerate(lines):
+        store.ingest_line(line, (str(f), i))
+        for name in store.jobs():
+            (live,) = store.results(now_ns=Timeline().ns(100), job=name)
+            fresh = account(store.snapshot(name), None, Timeline().ns(100))
+            assert job_to_dict(live) == job_to_dict(fresh)
+    (rec,) = live.recovery
+    assert rec.evidence["launcher_detected_after_s"] == pytest.approx(0.1)
+    assert rec.evidence["launcher_rendezvous_s"] == pytest.approx(2.0)
+    (r,) = report_run_dir(run, now_ns=Timeline().ns(100))
+    assert job_to_dict(live) == job_to_dict(r)
 
 
 def test_pod_times_split_the_rescheduling(tmp_path):

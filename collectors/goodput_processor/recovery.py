@@ -51,13 +51,13 @@ resource (pod created, scheduled, container started), reported in :attr:`Recover
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from goodput import schema
 
-from .memo import cached, proc_key
+from .memo import cached, folded, proc_key
 from .restart_rows import restart_rows, union_ns
 from .steptimes import runs_median
 from .timeline import (
@@ -139,29 +139,44 @@ class Recovery:
         return sum(v for v in self.phases.values() if v is not None)
 
 
-def launcher_failures(job: JobSpans) -> dict[tuple[str | None, int], tuple[int, int]]:
+def _launcher_events(job: JobSpans, memo=None) -> list:
+    """``[(process, its goodput.launcher_event rows)]`` for the job's processes with role
+    ``launcher`` (their rows only grow at the end: ``memo`` keeps the events of the rows
+    read, :func:`~goodput_processor.memo.folded`, so a launcher's heartbeats are not read
+    again at every poll)."""
+    out = []
+    for key, p in job.processes.items():
+        if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not len(p.data):
+            continue
+        raw = replace(p, origin=(key, None, ("launcher", p.instance)), settled=len(p.data))
+        out.append((p, folded(memo, "launcher_events", raw,
+                              lambda d: d[d[:, C_KIND] == K_LAUNCHER_EVENT],
+                              lambda x, y: np.concatenate((x, y)))))
+    return out
+
+
+def launcher_failures(job: JobSpans, memo=None) -> dict[tuple[str | None, int], tuple[int, int]]:
     """Workers a launcher saw fail: ``(host, pid) -> (time ns, exit code)``, the first such
     event per worker. Read from ``goodput.launcher_event`` spans of processes with role
     ``launcher`` that name a worker pid and a non-zero exit code (torchelastic's convention:
-    negative = killed by that signal)."""
+    negative = killed by that signal). ``memo``: see :func:`_launcher_events`."""
+    return _failures(_launcher_events(job, memo))
+
+
+def _failures(events: list) -> dict[tuple[str | None, int], tuple[int, int]]:
     out: dict[tuple[str | None, int], tuple[int, int]] = {}
-    for p in job.processes.values():
-        if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not len(p.data):
-            continue
-        d = p.data[p.data[:, C_KIND] == K_LAUNCHER_EVENT]
+    for p, d in events:
         d = d[(d[:, C_IVAL] != NONE) & (d[:, C_AUX] != NONE) & (d[:, C_AUX] != 0)]
         for row in d[np.argsort(d[:, C_END], kind="stable")]:
             out.setdefault((p.host, int(row[C_IVAL])), (int(row[C_END]), int(row[C_AUX])))
     return out
 
 
-def _launcher_rendezvous(job: JobSpans, t0: int, t1: int) -> int | None:
-    """ns of launcher rendezvous events (name containing ``RENDEZVOUS``) ending in [t0, t1]."""
+def _launcher_rendezvous(job: JobSpans, events: list, t0: int, t1: int) -> int | None:
+    """ns of launcher rendezvous events (name containing ``RENDEZVOUS``) ending in [t0, t1]
+    (``events``: :func:`_launcher_events`)."""
     total, seen = 0, False
-    for p in job.processes.values():
-        if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not len(p.data):
-            continue
-        d = p.data[p.data[:, C_KIND] == K_LAUNCHER_EVENT]
+    for _p, d in events:
         for row in d[(d[:, C_END] >= t0) & (d[:, C_END] <= t1)]:
             name = job.strings[row[C_SIDX]] if 0 <= row[C_SIDX] < len(job.strings) else ""
             if "RENDEZVOUS" in name.upper():
@@ -356,7 +371,8 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
         memo: an :class:`~goodput_processor.memo.AccountingMemo` keeping what comes from
             one attempt's rows (its first failure and last progress, the restart's rows).
     """
-    failures = launcher_failures(job)
+    events = _launcher_events(job, memo)
+    failures = _failures(events)
     out = []
     for i in range(len(attempts) - 1):
         a, r = attempts[i], attempts[i + 1]
@@ -382,7 +398,7 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
                                             if p.index == ff.process), None)))
         if seen is not None:
             evidence["launcher_detected_after_s"] = max(seen[0] - ff.at_ns, 0) / _NS
-        rdzv = _launcher_rendezvous(job, a.end_ns, r.start_ns)
+        rdzv = _launcher_rendezvous(job, events, a.end_ns, r.start_ns)
         if rdzv is not None:
             evidence["launcher_rendezvous_s"] = rdzv / _NS
         out.append(Recovery(a.attempt, phases, ff, r.attempt, lost / _NS, evidence))
