@@ -235,7 +235,7 @@ def test_unreadable_dir(tmp_path):
 
 
 def test_parallel_read_equals_serial(tmp_path, monkeypatch):
-    from goodput_processor import reader
+    from goodput_processor import read_parallel, reader
 
     tl = simple(n=400)
     tl.span(schema.CUSTOM_BADPUT, 1, 2, {schema.ATTR_BADPUT_TYPE: "eval"})
@@ -247,11 +247,11 @@ def test_parallel_read_equals_serial(tmp_path, monkeypatch):
     with open(path, "a") as f:
         f.write('{"resourceSpans": [')  # torn
     write_spool(tmp_path / "b.jsonl", tl.resource, spans[100:130], spans_per_line=5)  # dups
-    monkeypatch.setattr(reader, "_UNIT_BYTES", 4096)  # many units per file
-    assert len(reader._units(sorted(tmp_path.glob("*.jsonl")))) > 10
+    monkeypatch.setattr(read_parallel, "UNIT_BYTES", 4096)  # many units per file
+    assert len(read_parallel.units(sorted(tmp_path.glob("*.jsonl")))) > 10
 
     serial = read_run_dir(tmp_path, workers=1)
-    merged = reader._read_parallel(sorted(tmp_path.glob("*.jsonl")), 2)
+    merged = read_parallel.read_parallel(sorted(tmp_path.glob("*.jsonl")), 2, reader._Reader)
     merged.finish()
     parallel = read_run_dir(tmp_path, workers=2)
     for other in (merged, parallel):

@@ -41,12 +41,9 @@ Nothing is dropped silently: every skipped line or span is counted by reason in
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
-import sys
 import zlib
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +52,7 @@ from goodput import schema
 
 from . import cache as _cache
 from . import read_fast, read_io
+from . import read_parallel as rp
 from . import timeline as tl
 from .read_spans import (  # noqa: F401 - goodput serve reads these as reader.X
     _I64_MAX,
@@ -79,12 +77,7 @@ __all__ = ["ReadError", "RunDirError", "SpoolFormatError", "read_run_dir"]
 
 _MAX_EXAMPLES = 20
 _SUPPORTED_MAJOR = schema.SCHEMA_VERSION.split(".")[0]
-#: Parallel reading: bytes per work unit, and the least input worth starting workers for.
-_UNIT_BYTES = 32 << 20
-_PARALLEL_MIN_BYTES = 64 << 20
-_MAX_WORKERS = 4
 _WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip strips
-_CAN_FORK = sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
 
 
 class ReadError(Exception):
@@ -435,64 +428,6 @@ class _Reader(SpanRows):
         return total
 
 
-def _read_unit(unit: tuple[str, int, int | None]) -> _Reader:
-    """Worker: read one line-aligned byte range of a file."""
-    reader = _Reader()
-    reader.read_range(*unit)
-    return reader
-
-
-def _units(files: list[Path]) -> list[tuple[str, int, int | None]]:
-    """Split files into line-aligned byte ranges of about ``_UNIT_BYTES``."""
-    units = []
-    for p in files:
-        size = p.stat().st_size
-        if p.name.endswith(".gz"):  # compressed: read whole
-            units.append((str(p), 0, None))
-            continue
-        cuts = [0]
-        with open(p, "rb") as f:
-            for b in range(_UNIT_BYTES, size, _UNIT_BYTES):
-                if b > cuts[-1]:
-                    f.seek(b)
-                    f.readline()
-                    if cuts[-1] < f.tell() < size:
-                        cuts.append(f.tell())
-        cuts.append(size)
-        units += [(str(p), a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
-    return units
-
-
-def _worker_count(requested: int | None, nbytes: int, nunits: int) -> int:
-    if requested is not None:
-        return max(1, min(requested, nunits))
-    if nbytes < _PARALLEL_MIN_BYTES or not _CAN_FORK:
-        return 1
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, _MAX_WORKERS, nunits))
-
-
-def _read_parallel(files: list[Path], workers: int) -> _Reader:
-    units = _units(files)
-    reader, bases, last_jobs = _Reader(), {}, {}
-    # fork: workers do not re-import the caller's __main__ (spawn would re-run unguarded
-    # scripts), and they only parse JSON, taking no lock another thread might hold.
-    ctx = multiprocessing.get_context("fork" if _CAN_FORK else None)
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
-    try:
-        for (path, _start, _end), part in zip(units, pool.map(_read_unit, units), strict=True):
-            base = bases.get(path, 0)
-            reader.merge(part, base, last_jobs.get(path))
-            bases[path] = base + part.nlines
-            last_jobs[path] = part.last_job or last_jobs.get(path)
-    finally:  # on an error, do not wait for the units not started yet
-        pool.shutdown(wait=True, cancel_futures=True)
-    return reader
-
-
 _GZ_RATIO = 10  # about how much a compacted segment's lines are bigger than its file
 
 
@@ -549,11 +484,11 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
         cached = _cache.load(root, files)
         if cached is not None:
             return cached
-    n = _worker_count(workers, nbytes, max(len(files), nbytes // _UNIT_BYTES + 1))
+    n = rp.worker_count(workers, nbytes, max(len(files), nbytes // rp.UNIT_BYTES + 1))
     reader = None
     if n > 1:
         try:
-            reader = _read_parallel(files, n)
+            reader = rp.read_parallel(files, n, _Reader)
         except (OSError, NotImplementedError, ImportError, RuntimeError):
             reader = None  # no worker processes here (e.g. a sandbox): read serially
     if reader is None:
