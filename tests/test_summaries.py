@@ -28,6 +28,10 @@ from goodput_processor.timeline import (
     K_CUSTOM_BADPUT,
     K_DATA_LOADING,
     K_ELASTIC_SLICES,
+    K_HEARTBEAT,
+    K_IDENTITY,
+    K_JOB_END,
+    K_JOB_START,
     K_STEP,
     NCOLS,
     NONE,
@@ -43,7 +47,7 @@ KINDS = (K_STEP, K_STEP, K_STEP, K_CHECKPOINT_RESTORE, K_CUSTOM_BADPUT, K_ELASTI
 
 
 @st.composite
-def rows(draw, max_size=40):
+def rows(draw, max_size=40, kinds=KINDS):
     """An ``(n, NCOLS)`` int64 array of random rows, sorted by time (then step, end) or
     not, with a few rows moved."""
     n = draw(st.integers(0, max_size))
@@ -54,7 +58,7 @@ def rows(draw, max_size=40):
         end = draw(st.one_of(st.integers(-3, 4).map(lambda k, s=start: max(s + k * S // 2,
                                                                             NONE)),
                              st.sampled_from([NONE, NONE + 10, 2**62])))
-        d[i] = (start, end, draw(st.sampled_from(KINDS)),
+        d[i] = (start, end, draw(st.sampled_from(kinds)),
                 draw(st.sampled_from([NONE, 0, 1, 2, 3, 5, 9])),
                 draw(st.sampled_from([NONE, -1, 0, 1, 4])),
                 draw(st.sampled_from([0, 1, F_ERROR, F_ERROR | 1])),
@@ -164,3 +168,19 @@ def test_steps_starting_together_across_batches_are_not_combined_by_arrival():
         p = ProcessSpans("j", 0, 0, data=d[:n], origin=(("k",), None, "id"), settled=n)
         assert sm.step_order_of(p, T0, memo) == sm.step_order(d[:n], T0)
         memo.end_round()
+
+
+@SETTINGS
+@given(d=rows(kinds=(K_JOB_START, K_JOB_END, K_HEARTBEAT, K_IDENTITY, K_STEP)),
+       cuts=st.lists(st.integers(1, 40), max_size=5))
+def test_a_process_evidence_combined_in_batches_equals_all_rows(d, cuts):
+    """Folding :func:`evidence_both` over consecutive batches (markers tied at their end
+    in different batches included) gives :func:`evidence` of all rows."""
+    if not len(d):
+        return
+    bounds = sorted({min(c, len(d)) for c in cuts} | {0, len(d)})
+    parts = [d[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    e = sm.evidence(parts[0])
+    for part in parts[1:]:
+        e = sm.evidence_both(e, sm.evidence(part))
+    assert e == sm.evidence(d)

@@ -41,18 +41,14 @@ from goodput import schema
 from .memo import AccountingMemo, cached, folded, process_state, rows_key
 from .open_records import OpenResolver
 from .report import ReportWarning
+from .summaries import evidence, evidence_both
 from .timeline import (
-    C_AUX,
     C_END,
     C_FLAGS,
-    C_IVAL,
     C_KIND,
-    C_SIDX,
     C_START,
     F_ENDLESS,
     F_OPEN,
-    K_HEARTBEAT,
-    K_IDENTITY,
     K_JOB_END,
     K_JOB_START,
     K_STEP,
@@ -234,54 +230,6 @@ def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:
     return [replace(proc, data=d[run == i]) for i in range(len(cuts) + 1)]
 
 
-def _max_attr(rows: np.ndarray, col: int) -> int | None:
-    vals = rows[:, col]
-    vals = vals[vals != NONE]
-    return int(vals.max()) if len(vals) else None
-
-
-def _latest(rows: np.ndarray, *cols: int) -> tuple | None:
-    """``(end, *cols)`` of the row with the latest end (the first of equals), or None."""
-    if not len(rows):
-        return None
-    r = rows[int(np.argmax(rows[:, C_END]))]
-    return (int(r[C_END]), *(int(r[c]) for c in cols))
-
-
-def _evidence(d: np.ndarray) -> tuple:
-    """What :func:`_run` reads of a process's rows ``d`` (>= 1 row): the earliest start of
-    a start marker (None: none), the longest heartbeat interval they give (None), the
-    earliest start of any row, the latest end marker ``(end, sidx)`` and identity marker
-    ``(end, ival, aux)`` (None), the latest end of any row, and the highest recorder error
-    and drop counts of the end markers and heartbeats (None). Summaries of consecutive
-    rows combine by :func:`_evidence_both`."""
-    kinds = d[:, C_KIND]
-    js = d[kinds == K_JOB_START]
-    rec = d[(kinds == K_JOB_END) | (kinds == K_HEARTBEAT)]
-    ivals = js[:, C_IVAL]
-    ivals = ivals[(ivals != NONE) & (ivals > 0)]
-    return (int(js[:, C_START].min()) if len(js) else None,
-            int(ivals.max()) if len(ivals) else None,
-            int(d[:, C_START].min()),
-            _latest(d[kinds == K_JOB_END], C_SIDX),
-            _latest(d[kinds == K_IDENTITY], C_IVAL, C_AUX),
-            int(d[:, C_END].max()),
-            _max_attr(rec, C_IVAL), _max_attr(rec, C_AUX))
-
-
-def _evidence_both(a: tuple, b: tuple) -> tuple:
-    """:func:`_evidence` of rows A then rows B, from theirs (A's marker wins a tie)."""
-    def pick(f, x, y):
-        return x if y is None else y if x is None else f(x, y)
-
-    def later(x, y):
-        return y if y[0] > x[0] else x
-
-    return (pick(min, a[0], b[0]), pick(max, a[1], b[1]), min(a[2], b[2]),
-            pick(later, a[3], b[3]), pick(later, a[4], b[4]), max(a[5], b[5]),
-            pick(max, a[6], b[6]), pick(max, a[7], b[7]))
-
-
 @dataclass
 class _Run:
     """What one run shows: its spans and the evidence about its process."""
@@ -305,7 +253,7 @@ class _Run:
 
 def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None, memo=None) -> _Run:
     js_start, interval, first, je, ident, last_alive, errors, dropped = folded(
-        memo, "evidence", proc, _evidence, _evidence_both)
+        memo, "evidence", proc, evidence, evidence_both)
     end_marker = reason = None
     if je is not None:
         end_marker = je[0]

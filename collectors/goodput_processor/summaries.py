@@ -34,13 +34,18 @@ from .timeline import (
     K_CHECKPOINT_RESTORE,
     K_CUSTOM_BADPUT,
     K_ELASTIC_SLICES,
+    K_HEARTBEAT,
+    K_IDENTITY,
+    K_JOB_END,
+    K_JOB_START,
     K_STEP,
     NCOLS,
     NONE,
 )
 
-__all__ = ["StepOrder", "custom_sids", "elastic_markers", "error_spans", "resume_of",
-           "resume_step", "step_counts", "step_order", "step_order_both", "step_order_of"]
+__all__ = ["StepOrder", "custom_sids", "elastic_markers", "error_spans", "evidence",
+           "evidence_both", "resume_of", "resume_step", "step_counts", "step_order",
+           "step_order_both", "step_order_of"]
 
 #: A span ending this long before its attempt's start (or steps overlapping by this much)
 #: is a clock that moved, not a rounding.
@@ -225,3 +230,54 @@ def elastic_markers(p, memo=None) -> np.ndarray:
     in row order), through ``memo``."""
     return folded(memo, "summaries.slices", p, _marker_rows,
                   lambda a, b: np.concatenate((a, b)) if len(b) else a)
+
+
+# --- the evidence of a process (goodput_processor.attempts) ---------------------------
+
+
+def _max_attr(rows: np.ndarray, col: int) -> int | None:
+    vals = rows[:, col]
+    vals = vals[vals != NONE]
+    return int(vals.max()) if len(vals) else None
+
+
+def _latest(rows: np.ndarray, *cols: int) -> tuple | None:
+    """``(end, *cols)`` of the row with the latest end (the first of equals), or None."""
+    if not len(rows):
+        return None
+    r = rows[int(np.argmax(rows[:, C_END]))]
+    return (int(r[C_END]), *(int(r[c]) for c in cols))
+
+
+def evidence(d: np.ndarray) -> tuple:
+    """What :func:`goodput_processor.attempts._run` reads of a process's rows ``d``
+    (>= 1 row): the earliest start of a start marker (None: none), the longest heartbeat
+    interval they give (None), the earliest start of any row, the latest end marker
+    ``(end, sidx)`` and identity marker ``(end, ival, aux)`` (None), the latest end of any
+    row, and the highest recorder error and drop counts of the end markers and heartbeats
+    (None). Summaries of consecutive rows combine by :func:`evidence_both`."""
+    kinds = d[:, C_KIND]
+    js = d[kinds == K_JOB_START]
+    rec = d[(kinds == K_JOB_END) | (kinds == K_HEARTBEAT)]
+    ivals = js[:, C_IVAL]
+    ivals = ivals[(ivals != NONE) & (ivals > 0)]
+    return (int(js[:, C_START].min()) if len(js) else None,
+            int(ivals.max()) if len(ivals) else None,
+            int(d[:, C_START].min()),
+            _latest(d[kinds == K_JOB_END], C_SIDX),
+            _latest(d[kinds == K_IDENTITY], C_IVAL, C_AUX),
+            int(d[:, C_END].max()),
+            _max_attr(rec, C_IVAL), _max_attr(rec, C_AUX))
+
+
+def evidence_both(a: tuple, b: tuple) -> tuple:
+    """:func:`evidence` of rows A then rows B, from theirs (A's marker wins a tie)."""
+    def pick(f, x, y):
+        return x if y is None else y if x is None else f(x, y)
+
+    def later(x, y):
+        return y if y[0] > x[0] else x
+
+    return (pick(min, a[0], b[0]), pick(max, a[1], b[1]), min(a[2], b[2]),
+            pick(later, a[3], b[3]), pick(later, a[4], b[4]), max(a[5], b[5]),
+            pick(max, a[6], b[6]), pick(max, a[7], b[7]))
