@@ -167,8 +167,7 @@ class MgmResult:
             "last_recorded_step": self.last_recorded_step,
             "disruptions": self.disruptions,
             "ideal_step_time_s": self.ideal_step_time_s,
-            "step_deviation_s": dict(zip(map(str, self.step_deviation_s),
-                                         self.step_deviation_s.values(), strict=True)),
+            "step_deviation_s": _str_keyed(self.step_deviation_s),
             "elastic": self.elastic,
             "slice_efficiency": None if self.slice_efficiency is None else {
                 "stepping": self.slice_efficiency[0],
@@ -176,3 +175,10 @@ class MgmResult:
             "excluded_time_s": self.excluded_time_s,
         }
 
+
+def _str_keyed(deviation) -> dict[str, float]:
+    """``deviation`` (a mapping step number -> seconds) with string keys, in its order."""
+    fast = getattr(deviation, "str_keyed", None)
+    if fast is not None:
+        return fast()
+    return dict(zip(map(str, deviation), deviation.values(), strict=True))

@@ -45,6 +45,13 @@ class Deviation(Mapping):
     def __repr__(self) -> str:
         return repr(self._d())
 
+    def str_keyed(self) -> dict[str, float]:
+        """The mapping with its step numbers as strings (for JSON), in the same order."""
+        if self._dict is not None:
+            return dict(zip(map(str, self._dict), self._dict.values(), strict=True))
+        return dict(zip(map(str, self._keys.tolist()),
+                        np.abs(self._times - self._ideal).tolist(), strict=True))
+
     def last_values(self, n: int) -> list[float]:
         """The last ``n`` values (or all when fewer), in order."""
         n = min(n, len(self._keys))
