@@ -61,8 +61,11 @@ def process_state(memo: AccountingMemo, origin: tuple) -> dict:
 
 def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params):
     """``summarize(p.data)`` for a process ``p`` (a ``ProcessSpans``), through ``memo``:
-    the summary of the rows that only grow (``p.data[:p.settled]``) is kept, and a later
-    call summarises only the rows added since, then the rest (the open records resolved).
+    the summary of the rows that only grow is kept, and a later call summarises only the
+    rows added since, then the rest (the open records resolved). The rows that only grow
+    are ``p.data[:p.settled]`` for an attempt's process (rows derived with ``origin``; none
+    when ``settled`` is None), and all of a process's own rows as read (no ``origin``: the
+    rows a memo is given only grow at the end).
 
     Args:
         memo: an :class:`AccountingMemo`, or None (then just ``summarize(p.data)``).
@@ -74,9 +77,12 @@ def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params
             come first: ties must go as ``summarize`` of both would take them).
     """
     d = p.data
-    m = getattr(p, "settled", None)
     origin = getattr(p, "origin", None)
-    if memo is None or not m or origin is None:
+    if origin is None:  # (keyed like the attempts' processes: key, rows, resource)
+        origin, m = ((p.attempt, p.index, p.instance), None, None), len(d)
+    else:
+        m = getattr(p, "settled", None)
+    if memo is None or not m:
         return summarize(d)
     state = process_state(memo, origin)
     kept = state.get(tag)

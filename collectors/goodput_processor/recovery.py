@@ -51,7 +51,7 @@ resource (pod created, scheduled, container started), reported in :attr:`Recover
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -145,11 +145,10 @@ def _launcher_events(job: JobSpans, memo=None) -> list:
     read, :func:`~goodput_processor.memo.folded`, so a launcher's heartbeats are not read
     again at every poll)."""
     out = []
-    for key, p in job.processes.items():
+    for p in job.processes.values():
         if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not len(p.data):
             continue
-        raw = replace(p, origin=(key, None, ("launcher", p.instance)), settled=len(p.data))
-        out.append((p, folded(memo, "launcher_events", raw,
+        out.append((p, folded(memo, "launcher_events", p,
                               lambda d: d[d[:, C_KIND] == K_LAUNCHER_EVENT],
                               lambda x, y: np.concatenate((x, y)))))
     return out
