@@ -45,6 +45,7 @@ from .mgm_events import (
     stream,
 )
 from .mgm_result import _NS, BADPUT_TYPES
+from .mgm_steps import dict_order
 
 __all__ = ["SETTLE_NS", "Replay", "advance", "core", "resumed_core", "settled_box"]
 
@@ -263,16 +264,7 @@ def _step_times(st: Replay, y: np.ndarray, ty: np.ndarray):
     if st.st_sorted and bool((nk[1:] > nk[:-1]).all()) and (
             not len(st.st_keys) or nk[0] > st.st_keys[-1]):
         return np.concatenate((st.st_keys, nk)), np.concatenate((st.st_ns, nv)), True
-    keys, ns = np.concatenate((st.st_keys, nk)), np.concatenate((st.st_ns, nv))
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    head = np.ones(len(sk), bool)
-    head[1:] = sk[1:] != sk[:-1]
-    tail = np.ones(len(sk), bool)
-    tail[:-1] = head[1:]
-    first, last = order[head], order[tail]
-    o = np.argsort(first)
-    keys, ns = keys[first[o]], ns[last[o]]
+    keys, ns = dict_order(np.concatenate((st.st_keys, nk)), np.concatenate((st.st_ns, nv)))
     return keys, ns, bool((keys[1:] > keys[:-1]).all())
 
 

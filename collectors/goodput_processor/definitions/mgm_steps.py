@@ -10,7 +10,7 @@ import numpy as np
 from .mgm_events import E_STEP, Events
 from .mgm_result import _NS
 
-__all__ = ["Deviation", "compute_ideal_step_time"]
+__all__ = ["Deviation", "compute_ideal_step_time", "dict_order"]
 
 
 class Deviation(Mapping):
@@ -99,7 +99,12 @@ def _step_time_arrays(ev: Events) -> tuple[np.ndarray, np.ndarray]:
     keys, times = num[ok], (t[ok + 1] - t[ok]) / _NS
     if len(keys) < 2 or (keys[1:] > keys[:-1]).all():
         return keys, times
-    # repeated numbers: the first occurrence's place, the last occurrence's time
+    return dict_order(keys, times)
+
+
+def dict_order(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, values)`` as ``dict(zip(keys, values))`` holds them: each key once, at
+    the place of its first occurrence, with the value of its last."""
     order = np.argsort(keys, kind="stable")
     sk = keys[order]
     head = np.ones(len(sk), bool)
@@ -108,7 +113,7 @@ def _step_time_arrays(ev: Events) -> tuple[np.ndarray, np.ndarray]:
     tail[:-1] = head[1:]
     first, last = order[head], order[tail]
     o = np.argsort(first)
-    return keys[first[o]], times[last[o]]
+    return keys[first[o]], values[last[o]]
 
 
 def _deviation(ev: Events, ideal_step_time_s) -> tuple[float | None, Deviation]:
