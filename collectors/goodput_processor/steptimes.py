@@ -234,24 +234,40 @@ def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
 
 
 def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
-    """:func:`step_stats` without a memo: ``np.partition`` of all the steps."""
-    cols = [np.concatenate(c) for c in zip(*parts, strict=True)] if parts else [
-        np.zeros(0, np.int64)] * 5
-    snum, _att, _start, t, cnt = cols
-    per = t / cnt if len(t) else np.zeros(0)
-    single = t[cnt == 1]
-    diffs = np.abs(np.diff(single)).astype(np.float64)
+    """:func:`step_stats` without a memo: ``np.partition`` of all the steps.
 
-    def kth_of(x):
-        return lambda ks: [float(v) for v in np.partition(x, ks)[ks]]
+    Memory: the parts are read where they are (never concatenated); what is made is the
+    time per step and the differences of consecutive single-step times (float64, 8 bytes
+    per step each, partitioned in place) and one part's temporaries at a time."""
+    if not parts:
+        parts = [(np.zeros(0, np.int64),) * 5]
+    ts, cnts = [p[3] for p in parts], [p[4] for p in parts]
+    per = np.concatenate([t / c for t, c in zip(ts, cnts, strict=True)])
+    single = np.concatenate([t[c == 1] for t, c in zip(ts, cnts, strict=True)])
+    d = np.diff(single)
+    del single
+    np.abs(d, out=d)
+    diffs = d.astype(np.float64)
+    del d
 
-    def above(thr):
-        hit = per > thr
-        return int(cnt[hit].sum()), int(t[hit].sum())
+    def kth_of(x):  # x is ours alone: partitioned in place, any later ranks stay right
+        def kth(ks):
+            x.partition(ks)
+            return [float(v) for v in x[ks]]
+        return kth
 
-    valid = snum[snum != none]
+    def above(thr):  # from the parts, in their order (per is partitioned)
+        n = tot = 0
+        for t, c in zip(ts, cnts, strict=True):
+            hit = t / c > thr
+            n += int(c[hit].sum())
+            tot += int(t[hit].sum())
+        return n, tot
+
+    maxes = [int(v.max()) for v in (p[0][p[0] != none] for p in parts) if len(v)]
     return _finish(ideal_given_ns, len(per), kth_of(per), len(diffs), kth_of(diffs), above,
-                   int(cnt.sum()), int(t.sum()), int(valid.max()) if len(valid) else None)
+                   sum(int(c.sum()) for c in cnts), sum(int(t.sum()) for t in ts),
+                   max(maxes) if maxes else None)
 
 
 class StepArrays:
