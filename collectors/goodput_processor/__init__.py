@@ -17,14 +17,7 @@ monitor are in :mod:`.metrics`, :mod:`.tensorboard` and :mod:`.monitor`
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("goodput-otel")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0+unknown"
-
-from .accounting import (  # noqa: E402
+from .accounting import (
     AttemptResult,
     JobResult,
     StepArrays,
@@ -32,10 +25,31 @@ from .accounting import (  # noqa: E402
     account,
     report_run_dir,
 )
-from .reader import ReadError, RunDirError, SpoolFormatError, read_run_dir  # noqa: E402
-from .report import format_duration, render_table, to_json, to_json_dict  # noqa: E402
-from .timeline import JobSpans, ProcessSpans, SpanSet  # noqa: E402
-from .windows import WindowResult, account_interval, account_windows  # noqa: E402
+from .reader import ReadError, RunDirError, SpoolFormatError, read_run_dir
+from .report import format_duration, render_table, to_json, to_json_dict
+from .timeline import JobSpans, ProcessSpans, SpanSet
+from .windows import WindowResult, account_interval, account_windows
+
+
+def __getattr__(name: str):
+    """``__version__``: the installed distribution's version (``0+unknown`` from a source
+    tree), read from its metadata on first use (``importlib.metadata`` costs a report
+    ~60 ms at import).
+
+    Raises:
+        AttributeError: any other name.
+    """
+    if name != "__version__":
+        raise AttributeError(f"module 'goodput_processor' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("goodput-otel")
+    except PackageNotFoundError:  # running from a source tree
+        value = "0+unknown"
+    globals()["__version__"] = value
+    return value
+
 
 __all__ = [
     "AttemptResult",

@@ -21,7 +21,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import __version__
 from .definitions import DEFINITIONS
 from .importers.command import add_import_command
 from .reader import ReadError
@@ -34,6 +33,16 @@ PROG = "goodput"
 
 class UsageError(Exception):
     """Bad command line or input; ``main`` prints it as one line and returns 2."""
+
+
+class _Version(argparse.Action):
+    """``--version``: the version read when asked for (not at every start)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import __version__
+
+        print(f"{PROG} {__version__}")  # on stdout, as argparse's "version" action
+        parser.exit()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -189,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``goodput`` argument parser with all subcommands."""
     parser = _Parser(prog=PROG, description="Goodput of ML training jobs from OpenTelemetry "
                      "spans.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show the program's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     add_report_command(sub)
     add_serve_command(sub)  # grpcio & co. are imported only when serve runs

@@ -17,40 +17,41 @@ the processor (``goodput report``) turns into goodput and a badput breakdown::
 See ``docs/span-schema.md`` for the spans and ``docs/accounting.md`` for the buckets.
 """
 
+import importlib
+
 from goodput import schema
-from goodput.api import (
-    configure,
-    flush,
-    get_recorder,
-    job_end,
-    job_start,
-    shutdown,
-    step_start,
-)
-from goodput.phases import (
-    Phase,
-    accelerator_init,
-    checkpoint_restore,
-    checkpoint_save,
-    collective_wait,
-    custom_badput,
-    data_loading,
-    program_startup,
-    step,
-    training_prep,
-)
-from goodput.recorder import Recorder
+
+# The public names and the module each comes from: imported on first use (PEP 562), so that
+# ``import goodput.schema`` (the collector side's one import of this package) and
+# ``import goodput`` cost only what is used.
+_LAZY = {
+    **dict.fromkeys(("configure", "flush", "get_recorder", "job_end", "job_start",
+                     "shutdown", "step_start"), "goodput.api"),
+    **dict.fromkeys(("Phase", "accelerator_init", "checkpoint_restore", "checkpoint_save",
+                     "collective_wait", "custom_badput", "data_loading", "program_startup",
+                     "step", "training_prep"), "goodput.phases"),
+    "Recorder": "goodput.recorder",
+    # ml-goodput-measurement's recorder (:class:`goodput.mgm.goodput.GoodputRecorder`)
+    "GoodputRecorder": "goodput.mgm.goodput",
+}
 
 
 def __getattr__(name: str):
-    """``goodput.GoodputRecorder``: ml-goodput-measurement's recorder
-    (:class:`goodput.mgm.goodput.GoodputRecorder`), imported on first use so that
-    ``import goodput`` does not pay for the compatibility package."""
-    if name == "GoodputRecorder":
-        from goodput.mgm.goodput import GoodputRecorder
+    """The public names of :data:`_LAZY`, imported from their module on first use.
 
-        return GoodputRecorder
-    raise AttributeError(f"module 'goodput' has no attribute {name!r}")
+    Raises:
+        AttributeError: ``name`` is none of them.
+    """
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'goodput' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def instrument(frameworks=None, **kwargs) -> list[str]:
