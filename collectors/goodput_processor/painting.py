@@ -307,6 +307,12 @@ class _Acc:
         elastic = bool(((kinds == K_ELASTIC_WAIT) | (kinds == K_ELASTIC_REINIT)).any())
         use = phase & blocking & (e > s)
         ps, pe, pk = s[use], e[use], kinds[use]
+        # What is read of the whole rows later, taken now (the clipped copies go: a row's
+        # worth of int64 columns is most of an attempt's memory)
+        first_phase = int(s[phase].min()) if phase.any() else None
+        save_ends = e[(kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound)] if (
+            has_next and bound is not None) else e[:0]
+        del s, e, phase, blocking
         lv = self.kind_level[pk]
         for typed in (K_CUSTOM_BADPUT, K_ELASTIC_WAIT):  # levels per type
             cidx = np.flatnonzero(pk == typed)
@@ -331,13 +337,11 @@ class _Acc:
         ws = None
         if has_next and len(ss):
             ws = int(se[kept].max()) if kept.any() else int(ss.min())
-            if kept.any() and bound is not None:
-                sv = (kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound)
-                if sv.any():
-                    ws = max(ws, int(e[sv].max()))
+            if kept.any() and bound is not None and len(save_ends):
+                ws = max(ws, int(save_ends.max()))
         wasted_start = a1 if ws is None else min(ws, a1)
         # Process startup: from the attempt's start to the primary's first phase (any).
-        first = (int(s[phase].min()) if phase.any() else a1) if lead else a0
+        first = (a1 if first_phase is None else first_phase) if lead else a0
         cut = ws if ws is not None and ws < a1 else a1  # where the wasted region starts
         totals = None
         if self.segments is None and DISJOINT_FAST_PATH:
@@ -369,8 +373,9 @@ class _Acc:
         segments = None
         if self.segments is not None:
             segments = _kept_segments(b, owner, level["step"], ss, se, kept)
-        kept_arrays = (snum[kept], np.full(int(kept.sum()), attempt), ss[kept], net[kept],
-                       scount[kept])
+        # (the attempt column is one number: a read-only broadcast view, no memory per step)
+        kept_arrays = (snum[kept], np.broadcast_to(np.int64(attempt), (int(kept.sum()),)),
+                       ss[kept], net[kept], scount[kept])
         return (level_ns, async_ns, elastic, kept_arrays, wasted_start,
                 (int(scount[kept].sum()), int(scount[~kept].sum())), segments)
 
