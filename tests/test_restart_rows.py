@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from test_fast_paths import MS, T0
 from test_incremental import _state, _take, arrivals
 
+from goodput_processor import memo as memo_mod
 from goodput_processor import restart_rows as rr
 from goodput_processor.accounting import account
 from goodput_processor.memo import AccountingMemo, rows_key
@@ -170,6 +171,23 @@ def test_summaries_poll_after_poll_read_what_all_the_rows_read(case, lead):
             memo.end_round()
 
 
+@SETTINGS
+@given(case=growing(), lead=st.sampled_from([1, 3, None]), chunk=st.integers(1, 5))
+def test_a_summary_read_a_few_rows_at_a_time_reads_what_all_the_rows_read(case, lead, chunk):
+    """A one-shot read of a long attempt folds its summary over pieces of ``memo.CHUNK_ROWS``
+    rows: with pieces of 1 to 5 rows, the reference's values."""
+    polls, start, bound, end_off = case
+    data, settled = polls[-1]
+    saved = memo_mod.CHUNK_ROWS
+    memo_mod.CHUNK_ROWS = chunk
+    try:
+        with _lead(lead):
+            r = _attempt(data, settled, start, end_off)
+            _same(rr.restart_rows(r, bound), _reference(r, bound))
+    finally:
+        memo_mod.CHUNK_ROWS = saved
+
+
 def test_a_long_warm_up_is_read_past_the_leading_steps():
     """More kept steps than the summary keeps: the end of a later one is read from all
     the rows; a running attempt (its end after its rows) takes the summary."""
@@ -203,3 +221,28 @@ def test_accounting_with_one_leading_step_kept_is_the_same(case, ideal, running)
         with _lead(1):
             assert _state(account(snap, ideal, now, memo=memo)) == want
             assert _state(account(snap, ideal, now)) == want
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=arrivals(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
+       chunk=st.integers(1, 4))
+def test_accounting_with_summaries_read_a_few_rows_at_a_time_is_the_same(case, ideal,
+                                                                        running, chunk):
+    """End to end: every summary of ``memo.folded`` (evidence, step order, resume step,
+    custom types, errors, elastic markers, restart phases, a launcher's events) read 1 to
+    4 rows at a time gives the accounting of reading them whole, with a memo and without."""
+    job, batches = case
+    memo = AccountingMemo()
+    seen: dict = {}
+    saved = memo_mod.CHUNK_ROWS
+    try:
+        for batch in batches:
+            snap, now = _take(job, seen, batch, running, True)
+            memo_mod.CHUNK_ROWS = saved
+            want = _state(account(snap, ideal, now))
+            memo_mod.CHUNK_ROWS = chunk
+            assert _state(account(snap, ideal, now)) == want
+            assert _state(account(snap, ideal, now, memo=memo)) == want
+    finally:
+        memo_mod.CHUNK_ROWS = saved

@@ -83,18 +83,36 @@ def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params
     else:
         m = getattr(p, "settled", None)
     if memo is None or not m:
-        return summarize(d)
+        return _in_pieces(summarize, combine, d)
     state = process_state(memo, origin)
     kept = state.get(tag)
     if kept is not None and kept[0] == params and kept[1] <= m and rows_key(
             d[: kept[1]]) == kept[2]:
         n0, s = kept[1], kept[3]
         if m > n0:
-            s = combine(s, summarize(d[n0:m]))
+            s = combine(s, _in_pieces(summarize, combine, d[n0:m]))
     else:
-        s = summarize(d[:m])
+        s = _in_pieces(summarize, combine, d[:m])
     state[tag] = (params, m, rows_key(d[:m]), s)
-    return combine(s, summarize(d[m:])) if len(d) > m else s
+    return combine(s, _in_pieces(summarize, combine, d[m:])) if len(d) > m else s
+
+
+#: Rows :func:`folded` summarises at once: longer runs of rows (a one-shot report of a long
+#: attempt, a memo's first poll) are summarised this many at a time and combined, so that
+#: a summary's temporaries (8 MiB per int64 column at this size) do not grow with the job.
+CHUNK_ROWS = 1 << 20
+
+
+def _in_pieces(summarize, combine, d):
+    """``summarize(d)``, as ``combine`` of the summaries of :data:`CHUNK_ROWS` rows at a
+    time (the same summary: ``combine`` is exact for any split)."""
+    n = CHUNK_ROWS
+    if len(d) <= n:
+        return summarize(d)
+    s = summarize(d[:n])
+    for i in range(n, len(d), n):
+        s = combine(s, summarize(d[i : i + n]))
+    return s
 
 
 def cached(memo: AccountingMemo | None, key, compute):
