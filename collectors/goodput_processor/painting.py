@@ -92,29 +92,44 @@ def _paint(a0: int, a1: int, starts, ends, levels, nlevels: int):
 DISJOINT_FAST_PATH = True
 
 
+_LOW, _HIGH = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+
+
 def _disjoint_totals(starts, ends, levels, cut: int, nlevels: int) -> np.ndarray | None:
     """Time (int64 ns) per level of the blocking phases ``[starts, ends)`` cut at ``cut``
     (the wasted region's start), when no two of them overlap; None when some do.
 
     The usual attempt (data loading, step, data loading, ...) has no overlap: then each
     phase owns all of its time below ``cut`` and painting (:func:`_paint`, a sort of every
-    boundary) gives the same totals, at the cost of one nearly sorted pass.
+    boundary) gives the same totals, at the cost of one nearly sorted pass. Memory: one
+    int64 array of the phases' times and bool masks (when sorted and non-empty, as an
+    attempt's phases come: empty ones are left out through masks instead).
     """
-    ends = np.minimum(ends, cut)
-    m = ends > starts
-    if not m.all():
-        starts, ends, levels = starts[m], ends[m], levels[m]
-    if len(starts) > 1:
-        if not (starts[1:] >= starts[:-1]).all():
-            order = np.argsort(starts, kind="stable")
-            starts, ends = starts[order], ends[order]
-            levels = levels[order]
-        if not (starts[1:] >= np.maximum.accumulate(ends[:-1])).all():
+    if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():
+        order = np.argsort(starts, kind="stable")
+        starts, ends, levels = starts[order], ends[order], levels[order]
+    k = int(np.searchsorted(starts, cut))  # those starting at or after the cut are empty
+    starts, ends, levels = starts[:k], ends[:k], levels[:k]
+    if k and not (ends > starts).all():  # empty phases in between: out through a mask
+        ends = np.minimum(ends, cut)
+        valid = ends > starts
+        reach = np.where(valid, ends, _LOW)  # the latest end so far, empty ones out
+        np.maximum.accumulate(reach, out=reach)
+        if not ((starts[1:] >= reach[:-1]) | ~valid[1:]).all():
             return None
-    lengths = ends - starts
+        del reach
+        lengths = np.subtract(ends, starts, out=ends)
+        np.maximum(lengths, 0, out=lengths)
+    else:  # sorted, none empty: no overlap iff each ends by the next one's start (each of
+        # these starts before the cut, so only the last can cross it)
+        if k > 1 and not (ends[:-1] <= starts[1:]).all():
+            return None
+        lengths = ends - starts
+        if k:
+            lengths[-1] = min(int(ends[-1]), cut) - int(starts[-1])
     out = np.zeros(nlevels, np.int64)
-    for lv in np.flatnonzero(np.bincount(levels, minlength=nlevels)):  # a few levels: exact
-        out[lv] = int(lengths[levels == lv].sum())                       # int64 sums
+    for lv in range(nlevels):  # a few levels: exact int64 sums (no int64 copy of levels)
+        out[lv] = int(lengths.sum(where=levels == lv))
     return out
 
 
@@ -298,21 +313,31 @@ class _Acc:
         level_ns = np.zeros(self.other + 1, np.int64)
         async_ns: dict[str, int] = {}
         kinds = d[:, C_KIND]
-        s, e = np.clip(d[:, C_START], a0, a1), np.clip(d[:, C_END], a0, a1)
         phase = is_phase(kinds)
         blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
         for r in np.flatnonzero(phase & ~blocking):  # asynchronous work: reported, not badput
             key = _row_bucket(job, int(kinds[r]), int(d[r, C_SIDX]))
-            async_ns[key] = async_ns.get(key, 0) + int(e[r] - s[r])
+            s_r, e_r = np.clip(d[r, C_START], a0, a1), np.clip(d[r, C_END], a0, a1)
+            async_ns[key] = async_ns.get(key, 0) + int(e_r - s_r)
         elastic = bool(((kinds == K_ELASTIC_WAIT) | (kinds == K_ELASTIC_REINIT)).any())
-        use = phase & blocking & (e > s)
-        ps, pe, pk = s[use], e[use], kinds[use]
-        # What is read of the whole rows later, taken now (the clipped copies go: a row's
-        # worth of int64 columns is most of an attempt's memory)
-        first_phase = int(s[phase].min()) if phase.any() else None
-        save_ends = e[(kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound)] if (
-            has_next and bound is not None) else e[:0]
-        del s, e, phase, blocking
+        # (clipping is monotone: the earliest clipped start is the earliest start clipped)
+        first_phase = int(np.clip(np.min(d[:, C_START], where=phase, initial=_HIGH), a0, a1)
+                          ) if phase.any() else None
+        save_ends = np.clip(d[(kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound),
+                              C_END], a0, a1) if has_next and bound is not None else None
+        # The blocking phases with time in [a0, a1), clipped to it: one column at a time
+        # (the rows' columns are most of an attempt's memory; no clipped copy of them)
+        use = phase & blocking
+        del phase, blocking
+        ps, pe = d[use, C_START], d[use, C_END]
+        np.clip(ps, a0, a1, out=ps)
+        np.clip(pe, a0, a1, out=pe)
+        some = pe > ps
+        if not some.all():
+            use[use] = some
+            ps, pe = ps[some], pe[some]
+        del some
+        pk = kinds[use]
         lv = self.kind_level[pk]
         for typed in (K_CUSTOM_BADPUT, K_ELASTIC_WAIT):  # levels per type
             cidx = np.flatnonzero(pk == typed)
@@ -321,22 +346,21 @@ class _Acc:
                 for sx in np.unique(sids):
                     lv[cidx[sids == sx]] = level[_row_bucket(job, typed, int(sx))]
         is_step = pk == K_STEP
-        order = np.argsort(ps[is_step], kind="stable")
-        if len(order) > 1 and not np.diff(ps[is_step][order]).all():
-            # steps starting together: order them by end, number and count, not by arrival
-            order = np.lexsort((d[:, C_AUX][use][is_step], d[:, C_IVAL][use][is_step],
-                                pe[is_step], ps[is_step]))
-        ss, se = ps[is_step][order], pe[is_step][order]
-        snum = d[:, C_IVAL][use][is_step][order]
-        scount = _step_counts(d[:, C_AUX][use][is_step][order])
-        kept = np.ones(len(ss), bool) if bound is None else snum <= bound
+        del pk
+        steps = use  # the rows of the steps among them (in row order)
+        steps[use] = is_step
+        del use
+        # The kept steps, in row order for now (what follows up to the step times reads
+        # them in any order): sorted by start only once the phases' arrays are spent
+        snum = d[steps, C_IVAL]
+        kept = np.ones(len(snum), bool) if bound is None else snum <= bound
         if self.elastic or elastic:  # steps an elastic event inside this attempt threw away
-            kept &= ~_elastic_lost(d, snum, ss)
+            kept &= ~_elastic_lost(d, snum, ps[is_step])
         # The wasted region: from the end of the last kept step (or of the blocking save of
         # checkpoint `bound`, if later; or the first step if none is kept) to the end.
         ws = None
-        if has_next and len(ss):
-            ws = int(se[kept].max()) if kept.any() else int(ss.min())
+        if has_next and len(snum):
+            ws = int(pe[is_step][kept].max()) if kept.any() else int(ps[is_step].min())
             if kept.any() and bound is not None and len(save_ends):
                 ws = max(ws, int(save_ends.max()))
         wasted_start = a1 if ws is None else min(ws, a1)
@@ -352,18 +376,41 @@ class _Acc:
             totals[level["process_startup"]] += max(0, min(first, cut) - a0)
             totals[self.other] += (a1 - a0) - int(totals.sum())
             level_ns += totals
-            net = np.maximum(np.minimum(se, cut) - ss, 0)
         else:
+            bs, be, bl = ps, pe, lv
             if cut < a1:
-                ps, pe = np.append(ps, cut), np.append(pe, a1)
-                lv = np.append(lv, np.int16(level["wasted_progress"]))
+                bs, be = np.append(bs, cut), np.append(be, a1)
+                bl = np.append(bl, np.int16(level["wasted_progress"]))
             if first > a0:
-                ps, pe = np.append(ps, a0), np.append(pe, first)
-                lv = np.append(lv, np.int16(level["process_startup"]))
-            b, owner = _paint(a0, a1, ps, pe, lv, self.other)
+                bs, be = np.append(bs, a0), np.append(be, first)
+                bl = np.append(bl, np.int16(level["process_startup"]))
+            b, owner = _paint(a0, a1, bs, be, bl, self.other)
+            del bs, be, bl
             seg_len = np.diff(b)
             for lev in range(self.other + 1):
                 level_ns[lev] += int(seg_len[owner == lev].sum())
+        del lv
+        starts = ps[is_step]
+        if len(starts) < 2 or bool((starts[1:] > starts[:-1]).all()):
+            order = None  # already in time order (as a process records them): no copies
+            ss, se = starts, pe[is_step]
+        else:
+            order = np.argsort(starts, kind="stable")
+            if not np.diff(starts[order]).all():
+                # steps starting together: order them by end, number and count, not arrival
+                order = np.lexsort((d[steps, C_AUX], snum, pe[is_step], starts))
+            ss = starts[order]
+            se = pe[is_step][order]
+            snum, kept = snum[order], kept[order]
+        del starts, ps, pe
+        aux = d[steps, C_AUX]
+        ones = bool(((aux == NONE) | (aux <= 1)).all())  # every step span is one step
+        scount = np.broadcast_to(np.int64(1), (len(ss),)) if ones else _step_counts(
+            aux if order is None else aux[order])
+        del aux, order, steps, is_step
+        if totals is not None:
+            net = np.maximum(np.minimum(se, cut) - ss, 0)
+        else:
             net = _step_times(b, owner, level["step"], ss, se)
         # Step time of steps that are not kept but lie outside the wasted region (e.g.
         # step numbers out of order) is thrown-away work too.
@@ -373,11 +420,18 @@ class _Acc:
         segments = None
         if self.segments is not None:
             segments = _kept_segments(b, owner, level["step"], ss, se, kept)
-        # (the attempt column is one number: a read-only broadcast view, no memory per step)
-        kept_arrays = (snum[kept], np.broadcast_to(np.int64(attempt), (int(kept.sum()),)),
-                       ss[kept], net[kept], scount[kept])
-        return (level_ns, async_ns, elastic, kept_arrays, wasted_start,
-                (int(scount[kept].sum()), int(scount[~kept].sum())), segments)
+        nkept = int(kept.sum())
+        counts = (nkept, len(ss) - nkept) if ones else (int(scount[kept].sum()),
+                                                       int(scount[~kept].sum()))
+        if nkept < len(ss):  # (all kept: the arrays themselves, no copy)
+            snum, ss, net = snum[kept], ss[kept], net[kept]
+            scount = scount[:nkept] if ones else scount[kept]
+        if not ones and nkept and scount.max() == 1:
+            scount = np.broadcast_to(np.int64(1), (nkept,))
+        # (the attempt and, for recorded steps, the count are one number for the whole
+        # column: read-only broadcast views, no memory per step)
+        kept_arrays = (snum, np.broadcast_to(np.int64(attempt), (nkept,)), ss, net, scount)
+        return (level_ns, async_ns, elastic, kept_arrays, wasted_start, counts, segments)
 
 
 def _kept_segments(b, owner, step_level, ss, se, kept) -> tuple:
