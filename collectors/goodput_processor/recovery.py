@@ -189,8 +189,8 @@ def stacked(a) -> tuple[np.ndarray, np.ndarray, list]:
     procs = [p for p in a.processes if len(p.data)]
     if not procs:
         return np.zeros((0, NCOLS), np.int64), np.zeros(0, np.int64), procs
-    if len(procs) == 1:  # the rows themselves, not a copy (read only)
-        return procs[0].data, np.zeros(len(procs[0].data), np.int64), procs
+    if len(procs) == 1:  # the rows themselves, not a copy, and one index (both read only)
+        return procs[0].data, np.broadcast_to(np.int64(0), (len(procs[0].data),)), procs
     lengths = np.fromiter((len(p.data) for p in procs), np.int64, len(procs))
     return (np.concatenate([p.data for p in procs]),
             np.repeat(np.arange(len(procs)), lengths), procs)
@@ -240,7 +240,8 @@ def _last_progress(a, rows) -> int | None:
     d = rows[0]
     sel = ((d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & (F_NONBLOCKING | F_ENDLESS)) == 0)
            & (d[:, C_END] <= a.end_ns) & (d[:, C_START] >= a.start_ns))
-    return int(d[sel, C_END].max()) if sel.any() else None
+    return int(np.max(d[:, C_END], where=sel, initial=np.iinfo(np.int64).min)
+               ) if sel.any() else None
 
 
 def _minus(pieces: list, other: list) -> int:

@@ -242,13 +242,28 @@ def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
     if not parts:
         parts = [(np.zeros(0, np.int64),) * 5]
     ts, cnts = [p[3] for p in parts], [p[4] for p in parts]
-    per = np.concatenate([t / c for t, c in zip(ts, cnts, strict=True)])
-    single = np.concatenate([t[c == 1] for t, c in zip(ts, cnts, strict=True)])
-    d = np.diff(single)
-    del single
-    np.abs(d, out=d)
-    diffs = d.astype(np.float64)
-    del d
+    per = np.empty(sum(len(t) for t in ts))
+    singles = []  # per part: its single-step times (the times themselves when all are)
+    at = 0
+    for t, c in zip(ts, cnts, strict=True):
+        np.divide(t, c, out=per[at : at + len(t)])
+        at += len(t)
+        singles.append(t if not len(c) or (c.min() == 1 and c.max() == 1) else t[c == 1])
+    diffs = np.empty(max(sum(len(x) for x in singles) - 1, 0))
+    at, prev = 0, None
+    for x in singles:  # |consecutive differences|, across the parts too, as of all of them
+        if not len(x):
+            continue
+        if prev is not None:
+            diffs[at] = abs(int(x[0]) - prev)
+            at += 1
+        step = np.diff(x)
+        np.abs(step, out=step)
+        diffs[at : at + len(step)] = step
+        at += len(step)
+        prev = int(x[-1])
+        del step
+    del singles
 
     def kth_of(x):  # x is ours alone: partitioned in place, any later ranks stay right
         def kth(ks):
