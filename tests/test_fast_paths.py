@@ -139,3 +139,26 @@ def test_the_fast_path_is_taken_on_a_training_loop():
     assert totals is not None and totals.tolist() == [n * 10 * MS, n * 10 * MS, 0]
     data[5, 1] += 15 * MS  # one phase runs into the next: paint
     assert painting._disjoint_totals(data[:, 0], data[:, 1], lv, int(data[-1, 1]), 3) is None
+
+
+@SETTINGS
+@given(phases=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 12), st.integers(0, 2)),
+                       max_size=12),
+       cut=st.integers(0, 80), shuffle=st.randoms(use_true_random=False))
+def test_disjoint_totals_equal_the_time_below_the_cut_or_decline(phases, cut, shuffle):
+    """Phases in any order, some empty, some crossing or past the cut: the time per level
+    below the cut when no two non-empty ones overlap there, else None (then painting)."""
+    shuffle.shuffle(phases)
+    s = np.array([p[0] for p in phases], np.int64)
+    e = s + np.array([p[1] for p in phases], np.int64)
+    lv = np.array([p[2] for p in phases], np.int16)
+    got = painting._disjoint_totals(s, e, lv, cut, 3)
+    live = sorted((a, min(b, cut), c) for a, b, c in zip(s.tolist(), e.tolist(),
+                                                          lv.tolist(), strict=True)
+                  if min(b, cut) > a)
+    overlap = any(x[1] > y[0] for x, y in zip(live, live[1:], strict=False))
+    if overlap:
+        assert got is None
+    else:
+        want = [sum(b - a for a, b, c in live if c == level) for level in range(3)]
+        assert got is not None and got.tolist() == want
