@@ -45,6 +45,10 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'goodput' has no attribute {name!r}")
+    if module != "goodput.mgm.goodput":
+        # the recording API loads as one (phases imports api, which imports the recorder):
+        # ``goodput.configure()`` before the loop, and no phase imports inside it
+        importlib.import_module("goodput.phases")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
