@@ -105,6 +105,16 @@ def _lead(n: int | None):
         rr.LEAD = saved
 
 
+@contextlib.contextmanager
+def _chunk(n: int):
+    saved = memo_mod.CHUNK_ROWS
+    memo_mod.CHUNK_ROWS = n
+    try:
+        yield
+    finally:
+        memo_mod.CHUNK_ROWS = saved
+
+
 @st.composite
 def _rows(draw, n: int) -> np.ndarray:
     """``n`` random rows (ms on a small grid, so that starts and ends often tie)."""
@@ -178,14 +188,9 @@ def test_a_summary_read_a_few_rows_at_a_time_reads_what_all_the_rows_read(case, 
     rows: with pieces of 1 to 5 rows, the reference's values."""
     polls, start, bound, end_off = case
     data, settled = polls[-1]
-    saved = memo_mod.CHUNK_ROWS
-    memo_mod.CHUNK_ROWS = chunk
-    try:
-        with _lead(lead):
-            r = _attempt(data, settled, start, end_off)
-            _same(rr.restart_rows(r, bound), _reference(r, bound))
-    finally:
-        memo_mod.CHUNK_ROWS = saved
+    with _lead(lead), _chunk(chunk):
+        r = _attempt(data, settled, start, end_off)
+        _same(rr.restart_rows(r, bound), _reference(r, bound))
 
 
 def test_a_long_warm_up_is_read_past_the_leading_steps():
@@ -235,14 +240,9 @@ def test_accounting_with_summaries_read_a_few_rows_at_a_time_is_the_same(case, i
     job, batches = case
     memo = AccountingMemo()
     seen: dict = {}
-    saved = memo_mod.CHUNK_ROWS
-    try:
-        for batch in batches:
-            snap, now = _take(job, seen, batch, running, True)
-            memo_mod.CHUNK_ROWS = saved
-            want = _state(account(snap, ideal, now))
-            memo_mod.CHUNK_ROWS = chunk
+    for batch in batches:
+        snap, now = _take(job, seen, batch, running, True)
+        want = _state(account(snap, ideal, now))
+        with _chunk(chunk):
             assert _state(account(snap, ideal, now)) == want
             assert _state(account(snap, ideal, now, memo=memo)) == want
-    finally:
-        memo_mod.CHUNK_ROWS = saved

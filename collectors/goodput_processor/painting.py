@@ -426,8 +426,6 @@ class _Acc:
         if nkept < len(ss):  # (all kept: the arrays themselves, no copy)
             snum, ss, net = snum[kept], ss[kept], net[kept]
             scount = scount[:nkept] if ones else scount[kept]
-        if not ones and nkept and scount.max() == 1:
-            scount = np.broadcast_to(np.int64(1), (nkept,))
         # (the attempt and, for recorded steps, the count are one number for the whole
         # column: read-only broadcast views, no memory per step)
         kept_arrays = (snum, np.broadcast_to(np.int64(attempt), (nkept,)), ss, net, scount)

@@ -279,8 +279,11 @@ def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
             tot += int(t[hit].sum())
         return n, tot
 
-    maxes = [int(np.max(p[0], where=m, initial=np.iinfo(np.int64).min))
-             for p, m in ((p, p[0] != none) for p in parts) if m.any()]
+    maxes = []  # the highest step number of each part (a mask, not a copy)
+    for p in parts:
+        numbered = p[0] != none
+        if numbered.any():
+            maxes.append(int(np.max(p[0], where=numbered, initial=none)))
     return _finish(ideal_given_ns, len(per), kth_of(per), len(diffs), kth_of(diffs), above,
                    sum(int(c.sum()) for c in cnts), sum(int(t.sum()) for t in ts),
                    max(maxes) if maxes else None)
