@@ -217,15 +217,7 @@ def test_accounting_with_one_leading_step_kept_is_the_same(case, ideal, running)
     """End to end, batch after batch with OS process identity: the summary keeping one
     leading kept step (warm-ups read from all the rows) gives the accounting of the
     default, with a memo and without."""
-    job, batches = case
-    memo = AccountingMemo()
-    seen: dict = {}
-    for batch in batches:
-        snap, now = _take(job, seen, batch, running, True)
-        want = _state(account(snap, ideal, now))
-        with _lead(1):
-            assert _state(account(snap, ideal, now, memo=memo)) == want
-            assert _state(account(snap, ideal, now)) == want
+    _accounted_alike(case, ideal, running, lambda: _lead(1))
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -237,12 +229,18 @@ def test_accounting_with_summaries_read_a_few_rows_at_a_time_is_the_same(case, i
     """End to end: every summary of ``memo.folded`` (evidence, step order, resume step,
     custom types, errors, elastic markers, restart phases, a launcher's events) read 1 to
     4 rows at a time gives the accounting of reading them whole, with a memo and without."""
+    _accounted_alike(case, ideal, running, lambda: _chunk(chunk))
+
+
+def _accounted_alike(case, ideal, running, setting) -> None:
+    """Batch after batch with OS process identity: the accounting under ``setting()`` (a
+    context manager), with a memo and without, equals the default's."""
     job, batches = case
     memo = AccountingMemo()
     seen: dict = {}
     for batch in batches:
         snap, now = _take(job, seen, batch, running, True)
         want = _state(account(snap, ideal, now))
-        with _chunk(chunk):
-            assert _state(account(snap, ideal, now)) == want
+        with setting():
             assert _state(account(snap, ideal, now, memo=memo)) == want
+            assert _state(account(snap, ideal, now)) == want
