@@ -13,18 +13,21 @@ import logging
 import math
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from goodput import schema
 
+from . import result_cache
 from .attempts import Attempt, build_attempts
 from .attribution import host_badput
+from .cache import enabled as cache_enabled
 from .checks import file_warnings, job_warnings
 from .elastic import slice_efficiency, slice_records
 from .memo import AccountingMemo, cached, proc_key
 from .painting import _Acc
-from .reader import read_run_dir
+from .reader import read_run_dir, span_files
 from .recovery import recovery_report
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
 from .steptimes import step_stats
@@ -283,12 +286,20 @@ def report_run_dir(
     A job whose accounting raises is reported failed (``error`` set, :func:`isolated`),
     and logged; the other jobs are reported as usual.
 
+    For a finished run (files quiet, no attempt running; with the cache on, ``now_ns``,
+    ``at_ns`` and ``exclusions_ns`` not given) the results are kept beside the spool and a
+    later call returns them without accounting again (:mod:`.result_cache`): equal to a
+    new accounting, with read-only step arrays mapped from the cache.
+
     Raises:
         RunDirError, SpoolFormatError: see :func:`~goodput_processor.reader.read_run_dir`.
         KeyError: ``job`` is given and not in the run directory (message lists the jobs).
         ValueError: bad ``ideal_step_time_s``.
     """
     _check_ideal(ideal_step_time_s)
+    kept = _kept(path, now_ns, at_ns, exclusions_ns, ideal_step_time_s, job)
+    if kept is not None and kept[2] is not None:
+        return kept[2]
     spans = read_run_dir(path)
     names = sorted(spans.jobs)
     if job is not None:
@@ -316,4 +327,21 @@ def report_run_dir(
         r = isolated(name, compute, lambda e, n=name: _log.exception(
             "goodput report: accounting job %r failed; it is reported as failed", n))
         results.append(replace(r, warnings=skipped_files + r.warnings) if skipped_files else r)
+    if kept is not None:
+        result_cache.save(Path(path), kept[0], kept[1], results)
     return results
+
+
+def _kept(path, now_ns, at_ns, exclusions_ns, ideal_step_time_s, job):
+    """``(file stats, params, results kept for them or None)`` of a report that may keep
+    its results (:mod:`.result_cache`: cache on, *now* the clock's, no ``at_ns``, no
+    exclusions), else None."""
+    if now_ns is not None or at_ns is not None or exclusions_ns or not cache_enabled():
+        return None
+    root = Path(path)
+    try:
+        stats = result_cache.stats(root, span_files(root))
+    except OSError:
+        return None  # (read_run_dir says what is wrong with the directory)
+    params = {"ideal_step_time_s": ideal_step_time_s, "job": job}
+    return stats, params, (result_cache.load(root, stats, params) if stats else None)

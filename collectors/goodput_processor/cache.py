@@ -16,7 +16,8 @@ them back while the cache is still valid:
   silently a cache miss (the report reads the spool as without it). Nothing is pickled:
   arrays load with ``allow_pickle=False``, the rest is JSON.
 
-Turn it off with ``goodput report --no-cache`` or ``GOODPUT_REPORT_CACHE=0``.
+Turn it off with ``goodput report --no-cache`` or ``GOODPUT_REPORT_CACHE=0``. The same
+directory keeps a finished run's report results (:mod:`goodput_processor.result_cache`).
 """
 
 from __future__ import annotations

@@ -105,10 +105,22 @@ def _exclusion(text: str) -> tuple[int, int]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Run ``goodput report``; returns the exit status."""
+    if not args.no_cache:
+        return _report(args)
+    old = os.environ.get("GOODPUT_REPORT_CACHE")
+    os.environ["GOODPUT_REPORT_CACHE"] = "0"  # read by .cache wherever the run is read
+    try:
+        return _report(args)
+    finally:  # (for this command only: main() may run again in the same process)
+        if old is None:
+            del os.environ["GOODPUT_REPORT_CACHE"]
+        else:
+            os.environ["GOODPUT_REPORT_CACHE"] = old
+
+
+def _report(args: argparse.Namespace) -> int:
     from . import definitions
 
-    if args.no_cache:  # read by goodput_processor.cache, wherever the run is read
-        os.environ["GOODPUT_REPORT_CACHE"] = "0"
     ideal = None if args.ideal_step_time is None else _ideal_step_time(args.ideal_step_time)
     at_ns = None if args.at is None else parse_time_ns(args.at, "--at")
     exclusions = [_exclusion(x) for x in args.exclude or ()]
@@ -187,9 +199,9 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
                    help="exit with status 3 when the report has warnings (what the input "
                    "could not settle: docs/accounting.md, Warnings), e.g. in CI")
     p.add_argument("--no-cache", action="store_true",
-                   help="neither read nor write the columnar cache RUN_DIR/.goodput-cache "
-                   "(written for a run whose files did not change for 30 s; also "
-                   "GOODPUT_REPORT_CACHE=0)")
+                   help="neither read nor write RUN_DIR/.goodput-cache, the spans and "
+                   "results kept for a finished run (files unchanged for 30 s, no attempt "
+                   "running); also GOODPUT_REPORT_CACHE=0")
     p.set_defaults(func=cmd_report)
     return p
 
