@@ -152,7 +152,7 @@ def _report(args: argparse.Namespace) -> int:
     except KeyError as e:
         raise UsageError(e.args[0]) from e
     if args.format == "json":
-        sys.stdout.write(definitions.to_json(args.definitions, results) + "\n")
+        definitions.write_json(args.definitions, results, sys.stdout)
     else:
         definitions.render(args.definitions, results)
     warned = sum(len(getattr(r, "warnings", ())) for r in results)

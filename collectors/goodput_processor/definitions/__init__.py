@@ -15,7 +15,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["DEFINITIONS", "REPORT_SCHEMA", "NoResult", "render", "report", "to_json"]
+__all__ = ["DEFINITIONS", "REPORT_SCHEMA", "NoResult", "render", "report", "to_json",
+           "write_json"]
 
 #: Names accepted by ``--definitions``; the first is the default.
 DEFINITIONS = ("goodput", "mgm", "resiliency", "ettr")
@@ -142,6 +143,70 @@ def to_json(definitions: str, results: Sequence, indent: int | None = 2) -> str:
     from ..report import dumps
 
     return dumps(doc, indent)
+
+
+#: Step deviations per piece of :func:`write_json`.
+PIECE = 1 << 16
+
+
+def write_json(definitions: str, results: Sequence, out, indent: int | None = 2) -> None:
+    """Write :func:`to_json`'s text and a newline to ``out`` (a text stream). The same
+    text; under ``mgm`` each job's step deviation (an entry per step) is made and written
+    :data:`PIECE` entries at a time, not as one dict of every step (about 120 bytes a step
+    before the text)."""
+    if definitions != "mgm":
+        out.write(to_json(definitions, results, indent) + "\n")
+        return
+    import uuid
+
+    from ..report import dumps
+
+    mark = f"goodput-step-deviation-{uuid.uuid4().hex}-"
+    jobs, deviations = [], []
+    for r in results:
+        if isinstance(r, NoResult):
+            jobs.append(r.to_json_dict())
+            continue
+        jobs.append(r.to_json_dict(step_deviation=False))
+        jobs[-1]["step_deviation_s"] = f"{mark}{len(deviations)}"
+        deviations.append(r.step_deviation_s)
+    text = dumps({"schema": REPORT_SCHEMA, "definitions": definitions, "jobs": jobs}, indent)
+    for i, dev in enumerate(deviations):
+        before, text = text.split(f'"{mark}{i}"', 1)
+        out.write(before)
+        _write_mapping(out, dev, indent, dumps)
+    out.write(text + "\n")
+
+
+def _write_mapping(out, deviation, indent: int | None, dumps) -> None:
+    """``deviation`` (step number -> seconds) as :func:`to_json` writes it inside a job of
+    the ``jobs`` list (entries at depth 4), a piece at a time."""
+    if not len(deviation):
+        out.write("{}")
+        return
+    out.write("{")
+    for n, piece in enumerate(_pieces(deviation)):
+        inner = dumps(piece, indent)[1:-1]  # the entries, without the braces
+        if indent:  # at depth 4 instead of 1; the piece's own closing newline dropped
+            inner = inner[:-1].replace("\n" + " " * indent, "\n" + " " * (4 * indent))
+        out.write(("," if n else "") + inner)
+    out.write("\n" + " " * (3 * indent) + "}" if indent else "}")
+
+
+def _pieces(deviation):
+    """``deviation`` with string keys, :data:`PIECE` entries per dict, in order."""
+    if hasattr(deviation, "str_keyed"):  # (.mgm_steps.Deviation: from its arrays)
+        for a in range(0, len(deviation), PIECE):
+            yield deviation.str_keyed(a, a + PIECE)
+        return
+    piece = {}
+    for k, v in deviation.items():
+        piece[str(k)] = v
+        if len(piece) == PIECE:
+            yield piece
+            piece = {}
+    if piece:
+        yield piece
 
 
 def render(definitions: str, results: Sequence, console=None) -> None:

@@ -329,13 +329,18 @@ def _account(job: JobSpans, interval_ns, now_ns, ideal_step_time_s, elastic,
     is in time order), and the whole job's replay resumes from a settled one
     (:mod:`.mgm_resume`)."""
     chunks, key, last_end, slices = keyed_chunks(job, now_ns, memo)
-
-    def events():
-        return stream(chunks, key, memo)
-
     parts = [cached(memo, ("mgm_chunk_facts", k), lambda c=c: (_elastic_kinds(c),
                                                                 *_job_bounds(c)))
              for k, c in zip(key, chunks, strict=True)]
+    if memo is None:  # one accounting: the attempts' events go once merged
+        merged = stream(chunks, key)
+        chunks.clear()
+
+        def events():
+            return merged
+    else:
+        def events():
+            return stream(chunks, key, memo)
     if elastic is None:
         elastic = bool(len(slices)) or any(p[0] for p in parts)
     if interval_ns is None:

@@ -11,6 +11,7 @@ starts and ends as mgm does. The calculator is :mod:`.mgm`.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,15 +99,19 @@ def _chunk(job: JobSpans, a) -> _Chunk:
     """The events of attempt ``a`` (see :func:`events`), sorted."""
     types: dict[str, int] = {}
     wait_types: dict[str, int] = {}
-    cols: list[tuple] = []  # (t, rank, kind, val, dur) arrays per add
+    cols: tuple[list, ...] = ([], [], [], [], [])  # t, rank, kind, val, dur: one per add
 
     def add(t, rank, kind, val=None, dur=None):
         t = np.asarray(t, np.int64).reshape(-1)
         n = len(t)
-        cols.append((t, np.full(n, rank, np.int8) if np.isscalar(rank) else rank,
-                     np.full(n, kind, np.int8),
-                     np.zeros(n, np.int64) if val is None else val,
-                     np.zeros(n, np.int64) if dur is None else dur))
+
+        def same(x, dtype):  # a constant column: a view, no memory per event
+            return np.broadcast_to(np.array(x, dtype), (n,))
+
+        for col, x in zip(cols, (t, same(rank, np.int8) if np.isscalar(rank) else rank,
+                                 same(kind, np.int8), same(0, np.int64) if val is None else val,
+                                 same(0, np.int64) if dur is None else dur), strict=True):
+            col.append(x)
 
     add(a.start_ns, _R_JOB_START, E_JOB_START)
     d = a.primary.data
@@ -142,10 +147,22 @@ def _chunk(job: JobSpans, a) -> _Chunk:
         add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
     if a.end_reason not in ("killed", "running", "restart"):
         add(a.end_ns, _R_JOB_END, E_JOB_END)
-    t, rank, kind, val, dur = (np.concatenate(c) for c in zip(*cols, strict=True))
+    t, rank = _joined(cols[0]), _joined(cols[1])
     order = np.lexsort((rank, t))  # (stable: the order written at equal time and rank)
-    return _Chunk(t[order], rank[order], kind[order], val[order], dur[order], tuple(types),
-                  tuple(wait_types))
+    # sorted a column at a time (each unsorted one goes before the next is joined)
+    t = t[order]
+    rank = rank[order]
+    kind = _joined(cols[2])[order]
+    val = _joined(cols[3])[order]
+    dur = _joined(cols[4])[order]
+    return _Chunk(t, rank, kind, val, dur, tuple(types), tuple(wait_types))
+
+
+def _joined(pieces: list) -> np.ndarray:
+    """The pieces joined; the list is emptied (the pieces go with it)."""
+    out = np.concatenate(pieces)
+    pieces.clear()
+    return out
 
 
 def chunk_key(a) -> tuple:
@@ -236,9 +253,22 @@ def keyed_chunks(job: JobSpans, now_ns: int | None, memo: AccountingMemo | None 
     if not attempts:
         return [], (), None, slices
     keys = tuple(chunk_key(a) for a in attempts)
-    chunks = [cached(memo, ("mgm_chunk", k), lambda a=a: _chunk(job, a))
-              for k, a in zip(keys, attempts, strict=True)]
-    return chunks, keys, attempts[-1].end_ns, slices
+    last_end = attempts[-1].end_ns
+    if memo is None and job.rows_owned:  # rows read for this one accounting: each
+        _drop_rows(job)  # attempt's go with it once its events are made (a report's
+        attempts.reverse()  # peak is then the rows or the events, not both)
+        chunks = [_chunk(job, attempts.pop()) for _ in keys]
+    else:
+        chunks = [cached(memo, ("mgm_chunk", k), lambda a=a: _chunk(job, a))
+                  for k, a in zip(keys, attempts, strict=True)]
+    return chunks, keys, last_end, slices
+
+
+def _drop_rows(job: JobSpans) -> None:
+    """Empty the rows of ``job``'s processes (the attempts built from them keep theirs)."""
+    for p in job.processes.values():
+        p.data = np.zeros((0, p.data.shape[1]), p.data.dtype)
+        p._buf = array("q")  # (what the reader's rows are a view of)
 
 
 def stream(chunks: list[_Chunk], keys: tuple, memo: AccountingMemo | None = None) -> Events:

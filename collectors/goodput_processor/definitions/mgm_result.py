@@ -148,8 +148,10 @@ class MgmResult:
         """Goodput in percent (0..100), the unit mgm's ``get_job_goodput`` returns."""
         return self.goodput * 100
 
-    def to_json_dict(self) -> dict:
-        """A JSON-ready dict (step numbers of ``step_deviation_s`` become strings)."""
+    def to_json_dict(self, step_deviation: bool = True) -> dict:
+        """A JSON-ready dict (step numbers of ``step_deviation_s`` become strings; None
+        there unless ``step_deviation``: :func:`~goodput_processor.definitions.write_json`
+        writes it a piece at a time)."""
         return {
             "definitions": f"ml-goodput-measurement {MGM_VERSION}",
             "job": self.job,
@@ -167,7 +169,8 @@ class MgmResult:
             "last_recorded_step": self.last_recorded_step,
             "disruptions": self.disruptions,
             "ideal_step_time_s": self.ideal_step_time_s,
-            "step_deviation_s": _str_keyed(self.step_deviation_s),
+            "step_deviation_s": (_str_keyed(self.step_deviation_s) if step_deviation
+                                 else None),
             "elastic": self.elastic,
             "slice_efficiency": None if self.slice_efficiency is None else {
                 "stepping": self.slice_efficiency[0],

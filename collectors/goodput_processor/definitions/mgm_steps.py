@@ -45,12 +45,14 @@ class Deviation(Mapping):
     def __repr__(self) -> str:
         return repr(self._d())
 
-    def str_keyed(self) -> dict[str, float]:
-        """The mapping with its step numbers as strings (for JSON), in the same order."""
-        if self._dict is not None:
+    def str_keyed(self, start: int = 0, stop: int | None = None) -> dict[str, float]:
+        """The mapping with its step numbers as strings (for JSON), in the same order; its
+        entries ``start`` to ``stop`` (positions, as a slice) when given."""
+        if self._dict is not None and start == 0 and stop is None:
             return dict(zip(map(str, self._dict), self._dict.values(), strict=True))
-        return dict(zip(map(str, self._keys.tolist()),
-                        np.abs(self._times - self._ideal).tolist(), strict=True))
+        keys, times = self._keys[start:stop], self._times[start:stop]
+        return dict(zip(map(str, keys.tolist()), np.abs(times - self._ideal).tolist(),
+                        strict=True))
 
     def last_values(self, n: int) -> list[float]:
         """The last ``n`` values (or all when fewer), in order."""
