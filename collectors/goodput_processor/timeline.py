@@ -151,9 +151,18 @@ class JobSpans:
     over_limit: Counter = field(default_factory=Counter)
     custom_sids: set[int] = field(default_factory=set, repr=False)
     #: The accounting may write each process's open records resolved over its rows
-    #: (:func:`~goodput_processor.attempts.resolve_open` in place): set for rows read for
-    #: one accounting (``goodput report``), saving a copy of them.
+    #: (:func:`~goodput_processor.attempts.resolve_open` in place), and let go of the rows
+    #: once it has what it needs of them (:meth:`drop_rows`): set for rows read for one
+    #: accounting (``goodput report``), saving a copy of them.
     rows_owned: bool = field(default=False, repr=False, compare=False)
+
+    def drop_rows(self) -> None:
+        """Empty every process's rows here (what was made from them, e.g. an attempt's
+        processes, keeps its own reference): their memory goes once nothing else holds
+        it. For :attr:`rows_owned` rows only."""
+        for p in self.processes.values():
+            p.data = np.zeros((0, NCOLS), np.int64)
+            p._buf = array("q")  # (what the reader's rows are a view of)
 
 
 @dataclass

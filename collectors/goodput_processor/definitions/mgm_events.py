@@ -11,7 +11,6 @@ starts and ends as mgm does. The calculator is :mod:`.mgm`.
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -255,20 +254,13 @@ def keyed_chunks(job: JobSpans, now_ns: int | None, memo: AccountingMemo | None 
     keys = tuple(chunk_key(a) for a in attempts)
     last_end = attempts[-1].end_ns
     if memo is None and job.rows_owned:  # rows read for this one accounting: each
-        _drop_rows(job)  # attempt's go with it once its events are made (a report's
+        job.drop_rows()  # attempt's go with it once its events are made (a report's
         attempts.reverse()  # peak is then the rows or the events, not both)
         chunks = [_chunk(job, attempts.pop()) for _ in keys]
     else:
         chunks = [cached(memo, ("mgm_chunk", k), lambda a=a: _chunk(job, a))
                   for k, a in zip(keys, attempts, strict=True)]
     return chunks, keys, last_end, slices
-
-
-def _drop_rows(job: JobSpans) -> None:
-    """Empty the rows of ``job``'s processes (the attempts built from them keep theirs)."""
-    for p in job.processes.values():
-        p.data = np.zeros((0, p.data.shape[1]), p.data.dtype)
-        p._buf = array("q")  # (what the reader's rows are a view of)
 
 
 def stream(chunks: list[_Chunk], keys: tuple, memo: AccountingMemo | None = None) -> Events:
