@@ -28,11 +28,12 @@ from goodput_processor.serve.store import LiveStore
 HOSTS, SLOW, CRASH = 16, 5, 12
 
 
-def _two_rank_restart(d, *, launcher=None, pods=False, spans_per_line=512):
+def _two_rank_restart(d, *, launcher=None, pods=False, spans_per_line=512, stopped=False):
     """Attempt 0: 2 ranks, steps 1-14 of 1 s, save of step 10; rank 1 falls silent at 19.3
-    (its last heartbeat), rank 0 ends with an exception at 20. Attempt 1 from 25: accelerator
-    init 27-29, prep 29-30, gap, restore of step 10 30.5-32, compilation 32-34, step 11 of
-    2.5 s, steps 12-20 of 1 s, end 45.5."""
+    (its last heartbeat), rank 0 ends with an exception at 20 (``stopped``: falls silent at
+    19.2, and the agent reports it stopped by SIGTERM right after rank 1). Attempt 1 from 25:
+    accelerator init 27-29, prep 29-30, gap, restore of step 10 30.5-32, compilation 32-34,
+    step 11 of 2.5 s, steps 12-20 of 1 s, end 45.5."""
     for p in (0, 1):
         extra = {}
         if launcher:
@@ -48,6 +49,8 @@ def _two_rank_restart(d, *, launcher=None, pods=False, spans_per_line=512):
             tl.step(n, 4 + n, 5 + n)
         if p == 1:
             tl.heartbeat(19, 19.3)
+        elif stopped:
+            tl.heartbeat(19, 19.2)
         else:
             tl.job_end(20, reason="exception")
         tl.write(d, spans_per_line=spans_per_line)
@@ -79,6 +82,11 @@ def _two_rank_restart(d, *, launcher=None, pods=False, spans_per_line=512):
             schema.ATTR_LAUNCHER_EVENT: "torchelastic.worker.failed",
             schema.ATTR_LAUNCHER_WORKER_PID: 101, schema.ATTR_LAUNCHER_EXIT_CODE: -9,
             schema.ATTR_LAUNCHER_RESTART_COUNT: 0, schema.ATTR_LAUNCHER_GLOBAL_RANK: 1})
+        if stopped:  # the agent stopped rank 0 and reported it in the same pass, after rank 1
+            tl.span(schema.LAUNCHER_EVENT, 19.400001, 19.400001, {
+                schema.ATTR_LAUNCHER_EVENT: "torchelastic.worker.failed",
+                schema.ATTR_LAUNCHER_WORKER_PID: 100, schema.ATTR_LAUNCHER_EXIT_CODE: -15,
+                schema.ATTR_LAUNCHER_RESTART_COUNT: 0, schema.ATTR_LAUNCHER_GLOBAL_RANK: 0})
         tl.span(schema.LAUNCHER_EVENT, 21, 23, {
             schema.ATTR_LAUNCHER_EVENT: "torchelastic.worker.status.RENDEZVOUS"})
         tl.heartbeat(23, 46).write(d, spans_per_line=spans_per_line)
@@ -127,6 +135,19 @@ def test_launcher_events_tell_a_signal_and_leave_the_attempts_alone(tmp_path):
     assert rec.first_failure.process == 1
     assert rec.evidence["launcher_detected_after_s"] == pytest.approx(0.1)
     assert rec.evidence["launcher_rendezvous_s"] == pytest.approx(2.0)
+
+
+def test_the_worker_the_launcher_saw_fail_first_failed_first(tmp_path):
+    """torchelastic's agent reports the workers it stopped after the one that died, in the same
+    pass (as torchrun_restart_phases records it); the stopped rank 0 fell silent at 19.2,
+    before rank 1's last heartbeat (19.3), yet rank 1 failed first, by SIGKILL, and detection
+    runs to its last sign of life."""
+    (r,) = report_run_dir(_two_rank_restart(tmp_path, launcher=True, stopped=True))
+    (rec,) = r.recovery
+    f = rec.first_failure
+    assert (f.process, f.how, f.at_ns) == (1, "signal", Timeline().ns(19.3))
+    assert rec.phases["detection"] == pytest.approx(0.3)
+    assert rec.evidence["launcher_detected_after_s"] == pytest.approx(0.1)
 
 
 def test_launcher_events_polled_live_equal_the_report(tmp_path):

@@ -222,16 +222,20 @@ def _first_failure(job: JobSpans, a, failures, rows) -> FirstFailure:
         hit = first_err <= t
         t[hit], how[hit] = first_err[hit], 0
     t = np.clip(t, a.start_ns, a.end_ns)
-    seen_first = np.ones(n, np.int8)
+    # when the launcher saw it fail: others followed it. A worker it saw first goes first: an
+    # agent that sees one worker die stops the rest and reports them in the same pass, after
+    # it (torchelastic's SubprocessContext._poll), and a worker it stopped may have fallen
+    # silent before the one that died
+    seen_at = np.full(n, np.iinfo(np.int64).max, np.int64)
     if failures:
         for i, p in enumerate(procs):
             seen = failures.get((p.host, p.pid)) if p.pid is not None else None
-            if seen is not None:  # the launcher saw this worker fail: others followed it
-                seen_first[i] = 0
+            if seen is not None:
+                seen_at[i] = seen[0]
                 if how[i] in (2, 3):
                     how[i] = 1 if seen[1] < 0 else 0
     rank = np.fromiter((p.index for p in procs), np.int64, n)
-    i = int(np.lexsort((rank, t, seen_first))[0])
+    i = int(np.lexsort((rank, t, seen_at))[0])
     return FirstFailure(procs[i].index, procs[i].host, HOWS[how[i]], int(t[i]))
 
 
