@@ -1,7 +1,8 @@
 """A finished run's results kept beside the spool (``goodput_processor.result_cache``): the
-second report reads them, equal field for field and step for step to a new accounting;
-a running attempt, a changed file, other arguments, ``--no-cache`` or a damaged entry
-mean the job is accounted again."""
+second report reads them, equal field for field and step for step to a new accounting,
+with the default definitions and with ``mgm`` (its step deviation entry for entry); a
+running attempt, a changed file, other arguments, ``--no-cache`` or a damaged entry mean
+the job is accounted again."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from otlp_fixtures import Timeline
 from test_properties import PROPS, _lines, _write, jobs
 
 from goodput import schema
-from goodput_processor import accounting, result_cache
+from goodput_processor import accounting, definitions, reader, result_cache
 from goodput_processor.cache import CACHE_DIR
 from goodput_processor.cli import main
 from goodput_processor.report import render_table, to_json_dict
@@ -162,7 +163,7 @@ def test_no_cache_neither_reads_nor_writes_and_is_for_that_command(tmp_path, mon
     assert len(_entries(run)) == 1
 
 
-@pytest.mark.parametrize("damage", ["json", "class", "steps", "key", "fields"])
+@pytest.mark.parametrize("damage", ["json", "class", "arrays", "array class", "key", "fields"])
 def test_a_damaged_or_foreign_entry_is_a_miss(tmp_path, monkeypatch, damage):
     run = _finished(tmp_path)
     accounting.report_run_dir(run)
@@ -174,8 +175,11 @@ def test_a_damaged_or_foreign_entry_is_a_miss(tmp_path, monkeypatch, damage):
     elif damage == "class":  # only dataclasses of goodput_processor are ever made
         doc["results"][0]["$c"] = "os:system"
         path.write_text(json.dumps(doc))
-    elif damage == "steps":
-        (run / CACHE_DIR / doc["steps"]).write_bytes(b"\x93NUMPY garbage")
+    elif damage == "arrays":
+        (run / CACHE_DIR / doc["arrays"]).write_bytes(b"\x93NUMPY garbage")
+    elif damage == "array class":  # only classes of goodput_processor are ever made
+        doc["results"][0]["f"]["steps"]["$a"] = "numpy:memmap"
+        path.write_text(json.dumps(doc))
     elif damage == "key":
         doc["key"] = "0" * 16
         path.write_text(json.dumps(doc))
@@ -202,6 +206,81 @@ def test_kept_results_equal_accounting_on_random_jobs(tmp_path_factory, pairs, i
     for got in (first, second):
         _same(got, want)
     assert render_text(second) == render_text(want)
+
+
+# --- mgm: its results kept too (they never depend on now)
+
+
+def _mgm_fresh(run, monkeypatch, **kw):
+    with monkeypatch.context() as m:
+        m.setenv("GOODPUT_REPORT_CACHE", "0")
+        return definitions.report(run, "mgm", **kw)
+
+
+def _same_mgm(got, want):
+    """Every field equal, the step deviation entry for entry and in order."""
+    assert [type(g) for g in got] == [type(w) for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.to_json_dict() == w.to_json_dict()
+        for f in dataclasses.fields(w):
+            assert getattr(g, f.name) == getattr(w, f.name), f.name
+        if hasattr(w, "step_deviation_s"):
+            assert list(g.step_deviation_s.items()) == list(w.step_deviation_s.items())
+
+
+def _varied(tmp_path):
+    """:func:`_finished` plus a job "v" of steps 1.0-1.6 s long, restarted at step 25."""
+    run = _finished(tmp_path)
+    tl, t = Timeline(job="v").job_start(0), 1.0
+    for n in range(40):
+        tl.step(n, t, t + 1 + (n * 7 % 11) * 0.06)
+        t += 1 + (n * 7 % 11) * 0.06
+    tl.write(run)
+    tl, t = Timeline(job="v", attempt=1).job_start(t + 5).restore(t + 5, t + 6, step=25), t + 6
+    for n in range(25, 60):
+        tl.step(n, t, t + 1 + (n * 5 % 13) * 0.05)
+        t += 1 + (n * 5 % 13) * 0.05
+    tl.job_end(t).write(run)
+    return _age(run)
+
+
+def test_mgm_second_report_reads_the_kept_results(tmp_path, monkeypatch, capsys):
+    run = _varied(tmp_path)
+    want = _mgm_fresh(run, monkeypatch)
+    assert len(want[0].step_deviation_s) > 20 and want[0].elastic
+    assert len(set(want[1].step_deviation_s.values())) > 5 and want[1].disruptions
+    _same_mgm(definitions.report(run, "mgm"), want)
+    accounting.report_run_dir(run)
+    assert len(_entries(run)) == 2  # one per definitions
+    with monkeypatch.context() as m:
+        m.setattr(reader, "read_run_dir", lambda *a, **k: pytest.fail("read again"))
+        second = definitions.report(run, "mgm")
+    _same_mgm(second, want)
+    assert isinstance(second[1].step_deviation_s._times, np.memmap)  # mapped, not read
+    at = time.time_ns()  # --at: neither read nor kept
+    _same_mgm(definitions.report(run, "mgm", at_ns=at), _mgm_fresh(run, monkeypatch, at_ns=at))
+    assert len(_entries(run)) == 2
+    outs = []
+    for args in (["--format", "json"], [], ["--format", "json", "--no-cache"], ["--no-cache"]):
+        assert main(["report", str(run), "--definitions", "mgm", *args]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[2] and outs[1] == outs[3]
+
+
+@PROPS
+@given(pairs=jobs(), ideal=st.sampled_from([None, 0.5, 2.0]))
+def test_kept_mgm_results_equal_accounting_on_random_jobs(tmp_path_factory, pairs, ideal):
+    run = _age(_write(tmp_path_factory.mktemp("kept"), _lines(pairs, None)))
+    os.environ["GOODPUT_REPORT_CACHE"] = "0"
+    try:
+        want = definitions.report(run, "mgm", ideal_step_time_s=ideal)
+    finally:
+        del os.environ["GOODPUT_REPORT_CACHE"]
+    first = definitions.report(run, "mgm", ideal_step_time_s=ideal)
+    assert len(_entries(run)) == 1
+    second = definitions.report(run, "mgm", ideal_step_time_s=ideal)
+    for got in (first, second):
+        _same_mgm(got, want)
 
 
 def render_text(results) -> str:

@@ -22,12 +22,11 @@ from goodput import schema
 from . import result_cache
 from .attempts import Attempt, build_attempts
 from .attribution import host_badput
-from .cache import enabled as cache_enabled
 from .checks import file_warnings, job_warnings
 from .elastic import slice_efficiency, slice_records
 from .memo import AccountingMemo, cached, proc_key
 from .painting import _Acc
-from .reader import read_run_dir, span_files
+from .reader import read_run_dir
 from .recovery import recovery_report
 from .report import AttemptResult, JobResult, StepArrays, StepTimeSummary
 from .steptimes import step_stats
@@ -333,15 +332,9 @@ def report_run_dir(
 
 
 def _kept(path, now_ns, at_ns, exclusions_ns, ideal_step_time_s, job):
-    """``(file stats, params, results kept for them or None)`` of a report that may keep
-    its results (:mod:`.result_cache`: cache on, *now* the clock's, no ``at_ns``, no
-    exclusions), else None."""
-    if now_ns is not None or at_ns is not None or exclusions_ns or not cache_enabled():
+    """:func:`.result_cache.lookup` for a report that may keep its results (*now* the
+    clock's, no ``at_ns``, no exclusions), else None."""
+    if now_ns is not None or at_ns is not None or exclusions_ns:
         return None
-    root = Path(path)
-    try:
-        stats = result_cache.stats(root, span_files(root))
-    except OSError:
-        return None  # (read_run_dir says what is wrong with the directory)
-    params = {"ideal_step_time_s": ideal_step_time_s, "job": job}
-    return stats, params, (result_cache.load(root, stats, params) if stats else None)
+    return result_cache.lookup(path, {"definitions": "goodput",
+                                      "ideal_step_time_s": ideal_step_time_s, "job": job})

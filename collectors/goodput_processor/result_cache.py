@@ -2,9 +2,13 @@
 report`` of a run that no longer changes reads its answer, not its spans.
 
 :func:`~goodput_processor.accounting.report_run_dir` (``goodput report``, the default
-definitions, without ``--at`` or ``--exclude``) keeps its list of
-:class:`~goodput_processor.report.JobResult` in ``RUN_DIR/.goodput-cache/`` (the directory
-of :mod:`goodput_processor.cache`), one entry per ``(ideal step time, job)`` asked for:
+definitions) and :func:`~goodput_processor.definitions.report` with ``mgm``, both without
+``--at`` or ``--exclude``, keep their list of results
+(:class:`~goodput_processor.report.JobResult`, or
+:class:`~goodput_processor.definitions.mgm_result.MgmResult` and
+:class:`~goodput_processor.definitions.NoResult`) in ``RUN_DIR/.goodput-cache/`` (the
+directory of :mod:`goodput_processor.cache`), one entry per ``(definitions, ideal step
+time, job)`` asked for:
 
 - **valid** while the span files are the same paths with the same sizes and modification
   times (ns, taken *before* the files were read), and the processor's code is the same
@@ -14,12 +18,15 @@ of :mod:`goodput_processor.cache`), one entry per ``(ideal step time, job)`` ask
   depends on *now* only through a running last attempt (an attempt seen alive within
   :data:`~goodput_processor.attempts.RUNNING_INTERVALS` heartbeats of now); once no attempt
   is running, none becomes running again as time passes, so the result stays what a new
-  accounting would give;
+  accounting would give. (An mgm result never depends on *now*: without ``--at`` a job
+  with no job end is measured to its timeline's end, :mod:`.definitions.mgm`);
 - **never in the way**: an unwritable directory, a full disk, a damaged or foreign entry is
   silently a miss (the report accounts as without it). Nothing is pickled: the results are
-  JSON naming only dataclasses of ``goodput_processor``; the kept step arrays
-  (:class:`~goodput_processor.steptimes.StepArrays`, five int64 columns) are one ``.npy``
-  that a hit maps into memory (``mmap_mode="r"``), read only where a caller reads them.
+  JSON naming only dataclasses of ``goodput_processor``; their arrays (the kept steps'
+  five int64 columns, :class:`~goodput_processor.steptimes.StepArrays`; mgm's step numbers
+  and float64 step times, :class:`~.definitions.mgm_steps.Deviation`) are one flat int64
+  ``.npy`` (float64 stored as its bits) that a hit maps into memory (``mmap_mode="r"``),
+  read only where a caller reads them.
 
 Turned off with the columnar cache (``goodput report --no-cache``,
 ``GOODPUT_REPORT_CACHE=0``).
@@ -40,14 +47,15 @@ from pathlib import Path
 import numpy as np
 
 from .cache import CACHE_DIR, QUIET_S
-from .steptimes import StepArrays
+from .cache import enabled as cache_enabled
+from .reader import span_files
 
-__all__ = ["cacheable", "load", "save"]
+__all__ = ["cacheable", "load", "lookup", "save"]
 
 _log = logging.getLogger(__name__)
-_FORMAT = 1
+_FORMAT = 2
 _PACKAGE = __name__.rpartition(".")[0]  # goodput_processor
-_STEP_COLUMNS = 5  # step, attempt, start_ns, time_ns, count (StepArrays)
+_DTYPES = {"i8": np.dtype(np.int64), "f8": np.dtype(np.float64)}  # the arrays kept
 _CODE: list[str] = []
 
 
@@ -81,76 +89,106 @@ def stats(root: Path, files: list[Path]) -> list[list]:
     return out
 
 
+def lookup(path, params: dict) -> tuple[list, dict, list | None] | None:
+    """``(file stats, params, results kept for them or None)`` for a report of run
+    directory ``path`` with ``params`` (the report's arguments, JSON-ready) that may keep
+    its results; None with the cache off (:func:`~goodput_processor.cache.enabled`) or a
+    directory whose files cannot be listed (the reader says what is wrong with it). Pass
+    the first two to :func:`save` after accounting."""
+    if not cache_enabled():
+        return None
+    root = Path(path)
+    try:
+        file_stats = stats(root, span_files(root))
+    except OSError:
+        return None
+    return file_stats, params, (load(root, file_stats, params) if file_stats else None)
+
+
 def cacheable(results) -> bool:
-    """Whether ``results`` no longer depend on *now*: no attempt of any job is running."""
-    return all(a.end_reason != "running" for r in results for a in r.attempts)
+    """Whether ``results`` no longer depend on *now*: no attempt of any job is running
+    (results without attempts, mgm's, never depend on it)."""
+    return all(a.end_reason != "running" for r in results
+               for a in getattr(r, "attempts", ()))
 
 
-# --- JSON of results: dataclasses of goodput_processor, tuples, lists, dicts, StepArrays
+# --- JSON of results: dataclasses of goodput_processor, tuples, lists, dicts, and classes
+# of goodput_processor kept as arrays (StepArrays, mgm's Deviation: they have
+# ``cache_arrays()`` -> (1-D arrays, JSON-ready meta) and ``from_cache_arrays(arrays, meta)``),
+# their arrays as indices into the list of kept arrays
 
 
-def _enc(x, steps: list):
+def _class(name: str):
+    """The class ``module:qualname`` of goodput_processor (ValueError for any other)."""
+    module, _, qual = name.partition(":")
+    if not module.startswith(_PACKAGE + "."):
+        raise ValueError(f"{name} is not a class of {_PACKAGE}")
+    cls = importlib.import_module(module)
+    for part in qual.split("."):
+        cls = getattr(cls, part)
+    if not isinstance(cls, type):
+        raise ValueError(f"{name} is not a class")
+    return cls
+
+
+def _enc(x, arrays: list):
     if x is None or isinstance(x, str) or type(x) in (bool, int, float):
         return x
     if type(x) is tuple:
-        return {"$t": [_enc(v, steps) for v in x]}
+        return {"$t": [_enc(v, arrays) for v in x]}
     if type(x) is list:
-        return [_enc(v, steps) for v in x]
+        return [_enc(v, arrays) for v in x]
     if type(x) is dict:
-        return {"$d": [[_enc(k, steps), _enc(v, steps)] for k, v in x.items()]}
-    if type(x) is StepArrays:
-        steps.append(x)
-        return {"$steps": len(steps) - 1, "ideal": x.ideal_ns, "tol": x.tol_ns}
+        return {"$d": [[_enc(k, arrays), _enc(v, arrays)] for k, v in x.items()]}
     cls = type(x)
-    if dataclasses.is_dataclass(x) and cls.__module__.startswith(_PACKAGE + "."):
-        return {"$c": f"{cls.__module__}:{cls.__qualname__}",
-                "f": {f.name: _enc(getattr(x, f.name), steps)
-                      for f in dataclasses.fields(x)}}
+    name = f"{cls.__module__}:{cls.__qualname__}"
+    if not cls.__module__.startswith(_PACKAGE + "."):
+        raise TypeError(f"no cache form for {cls.__module__}.{cls.__qualname__}")
+    if hasattr(cls, "from_cache_arrays"):
+        cols, meta = x.cache_arrays()
+        at = len(arrays)
+        arrays.extend(np.asarray(c, np.float64 if c.dtype.kind == "f" else np.int64)
+                      for c in cols)
+        return {"$a": name, "i": list(range(at, len(arrays))), "m": _enc(meta, arrays)}
+    if dataclasses.is_dataclass(x):
+        return {"$c": name, "f": {f.name: _enc(getattr(x, f.name), arrays)
+                                  for f in dataclasses.fields(x)}}
     raise TypeError(f"no cache form for {cls.__module__}.{cls.__qualname__}")
 
 
-def _dec(x, steps: list):
+def _dec(x, arrays: list):
     if isinstance(x, list):
-        return [_dec(v, steps) for v in x]
+        return [_dec(v, arrays) for v in x]
     if not isinstance(x, dict):
         return x
     if "$t" in x:
-        return tuple(_dec(v, steps) for v in x["$t"])
+        return tuple(_dec(v, arrays) for v in x["$t"])
     if "$d" in x:
-        return {_dec(k, steps): _dec(v, steps) for k, v in x["$d"]}
-    if "$steps" in x:
-        return StepArrays(steps[x["$steps"]], x["ideal"], x["tol"])
-    module, _, name = x["$c"].partition(":")
-    if not module.startswith(_PACKAGE + "."):
-        raise ValueError(f"{x['$c']} is not a class of {_PACKAGE}")
-    cls = importlib.import_module(module)
-    for part in name.split("."):
-        cls = getattr(cls, part)
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return {_dec(k, arrays): _dec(v, arrays) for k, v in x["$d"]}
+    if "$a" in x:
+        cls = _class(x["$a"])
+        if not hasattr(cls, "from_cache_arrays"):
+            raise ValueError(f"{x['$a']} is not kept as arrays")
+        return cls.from_cache_arrays([arrays[i] for i in x["i"]], _dec(x["m"], arrays))
+    cls = _class(x["$c"])
+    if not dataclasses.is_dataclass(cls):
         raise ValueError(f"{x['$c']} is not a dataclass")
-    return cls(**{k: _dec(v, steps) for k, v in x["f"].items()})
+    return cls(**{k: _dec(v, arrays) for k, v in x["f"].items()})
 
 
-def _write_steps(f, steps: list[StepArrays]) -> list[list[list[int]]]:
-    """Write the step columns of ``steps`` as one ``(5, n)`` int64 ``.npy`` to ``f``;
-    returns, per :class:`StepArrays`, its parts' ``[start, end)`` in the columns. (Their
-    memo keys are not kept: a report has no memo to give them to.)"""
-    parts = [p for s in steps for p in s._parts]
-    n = sum(len(p[0]) for p in parts)
+def _write_arrays(f, arrays: list[np.ndarray]) -> list[list]:
+    """Write ``arrays`` (1-D int64 or float64) one after another as one flat int64 ``.npy``
+    to ``f`` (a float64 as its bits); returns each one's ``[start, end, dtype]``."""
+    n = sum(len(a) for a in arrays)
     np.lib.format.write_array_header_1_0(f, {
         "descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)),
-        "fortran_order": False, "shape": (_STEP_COLUMNS, n)})
-    for i in range(_STEP_COLUMNS):  # row i: column i of every part, in order
-        for p in parts:
-            f.write(np.ascontiguousarray(p[i], np.int64).data)
-    bounds, at = [], 0
-    for s in steps:
-        mine = []
-        for p in s._parts:
-            mine.append([at, at + len(p[0])])
-            at += len(p[0])
-        bounds.append(mine)
-    return bounds
+        "fortran_order": False, "shape": (n,)})
+    out, at = [], 0
+    for a in arrays:
+        f.write(np.ascontiguousarray(a).data)
+        out.append([at, at + len(a), "f8" if a.dtype.kind == "f" else "i8"])
+        at += len(a)
+    return out
 
 
 def load(root: Path, file_stats: list[list], params: dict) -> list | None:
@@ -163,12 +201,11 @@ def load(root: Path, file_stats: list[list], params: dict) -> list | None:
         if (doc.get("key") != _code_key() or doc.get("files") != file_stats
                 or doc.get("params") != params):
             return None
-        cols = np.load(d / doc["steps"], mmap_mode="r", allow_pickle=False)
-        if cols.ndim != 2 or cols.shape[0] != _STEP_COLUMNS or cols.dtype != np.int64:
+        flat = np.load(d / doc["arrays"], mmap_mode="r", allow_pickle=False)
+        if flat.ndim != 1 or flat.dtype != np.int64:
             return None
-        steps = [[tuple(cols[i, a:b] for i in range(_STEP_COLUMNS)) for a, b in mine]
-                 for mine in doc["step_parts"]]
-        return [_dec(r, steps) for r in doc["results"]]
+        arrays = [flat[a:b].view(_DTYPES[t]) for a, b, t in doc["array_parts"]]
+        return [_dec(r, arrays) for r in doc["results"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as e:
         if not isinstance(e, FileNotFoundError):
             _log.debug("goodput: kept results of %s not used: %s", root, e)
@@ -186,26 +223,26 @@ def save(root: Path, file_stats: list[list], params: dict, results: list,
             return False
         if not cacheable(results):
             return False
-        steps: list[StepArrays] = []
-        encoded = [_enc(r, steps) for r in results]
+        arrays: list[np.ndarray] = []
+        encoded = [_enc(r, arrays) for r in results]
         d = root / CACHE_DIR
         d.mkdir(exist_ok=True)
         stem = _entry(params)
         fd, tmp = tempfile.mkstemp(prefix=f"{stem}-", suffix=".npy", dir=d)
         try:
             with os.fdopen(fd, "wb") as f:
-                bounds = _write_steps(f, steps)
+                bounds = _write_arrays(f, arrays)
         except BaseException:
             os.unlink(tmp)
             raise
         doc = {"key": _code_key(), "files": file_stats, "params": params,
-               "steps": os.path.basename(tmp), "step_parts": bounds, "results": encoded}
+               "arrays": os.path.basename(tmp), "array_parts": bounds, "results": encoded}
         fd, tmp_doc = tempfile.mkstemp(prefix=f"{stem}-", suffix=".json", dir=d)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f)
         os.replace(tmp_doc, d / f"{stem}.json")
-        for old in d.glob("results-*"):  # this entry's earlier steps; other stale entries
-            if old.name in (f"{stem}.json", doc["steps"]):
+        for old in d.glob("results-*"):  # this entry's earlier arrays; other stale entries
+            if old.name in (f"{stem}.json", doc["arrays"]):
                 continue
             if old.suffix == ".npy" and old.name.startswith(stem + "-"):
                 old.unlink(missing_ok=True)
@@ -219,13 +256,13 @@ def save(root: Path, file_stats: list[list], params: dict, results: list,
 
 def _stale(path: Path, file_stats: list[list]) -> bool:
     """Whether the entry at ``path`` was made from other files than ``file_stats`` (its
-    steps file goes with it)."""
+    arrays file goes with it)."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return True
     if doc.get("files") == file_stats:
         return False
-    if isinstance(doc.get("steps"), str):
-        (path.parent / os.path.basename(doc["steps"])).unlink(missing_ok=True)
+    if isinstance(doc.get("arrays"), str):
+        (path.parent / os.path.basename(doc["arrays"])).unlink(missing_ok=True)
     return True

@@ -327,6 +327,23 @@ class StepArrays:
         """The noise band above the ideal (float ns)."""
         return self._tol
 
+    def cache_arrays(self) -> tuple[list[np.ndarray], dict]:
+        """Its parts' five int64 columns, part by part, and ``{"parts", "ideal", "tol"}``:
+        what :mod:`~goodput_processor.result_cache` keeps (the memo keys are not kept: a
+        report has no memo to give them to)."""
+        return ([c for p in self._parts for c in p],
+                {"parts": len(self._parts), "ideal": self._ideal, "tol": self._tol})
+
+    @classmethod
+    def from_cache_arrays(cls, arrays: list[np.ndarray], meta: dict) -> StepArrays:
+        """The :class:`StepArrays` of :meth:`cache_arrays`' output (ValueError if they do
+        not fit)."""
+        n = len(arrays) // 5
+        if len(arrays) != 5 * n or n != meta["parts"]:
+            raise ValueError(f"{len(arrays)} step columns for {meta['parts']} parts")
+        return cls([tuple(arrays[5 * i:5 * i + 5]) for i in range(n)], meta["ideal"],
+                   meta["tol"])
+
     def _column(self, i: int) -> np.ndarray:
         if not self._parts:
             return np.zeros(0, np.int64)

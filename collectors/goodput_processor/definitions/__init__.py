@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["DEFINITIONS", "REPORT_SCHEMA", "NoResult", "render", "report", "to_json",
            "write_json"]
@@ -116,6 +117,14 @@ def report(
             except ValueError as e:  # mgm's own "cannot compute" cases
                 return NoResult(js.name, "mgm", str(e))
 
+    kept = None
+    if definitions == "mgm" and now_ns is None and not exclusions_ns:
+        from ..result_cache import lookup
+
+        kept = lookup(path, {"definitions": "mgm", "ideal_step_time_s": ideal_step_time_s,
+                             "job": job})
+        if kept is not None and kept[2] is not None:
+            return kept[2]
     spans = read_run_dir(path)
     names = sorted(spans.jobs)
     if job is not None:
@@ -128,6 +137,10 @@ def report(
         # (read here for this one accounting: its open records resolved in place)
         js.rows_owned = definitions == "mgm" and not exclusions_ns
         out.append(one(js))
+    if kept is not None:
+        from ..result_cache import save
+
+        save(Path(path), kept[0], kept[1], out)
     return out
 
 

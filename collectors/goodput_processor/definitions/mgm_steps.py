@@ -64,6 +64,19 @@ class Deviation(Mapping):
     def __reduce__(self):
         return Deviation, (self._keys, self._times, self._ideal)
 
+    def cache_arrays(self) -> tuple[list[np.ndarray], float | None]:
+        """``([keys, times], ideal)``: what :mod:`~goodput_processor.result_cache` keeps."""
+        return [self._keys, self._times], self._ideal
+
+    @classmethod
+    def from_cache_arrays(cls, arrays: list[np.ndarray], ideal: float | None) -> Deviation:
+        """The :class:`Deviation` of :meth:`cache_arrays`' output (ValueError if they do
+        not fit)."""
+        keys, times = arrays
+        if len(keys) != len(times) or keys.dtype.kind != "i" or times.dtype.kind != "f":
+            raise ValueError("step deviation: keys and times do not fit")
+        return cls(keys, times, ideal)
+
 
 
 def compute_ideal_step_time(step_times_s) -> float | None:
