@@ -163,6 +163,24 @@ def test_no_cache_neither_reads_nor_writes_and_is_for_that_command(tmp_path, mon
     assert len(_entries(run)) == 1
 
 
+def test_entries_of_earlier_code_are_removed_when_a_new_one_is_written(tmp_path, monkeypatch):
+    run = _finished(tmp_path)
+    accounting.report_run_dir(run)
+    (name,) = _entries(run)
+    path = run / CACHE_DIR / name
+    doc = json.loads(path.read_text())
+    old = {**doc, "key": "0" * 16, "steps": "results-0123-x.npy"}  # an earlier version's
+    old.pop("arrays")
+    (run / CACHE_DIR / old["steps"]).write_bytes(b"old steps")
+    path.rename(run / CACHE_DIR / "results-0123.json")
+    (run / CACHE_DIR / "results-0123.json").write_text(json.dumps(old))
+    (run / CACHE_DIR / doc["arrays"]).unlink()
+    _same(accounting.report_run_dir(run), _fresh(run, monkeypatch))
+    assert _entries(run) == [name]  # written anew; the earlier code's entry and its steps gone
+    assert sorted(p.name for p in (run / CACHE_DIR).glob("results-*.npy")) == [
+        json.loads(path.read_text())["arrays"]]
+
+
 @pytest.mark.parametrize("damage", ["json", "class", "arrays", "array class", "key", "fields"])
 def test_a_damaged_or_foreign_entry_is_a_miss(tmp_path, monkeypatch, damage):
     run = _finished(tmp_path)

@@ -255,14 +255,16 @@ def save(root: Path, file_stats: list[list], params: dict, results: list,
 
 
 def _stale(path: Path, file_stats: list[list]) -> bool:
-    """Whether the entry at ``path`` was made from other files than ``file_stats`` (its
-    arrays file goes with it)."""
+    """Whether the entry at ``path`` was made from other files than ``file_stats`` or by
+    other code (an earlier version: it can never be read again); its arrays file goes with
+    it (``steps`` in format 1)."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return True
-    if doc.get("files") == file_stats:
+    if doc.get("files") == file_stats and doc.get("key") == _code_key():
         return False
-    if isinstance(doc.get("arrays"), str):
-        (path.parent / os.path.basename(doc["arrays"])).unlink(missing_ok=True)
+    for name in ("arrays", "steps"):
+        if isinstance(doc.get(name), str) and doc[name].startswith("results-"):
+            (path.parent / os.path.basename(doc[name])).unlink(missing_ok=True)
     return True
