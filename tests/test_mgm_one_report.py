@@ -1,13 +1,15 @@
 """One ``goodput report --definitions mgm``: the rows read for it go once each attempt's
-events are made, the attempts' events once merged, and the JSON's step deviations are
-written a piece at a time; the numbers and the text are those of accounting rows that are
-kept and of one JSON document."""
+events are taken (smallest attempt first), each column of the attempts' events once
+merged, and the JSON's step deviations are written a piece at a time; the numbers and the
+text are those of accounting rows that are kept and of one JSON document."""
 
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
+from otlp_fixtures import Timeline
 from test_definitions_mgm import random_scenario
 
 from goodput_processor import definitions, read_run_dir
@@ -38,6 +40,29 @@ def test_one_report_equals_accounting_kept_rows(tmp_path, seed, monkeypatch):
     again = account_mgm(job)
     assert again.to_json_dict() == kept.to_json_dict()
     assert not any(len(p.data) for p in job.processes.values())
+
+
+def test_attempts_taken_smallest_first_keep_the_attempts_order(tmp_path, monkeypatch):
+    """Attempts of 30, 4 and 12 steps, each with its own custom badput type: taken smallest
+    first, the stream and the custom types are still in attempt order (the JSON text, key
+    order included, is that of rows kept); the same where each attempt's job start comes
+    before the end of the one before (its start is taken at that end: the attempts' events
+    meet at one instant and are merged by sorting)."""
+    monkeypatch.setenv("GOODPUT_REPORT_CACHE", "0")
+    for overlap in (False, True):
+        d, t, first = tmp_path / f"o{overlap}", 0.0, 0
+        for attempt, (n, kind) in enumerate([(30, "eval"), (4, "data_wait"), (12, "profile")]):
+            tl = Timeline(job="j", attempt=attempt).job_start(t - (3 if overlap and t else 0))
+            tl.steps(first, first + n - 1, start=t + 1, step_time=1 + 0.1 * attempt)
+            tl.custom(kind, t + 2.3, t + 2.6)  # inside the attempt's second step
+            t += 1 + n * (1 + 0.1 * attempt)
+            tl.job_end(t).write(d)
+            first, t = first + n - 2, t + 2
+        (job,) = read_run_dir(d).jobs.values()
+        kept = to_json("mgm", [account_mgm(job)])
+        assert list(json.loads(kept)["jobs"][0]["custom_badput_s"]) == [
+            "EVAL", "DATA_WAIT", "PROFILE"]
+        assert to_json("mgm", report(d, "mgm")) == kept
 
 
 @pytest.mark.parametrize("piece", [1, 3, 1 << 16])

@@ -85,6 +85,7 @@ from .mgm_events import (
     keyed_chunks,
     renumber,
     stream,
+    take_stream,
 )
 from .mgm_result import (
     _BREAKDOWN_ORDER,
@@ -333,8 +334,7 @@ def _account(job: JobSpans, interval_ns, now_ns, ideal_step_time_s, elastic,
                                                                 *_job_bounds(c)))
              for k, c in zip(key, chunks, strict=True)]
     if memo is None:  # one accounting: the attempts' events go once merged
-        merged = stream(chunks, key)
-        chunks.clear()
+        merged = take_stream(chunks)  # (chunks emptied)
 
         def events():
             return merged

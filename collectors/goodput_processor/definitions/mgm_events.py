@@ -96,6 +96,12 @@ class _Chunk:
 
 def _chunk(job: JobSpans, a) -> _Chunk:
     """The events of attempt ``a`` (see :func:`events`), sorted."""
+    return _sorted(*_pieces(job, a))
+
+
+def _pieces(job: JobSpans, a) -> tuple:
+    """The events of attempt ``a`` in pieces, unsorted: ``(cols, types, wait_types)`` for
+    :func:`_sorted` (every piece its own memory, none a view of the rows)."""
     types: dict[str, int] = {}
     wait_types: dict[str, int] = {}
     cols: tuple[list, ...] = ([], [], [], [], [])  # t, rank, kind, val, dur: one per add
@@ -146,6 +152,11 @@ def _chunk(job: JobSpans, a) -> _Chunk:
         add(start[sel], _R_START, ek, ival[sel], end[sel] - start[sel])
     if a.end_reason not in ("killed", "running", "restart"):
         add(a.end_ns, _R_JOB_END, E_JOB_END)
+    return cols, types, wait_types
+
+
+def _sorted(cols: tuple[list, ...], types: dict, wait_types: dict) -> _Chunk:
+    """The :class:`_Chunk` of :func:`_pieces`' output (its lists are emptied)."""
     t, rank = _joined(cols[0]), _joined(cols[1])
     order = np.lexsort((rank, t))  # (stable: the order written at equal time and rank)
     # sorted a column at a time (each unsorted one goes before the next is joined)
@@ -202,20 +213,26 @@ def in_order(chunks) -> bool:
                for a, b in zip(chunks[:-1], chunks[1:], strict=True))
 
 
-def _merge(chunks: list[_Chunk]) -> Events:
+def _merge(chunks: list[_Chunk], consume: bool = False) -> Events:
     """The chunks' events as one stream, in (time, rank, attempt, order written) order
-    (custom and wait types renumbered by first appearance over the attempts in order)."""
+    (custom and wait types renumbered by first appearance over the attempts in order).
+    ``consume``: empty ``chunks``, each of their columns going once joined."""
     types: dict[str, int] = {}
     wait_types: dict[str, int] = {}
     vals = renumber(chunks, types, wait_types)
     if len(chunks) == 1:
         c = chunks[0]
+        if consume:
+            chunks.clear()
         return Events(c.t, c.kind, vals[0], c.dur, tuple(types), tuple(wait_types))
-    t, rank, kind, dur = (np.concatenate([getattr(c, f) for c in chunks])
-                          for f in ("t", "rank", "kind", "dur"))
-    val = np.concatenate(vals)
     # each chunk is sorted: so is the whole when no chunk begins before the last one ends
-    if in_order(chunks):
+    ordered = in_order(chunks)
+    cols = [[getattr(c, f) for c in chunks] for f in ("t", "rank", "kind", "dur")]
+    if consume:
+        chunks.clear()
+    t, rank, kind, dur = (_joined(c) for c in cols)
+    val = _joined(vals)
+    if ordered:
         return Events(t, kind, val, dur, tuple(types), tuple(wait_types))
     order = np.lexsort((np.arange(len(t)), rank, t))
     return Events(t[order], kind[order], val[order], dur[order], tuple(types),
@@ -254,9 +271,17 @@ def keyed_chunks(job: JobSpans, now_ns: int | None, memo: AccountingMemo | None 
     keys = tuple(chunk_key(a) for a in attempts)
     last_end = attempts[-1].end_ns
     if memo is None and job.rows_owned:  # rows read for this one accounting: each
-        job.drop_rows()  # attempt's go with it once its events are made (a report's
-        attempts.reverse()  # peak is then the rows or the events, not both)
-        chunks = [_chunk(job, attempts.pop()) for _ in keys]
+        # attempt's go once its events are taken, before they are sorted, the smallest
+        # attempt first (while one's are taken, the rows of those not taken yet are held:
+        # the largest goes last, beside the others' events, about a third of their rows)
+        job.drop_rows()
+        chunks = [None] * len(attempts)
+        for i in sorted(range(len(attempts)),
+                        key=lambda i: sum(len(p.data) for p in attempts[i].processes)):
+            pieces = _pieces(job, attempts[i])
+            attempts[i] = None
+            chunks[i] = _sorted(*pieces)
+            del pieces
     else:
         chunks = [cached(memo, ("mgm_chunk", k), lambda a=a: _chunk(job, a))
                   for k, a in zip(keys, attempts, strict=True)]
@@ -270,6 +295,13 @@ def stream(chunks: list[_Chunk], keys: tuple, memo: AccountingMemo | None = None
         z = np.zeros(0, np.int64)
         return Events(z, z.astype(np.int8), z, z, ())
     return cached(memo, ("mgm_stream", keys), lambda: _merge(chunks))
+
+
+def take_stream(chunks: list[_Chunk]) -> Events:
+    """:func:`stream` of ``chunks`` for one accounting (no memo), emptying the list: each
+    column of the chunks goes once joined, so the peak is the events and one column, not
+    the events twice."""
+    return _merge(chunks, consume=True) if chunks else stream(chunks, ())
 
 
 def pairs(ev: Events, k_start: int, k_end: int, by_val: bool = False):

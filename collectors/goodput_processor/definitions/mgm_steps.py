@@ -108,10 +108,15 @@ def _step_times(ev: Events) -> dict[int, float]:
 def _step_time_arrays(ev: Events) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_step_times` as arrays: the step numbers in the dict's order (of first
     occurrence) and their times (seconds, of the last occurrence)."""
+    # (a step per event of a whole job's stream: temporaries go as soon as they are used)
     sel = ev.kind == E_STEP
-    num, t = ev.val[sel], ev.t[sel]
-    ok = np.flatnonzero(num[1:] == num[:-1] + 1)
-    keys, times = num[ok], (t[ok + 1] - t[ok]) / _NS
+    num = ev.val[sel]
+    ok = num[1:] == num[:-1] + 1
+    keys = num[:-1][ok]
+    del num
+    times = np.diff(ev.t[sel])[ok].astype(np.float64)
+    del sel, ok
+    times /= _NS
     if len(keys) < 2 or (keys[1:] > keys[:-1]).all():
         return keys, times
     return dict_order(keys, times)
@@ -124,11 +129,18 @@ def dict_order(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.nda
     sk = keys[order]
     head = np.ones(len(sk), bool)
     head[1:] = sk[1:] != sk[:-1]
-    tail = np.ones(len(sk), bool)
+    del sk
+    tail = np.ones(len(head), bool)
     tail[:-1] = head[1:]
-    first, last = order[head], order[tail]
+    first = order[head]
+    del head
+    last = order[tail]
+    del order, tail
     o = np.argsort(first)
-    return keys[first[o]], values[last[o]]
+    first = first[o]
+    last = last[o]
+    del o
+    return keys[first], values[last]
 
 
 def _deviation(ev: Events, ideal_step_time_s) -> tuple[float | None, Deviation]:
