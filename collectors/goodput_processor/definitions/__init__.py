@@ -117,12 +117,12 @@ def report(
             except ValueError as e:  # mgm's own "cannot compute" cases
                 return NoResult(js.name, "mgm", str(e))
 
+    from .. import result_cache
+
     kept = None
     if definitions == "mgm" and now_ns is None and not exclusions_ns:
-        from ..result_cache import lookup
-
-        kept = lookup(path, {"definitions": "mgm", "ideal_step_time_s": ideal_step_time_s,
-                             "job": job})
+        kept = result_cache.lookup(path, {"definitions": "mgm",
+                                          "ideal_step_time_s": ideal_step_time_s, "job": job})
         if kept is not None and kept[2] is not None:
             return kept[2]
     spans = read_run_dir(path)
@@ -138,9 +138,7 @@ def report(
         js.rows_owned = definitions == "mgm" and not exclusions_ns
         out.append(one(js))
     if kept is not None:
-        from ..result_cache import save
-
-        save(Path(path), kept[0], kept[1], out)
+        result_cache.save(Path(path), kept[0], kept[1], out)
     return out
 
 

@@ -281,7 +281,6 @@ def keyed_chunks(job: JobSpans, now_ns: int | None, memo: AccountingMemo | None 
             pieces = _pieces(job, attempts[i])
             attempts[i] = None
             chunks[i] = _sorted(*pieces)
-            del pieces
     else:
         chunks = [cached(memo, ("mgm_chunk", k), lambda a=a: _chunk(job, a))
                   for k, a in zip(keys, attempts, strict=True)]
