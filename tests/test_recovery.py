@@ -28,18 +28,20 @@ from goodput_processor.serve.store import LiveStore
 HOSTS, SLOW, CRASH = 16, 5, 12
 
 
-def _two_rank_restart(d, *, launcher=None, pods=False, spans_per_line=512, stopped=False):
+def _two_rank_restart(d, *, launcher=None, pods=False, spans_per_line=512, stopped=False,
+                      interval_ms=None):
     """Attempt 0: 2 ranks, steps 1-14 of 1 s, save of step 10; rank 1 falls silent at 19.3
     (its last heartbeat), rank 0 ends with an exception at 20 (``stopped``: falls silent at
     19.2, and the agent reports it stopped by SIGTERM right after rank 1). Attempt 1 from 25:
     accelerator init 27-29, prep 29-30, gap, restore of step 10 30.5-32, compilation 32-34,
-    step 11 of 2.5 s, steps 12-20 of 1 s, end 45.5."""
+    step 11 of 2.5 s, steps 12-20 of 1 s, end 45.5. ``interval_ms``: attempt 0's heartbeat
+    interval (default 1 s)."""
     for p in (0, 1):
         extra = {}
         if launcher:
             extra = {schema.RES_PROCESS_PID: 100 + p, schema.RES_SERVICE_INSTANCE_ID: f"i0{p}",
                      schema.RES_PROCESS_START: Timeline().ns(0), "host": "node0"}
-        tl = Timeline(attempt=0, process=p, count=2, **extra).job_start(0)
+        tl = Timeline(attempt=0, process=p, count=2, **extra).job_start(0, interval_ms)
         tl.span("accelerator_init", 1, 3).span("training_prep", 3, 4)
         for n in range(1, 11):
             tl.step(n, 3 + n, 4 + n)
@@ -108,6 +110,9 @@ def test_phases_of_a_restart_by_hand(tmp_path):
     })
     f = rec.first_failure
     assert (f.process, f.host, f.how) == (1, "host1", "missing_heartbeat")
+    # rank 0's exception (20) follows rank 1's silence: the documented order, no warning
+    assert f.uncertain_among == ()
+    assert "first_failure_uncertain" not in {w.code for w in r.warnings}
     assert f.at_ns == Timeline().ns(19.3)
     assert (rec.attempt, rec.next_attempt) == (0, 1)
     # the phases break the buckets down: rescheduling is the recovery, startup the second
@@ -148,6 +153,32 @@ def test_the_worker_the_launcher_saw_fail_first_failed_first(tmp_path):
     assert (f.process, f.how, f.at_ns) == (1, "signal", Timeline().ns(19.3))
     assert rec.phases["detection"] == pytest.approx(0.3)
     assert rec.evidence["launcher_detected_after_s"] == pytest.approx(0.1)
+
+
+def test_ranks_silent_together_leave_the_first_failure_uncertain(tmp_path):
+    """Rank 0 falls silent at 19.2 and rank 1 at 19.3, with no end marker or launcher event:
+    each died within a heartbeat interval (1 s) of its last sign of life, so either may have
+    failed first. The report names rank 0 (silent first) and says it is uncertain, in the
+    record, a named warning, the JSON, the text and the HTML."""
+    run = _two_rank_restart(tmp_path / "run", stopped=True)
+    (r,) = report_run_dir(run)
+    (rec,) = r.recovery
+    f = rec.first_failure
+    assert (f.process, f.how, f.uncertain_among) == (0, "missing_heartbeat", (1,))
+    (w,) = [w for w in r.warnings if w.code == "first_failure_uncertain"]
+    assert (w.attempt, w.process) == (0, 0) and "process(es) 1" in w.message
+    assert job_to_dict(r)["recovery"][0]["first_failure"]["uncertain_among"] == [1]
+    res = goodput("report", str(run))
+    assert "failed first (missing_heartbeat; or process 1)" in res.stdout
+    assert "first_failure_uncertain" in res.stdout
+    html = tmp_path / "r.html"
+    goodput("report", str(run), "--html", str(html))
+    assert "p0 host0 (missing_heartbeat)" in html.read_text()
+    assert "or p1 (uncertain)" in html.read_text()
+    # a heartbeat every 50 ms: rank 0 was surely dead (19.25) before rank 1's last sign
+    (r,) = report_run_dir(_two_rank_restart(tmp_path / "fast", stopped=True, interval_ms=50))
+    assert r.recovery[0].first_failure.uncertain_among == ()
+    assert "first_failure_uncertain" not in {w.code for w in r.warnings}
 
 
 def test_launcher_events_polled_live_equal_the_report(tmp_path):

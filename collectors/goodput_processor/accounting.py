@@ -22,7 +22,7 @@ from goodput import schema
 from . import result_cache
 from .attempts import Attempt, build_attempts
 from .attribution import host_badput
-from .checks import file_warnings, job_warnings
+from .checks import file_warnings, job_warnings, recovery_warnings
 from .elastic import slice_efficiency, slice_records
 from .memo import AccountingMemo, cached, proc_key
 from .painting import _Acc
@@ -134,7 +134,8 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     recs = recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo)
     hosts, unattributed = host_badput(attempts, result, recs, memo=memo)
     result = replace(result, recovery=recs, host_badput=hosts,
-                     slowdown_unattributed_s=unattributed)
+                     slowdown_unattributed_s=unattributed,
+                     warnings=result.warnings + tuple(recovery_warnings(recs)))
     # --- end recovery
     return result, attempts, acc
 

@@ -14,14 +14,14 @@ from .report import JobResult, ReportWarning
 from .summaries import StepOrder, step_order_of
 from .timeline import JobSpans
 
-__all__ = ["CODES", "file_warnings", "job_warnings"]
+__all__ = ["CODES", "file_warnings", "job_warnings", "recovery_warnings"]
 
 #: Every warning code, in the order the checks run (attempt-structure ones first).
 CODES = (
     "orphaned_processes", "process_rank_unknown", "missing_attempt",
     "steps_restart_without_restore", "steps_backwards", "clock_jump", "world_size_changed",
     "spool_file_skipped", "empty_spool_file", "spans_rejected", "ideal_step_time_contradicted",
-    "over_limit",
+    "over_limit", "first_failure_uncertain",
 )
 _MS = 1_000_000
 
@@ -139,6 +139,28 @@ def _clock(a: Attempt, s: StepOrder) -> list:
             f"attempt {a.attempt}: {' and '.join(what)}: the wall clock of process "
             f"{a.primary.index} stepped back or jumped; the time around it is not reliable",
             a.attempt, a.primary.index))
+    return out
+
+
+def recovery_warnings(recoveries) -> list:
+    """``first_failure_uncertain`` for each disruption whose first failure is one of several
+    processes that fell silent together (:attr:`~goodput_processor.recovery.FirstFailure.
+    uncertain_among`): nothing orders them, so which failed first, and the detection phase,
+    may be another's."""
+    out = []
+    for rec in recoveries:
+        f = rec.first_failure
+        if not f.uncertain_among:
+            continue
+        others = ", ".join(str(p) for p in f.uncertain_among)
+        out.append(ReportWarning(
+            "first_failure_uncertain",
+            f"attempt {rec.attempt}: process {f.process} and process(es) {others} fell silent "
+            "within one heartbeat interval of each other, with no end marker or launcher event "
+            f"to order them: process {f.process} (silent first) is reported as the first "
+            "failure, but any of them may have failed first, and detection may be up to one "
+            "interval off; run the launcher as `python -m goodput.torchrun` to record the "
+            "worker it saw fail", rec.attempt, f.process))
     return out
 
 

@@ -13,6 +13,8 @@ phase                       from -> to (all times ns since the epoch)
                             processes' end markers, exception spans, or last signs of life (a
                             process that left no end marker: its heartbeats stopped); with a
                             launcher's failure event, the process it saw fail first
+                            (processes that fell silent within one heartbeat interval of
+                            each other: :attr:`FirstFailure.uncertain_among`)
 ``termination``             -> the failed attempt's end: its last process gone (when processes
                             completed steps after the first sign of failure, detection is 0
                             and termination runs from the last progress)
@@ -101,13 +103,18 @@ class FirstFailure:
 
     ``process``: its rank; ``host``: ``host.name`` (None if unknown); ``how``: one of
     :data:`HOWS`; ``at_ns``: the first sign of its failure (ns since the epoch: its end
-    marker, exception span end or last sign of life).
+    marker, exception span end or last sign of life). ``uncertain_among``: the ranks of the
+    other processes that may as well have failed first (empty when the evidence settles it):
+    it fell silent, and so did they, each within one heartbeat interval after its last sign
+    of life, with no launcher event or end marker to order them (the report's
+    ``first_failure_uncertain`` warning).
     """
 
     process: int
     host: str | None
     how: str
     at_ns: int
+    uncertain_among: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -236,7 +243,22 @@ def _first_failure(job: JobSpans, a, failures, rows) -> FirstFailure:
                     how[i] = 1 if seen[1] < 0 else 0
     rank = np.fromiter((p.index for p in procs), np.int64, n)
     i = int(np.lexsort((rank, t, seen_at))[0])
-    return FirstFailure(procs[i].index, procs[i].host, HOWS[how[i]], int(t[i]))
+    return FirstFailure(procs[i].index, procs[i].host, HOWS[how[i]], int(t[i]),
+                        _uncertain_among(i, t, how, seen_at, rank, a.heartbeat_interval_ms))
+
+
+def _uncertain_among(i: int, t, how, seen_at, rank, interval_ms: int) -> tuple[int, ...]:
+    """Ranks of the processes other than ``i`` that may have failed before it: ``i`` fell
+    silent (no end marker, exception or launcher event), so it died within one heartbeat
+    interval after ``t[i]``, and so did they, their last signs of life before that interval's
+    end. A silent process whose last sign precedes an exception or end marker is taken to
+    have failed first, unwarned: the peers of a dead rank raise or are stopped after it."""
+    if how[i] != 2 or seen_at[i] != np.iinfo(np.int64).max:
+        return ()
+    silent = (how == 2) & (seen_at == np.iinfo(np.int64).max)
+    near = silent & (t < t[i] + interval_ms * 1_000_000)
+    near[i] = False
+    return tuple(sorted(int(r) for r in rank[near]))
 
 
 def _last_progress(a, rows) -> int | None:

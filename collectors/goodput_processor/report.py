@@ -79,7 +79,9 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
                                                  # recompilation_warmup; null = unknown
              "first_failure": {"process": int, "host": str | null,
                                "how": "exception" | "signal" | "missing_heartbeat" | "end",
-                               "at_unix_ns": int},
+                               "at_unix_ns": int,
+                               "uncertain_among": [int]},  # others that may have failed
+                                                           # first (first_failure_uncertain)
              "lost_s": float,                    # badput the disruption caused
              "evidence": {key: float}}],         # launcher / pod times, when recorded
           "host_badput": [                       # top hosts by badput caused (attribution.py)
@@ -380,8 +382,15 @@ def _recovery_dict(x) -> dict:
     f = x.first_failure
     return {"attempt": x.attempt, "next_attempt": x.next_attempt, "phases_s": dict(x.phases),
             "first_failure": {"process": f.process, "host": f.host, "how": f.how,
-                              "at_unix_ns": f.at_ns},
+                              "at_unix_ns": f.at_ns,
+                              "uncertain_among": list(f.uncertain_among)},
             "lost_s": x.lost_s, "evidence": dict(x.evidence)}
+
+
+def _or_others(f) -> str:
+    """``; or process 2, 3`` when the first failure is uncertain among several."""
+    among = getattr(f, "uncertain_among", ())
+    return f"; or process {', '.join(map(str, among))}" if among else ""
 
 
 def _render_recovery(r: JobResult, console) -> None:
@@ -390,7 +399,8 @@ def _render_recovery(r: JobResult, console) -> None:
         parts = ", ".join(f"{k} {'unknown' if v is None else format_duration(v)}"
                           for k, v in x.phases.items())
         console.print(f"recovery after attempt {x.attempt}: process {f.process}"
-                      f"{'' if f.host is None else ' on ' + f.host} failed first ({f.how}); "
+                      f"{'' if f.host is None else ' on ' + f.host} failed first ({f.how}"
+                      f"{_or_others(f)}); "
                       f"{parts}; lost {format_duration(x.lost_s)}", markup=False,
                       highlight=False)
     if r.host_badput:

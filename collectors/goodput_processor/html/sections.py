@@ -76,7 +76,9 @@ def _failure_text(entry, r: JobResult) -> str:
     if host:
         where += f" {host}"
     when = "" if at is None else f" at +{format_duration((at - r.start_ns) / 1e9)}"
-    return f"{where} ({how or '?'}){when}"
+    among = _get(f, "uncertain_among") or ()
+    maybe = f" or {', '.join(f'p{p}' for p in among)} (uncertain)" if among else ""
+    return f"{where} ({how or '?'}){when}{maybe}"
 
 
 def recovery_html(r: JobResult) -> str:
