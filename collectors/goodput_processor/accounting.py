@@ -320,7 +320,7 @@ def report_run_dir(
             def compute(js=js):
                 return account_excluding(js, exclusions_ns, ideal_step_time_s, now_ns)
         else:
-            js.rows_owned = True  # (read here for this one accounting: resolved in place)
+            js.own_rows()  # (read here for this one accounting: narrowed, resolved in place)
 
             def compute(js=js):
                 return account(js, ideal_step_time_s, now_ns)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import os
 import zlib
+from array import array
 from collections import Counter
 from pathlib import Path
 
@@ -416,7 +417,8 @@ class _Reader(SpanRows):
             for proc in job.processes.values():
                 data = np.frombuffer(proc._buf, np.int64).reshape(-1, tl.NCOLS)
                 data, ndup = tl.drop_duplicates(data)
-                if ndup:
+                if ndup:  # the rows are a copy: the buffer goes
+                    proc._buf = array("q")
                     where = (f"attempt {proc.attempt} process {proc.index}",)
                     self._skip(job, "duplicate", where, f"{ndup} duplicate span(s) (same "
                                "traceId and spanId) kept once", ndup)

@@ -39,7 +39,6 @@ from .timeline import (
     K_JOB_END,
     K_JOB_START,
     K_STEP,
-    NCOLS,
     NONE,
 )
 
@@ -221,8 +220,7 @@ def error_spans(p, memo=None) -> int:
 
 
 def _marker_rows(d: np.ndarray) -> np.ndarray:
-    out = d[d[:, C_KIND] == K_ELASTIC_SLICES]
-    return out if len(out) else np.zeros((0, NCOLS), np.int64)
+    return d[d[:, C_KIND] == K_ELASTIC_SLICES]  # (a copy, of d's width)
 
 
 def elastic_markers(p, memo=None) -> np.ndarray:

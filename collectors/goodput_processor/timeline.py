@@ -69,6 +69,10 @@ def is_phase(kinds: np.ndarray) -> np.ndarray:
 COLUMNS = ("start", "end", "kind", "ival", "aux", "flags", "sidx", "tidx", "sid")
 C_START, C_END, C_KIND, C_IVAL, C_AUX, C_FLAGS, C_SIDX, C_TIDX, C_SID = range(len(COLUMNS))
 NCOLS = len(COLUMNS)
+#: The columns the accounting reads: all but ``tidx`` and ``sid``, which only tell duplicate
+#: spans apart (:func:`drop_duplicates`); rows read for one report drop them
+#: (:meth:`JobSpans.own_rows`).
+ACCOUNT_NCOLS = C_SIDX + 1
 #: Sentinel for an absent integer attribute.
 NONE = -(2**63)
 F_NONBLOCKING = 1
@@ -156,6 +160,21 @@ class JobSpans:
     #: accounting (``goodput report``), saving a copy of them.
     rows_owned: bool = field(default=False, repr=False, compare=False)
 
+    def own_rows(self) -> None:
+        """Take the rows as read for this one accounting (:attr:`rows_owned`) and narrow
+        each process's to its first :data:`ACCOUNT_NCOLS` columns, in place: ``(n,
+        NCOLS)`` becomes ``(n, ACCOUNT_NCOLS)`` (7 of 9 int64 a row), without a copy when
+        the rows fill the reader's buffer (moved 2^16 rows at a time, the buffer then
+        shrunk), else through a copy of that process's rows. Duplicates must be dropped
+        already (:func:`drop_duplicates`, as the reader does). When a process's rows are
+        held elsewhere (the columnar cache's one array), no process's is narrowed: a job's
+        rows keep one width."""
+        self.rows_owned = True
+        procs = list(self.processes.values())
+        if all(_own_buffer(p) is not None for p in procs):
+            for p in procs:
+                _narrow(p)
+
     def drop_rows(self) -> None:
         """Empty every process's rows here (what was made from them, e.g. an attempt's
         processes, keeps its own reference): their memory goes once nothing else holds
@@ -163,6 +182,45 @@ class JobSpans:
         for p in self.processes.values():
             p.data = np.zeros((0, NCOLS), np.int64)
             p._buf = array("q")  # (what the reader's rows are a view of)
+
+
+#: Rows moved at a time by :meth:`JobSpans.own_rows`.
+_NARROW_ROWS = 1 << 16
+
+
+def _own_buffer(p: ProcessSpans) -> bool | None:
+    """Whether ``p``'s rows fill the reader's buffer (True), are an array of their own
+    (False: copied to narrow them), or are held elsewhere or already narrow (None)."""
+    d = p.data
+    if d.ndim != 2 or d.shape[1] != NCOLS:
+        return None
+    if not len(d):
+        return False
+    if len(p._buf):
+        flat = np.frombuffer(p._buf, np.int64)
+        if len(flat) == d.size and np.shares_memory(d, flat):
+            return True
+    return False if d.base is None and d.flags.writeable else None
+
+
+def _narrow(p: ProcessSpans) -> None:
+    """``p``'s rows narrowed to :data:`ACCOUNT_NCOLS` columns (see
+    :meth:`JobSpans.own_rows`)."""
+    w, n = ACCOUNT_NCOLS, len(p.data)
+    if not _own_buffer(p):
+        p.data, p._buf = np.ascontiguousarray(p.data[:, :w]), array("q")
+        return
+    d, buf = p.data, p._buf
+    flat = np.frombuffer(buf, np.int64)
+    for i in range(0, n, _NARROW_ROWS):  # row i moves to i * w, never past where it was
+        block = d[i : i + _NARROW_ROWS, :w].copy()
+        flat[i * w : i * w + block.size] = block.reshape(-1)
+    p.data = d = flat = block = None
+    try:
+        del buf[n * w :]  # (realloc: the pages past the rows go back)
+    except BufferError:  # a view of the buffer is held elsewhere: it keeps its size
+        pass
+    p.data = np.frombuffer(buf, np.int64)[: n * w].reshape(n, w)
 
 
 @dataclass
