@@ -134,9 +134,8 @@ def report(
     out = []
     for n in names:
         js = spans.jobs[n] if at_ns is None else as_of(spans.jobs[n], at_ns)
-        # (read here for this one accounting: its open records resolved in place; not
-        # narrowed, JobSpans.own_rows: mgm's peak comes after its rows are gone)
-        js.rows_owned = definitions == "mgm" and not exclusions_ns
+        if definitions == "mgm" and not exclusions_ns:  # (read here for this one
+            js.own_rows()  # accounting: narrowed, its open records resolved in place)
         out.append(one(js))
     if kept is not None:
         result_cache.save(Path(path), kept[0], kept[1], out)

@@ -50,13 +50,16 @@ def _contained(p: np.ndarray, c: np.ndarray, cs: np.ndarray, ce: np.ndarray):
     if not len(p) or not len(cs):
         z = np.zeros(0, np.intp)
         return z, z
-    o = np.argsort(p, kind="stable")
-    ps, pc = p[o], c[o]
+    if (p[1:] >= p[:-1]).all():  # (as the steps are recorded: no sorted copies)
+        o, ps, pc = None, p, c
+    else:
+        o = np.argsort(p, kind="stable")
+        ps, pc = p[o], c[o]
     if np.all(pc[:-1] <= ps[1:]):  # deltas in time order, not overlapping: at most one each
         j = np.searchsorted(ps, cs, side="right") - 1
         jj = np.clip(j, 0, None)
         ok = (j >= 0) & (ce <= pc[jj]) & (cs >= ps[jj])
-        return o[jj[ok]], np.flatnonzero(ok)
+        return jj[ok] if o is None else o[jj[ok]], np.flatnonzero(ok)
     di, ci = [], []  # times running backwards: check every pair
     for k in range(len(cs)):
         hit = np.flatnonzero((p <= cs[k]) & (ce[k] <= c))
@@ -275,7 +278,8 @@ def _calculate(ev: Events, elastic: bool = False) -> _Core:
         s, e, _, _ = pairs(ev, k0, k1)
         unprod[name] = int((e - s).sum()) / _NS
     ds, de, _, dpos = pairs(ev, E_DL_START, E_DL_END)
-    dl = de - ds
+    dl = np.subtract(de, ds, out=de)
+    del ds
     sync_ns = _sync_data_loading_ns(dpos, dl, step_pos[cuts])
     unprod["DATA_LOADING_SYNC"] = sync_ns / _NS
     if len(dl):
@@ -344,9 +348,10 @@ def _sync_data_loading_ns(pos: np.ndarray, dur: np.ndarray, repeats: np.ndarray)
     loading of every run, plus the last one of every run a repeat closes."""
     if not len(pos):
         return 0
-    order = np.argsort(pos, kind="stable")
-    run = np.searchsorted(repeats, pos[order], side="left")
-    dur = dur[order]
+    if not (pos[1:] >= pos[:-1]).all():  # (pairs gives them in stream order)
+        order = np.argsort(pos, kind="stable")
+        pos, dur = pos[order], dur[order]
+    run = np.searchsorted(repeats, pos, side="left")
     first = np.ones(len(run), bool)
     first[1:] = run[1:] != run[:-1]
     last = np.ones(len(run), bool)

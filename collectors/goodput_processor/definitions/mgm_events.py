@@ -310,20 +310,22 @@ def pairs(ev: Events, k_start: int, k_end: int, by_val: bool = False):
 
     mgm 0.2.3: ``_get_current_productive_and_unproductive_time`` (tpu_init,
     training_prep, data_loading), ``_extract_custom_sync_intervals`` (custom, per type).
-    Returns ``(start_t, end_t, val, end_pos)`` arrays, ``end_pos`` = stream index of the end.
+    Returns ``(start_t, end_t, val, end_pos)`` arrays, ``end_pos`` = stream index of the end
+    (increasing unless ``by_val``); ``val`` is None unless ``by_val``.
     """
     pos = np.flatnonzero((ev.kind == k_start) | (ev.kind == k_end))
     if by_val:
         pos = pos[np.lexsort((pos, ev.val[pos]))]  # grouped by type, stream order within
     if len(pos) < 2:
         z = np.zeros(0, np.int64)
-        return z, z, z, z
+        return z, z, z if by_val else None, z
     is_start = ev.kind[pos] == k_start
     close = ~is_start[1:] & is_start[:-1]
     if by_val:
         close &= ev.val[pos[1:]] == ev.val[pos[:-1]]
     ends, starts = pos[1:][close], pos[:-1][close]
+    del pos, is_start, close
     if by_val:
         o = np.argsort(ends, kind="stable")
         ends, starts = ends[o], starts[o]
-    return ev.t[starts], ev.t[ends], ev.val[ends], ends
+    return ev.t[starts], ev.t[ends], ev.val[ends] if by_val else None, ends
