@@ -279,8 +279,20 @@ def _gz_variants(text: bytes) -> dict[str, bytes]:
         + whole[-4:], "empty": b"", "not_gzip": text, "raw_deflate_header": zlib.compress(text)}
 
 
+def test_compacted_segments_are_inflated_by_zlib_ng():
+    """zlib-ng is a dependency (``pyproject.toml``): the reader's inflate is its."""
+    from zlib_ng import zlib_ng
+
+    assert read_io._inflate is zlib_ng
+
+
+@pytest.mark.parametrize("inflate", ["zlib_ng", "zlib"])
 @pytest.mark.parametrize("name", sorted(_gz_variants(b"")))
-def test_compacted_segment_read_at_once_or_as_before(tmp_path, monkeypatch, name):
+def test_compacted_segment_read_at_once_or_as_before(tmp_path, monkeypatch, name, inflate):
+    """Every damage of a compacted segment gives what gzip.open gives, line for line and
+    error for error, with zlib-ng's inflate and with the standard library's."""
+    if inflate == "zlib":
+        monkeypatch.setattr(read_io, "_inflate", zlib)
     text = "\n".join(clean(t=T0 + 10**9 * i) for i in range(30)).encode() + b"\n"
     (tmp_path / "spans-p00000-a0000.jsonl.gz").write_bytes(_gz_variants(text)[name])
     with monkeypatch.context() as m:
