@@ -17,7 +17,6 @@ that is long under way (a restarted ``goodput serve``, a new monitor) reads ever
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from goodput import schema
 
+from ..read_io import open_spool
 from .store import LiveStore
 
 __all__ = ["SpoolTailer"]
@@ -131,7 +131,7 @@ class SpoolTailer:
         """Take in every line of a compacted segment (complete once it exists), once."""
         state = self._files[path] = [0, 0]
         try:
-            with gzip.open(path, "rb") as f:
+            with open_spool(path) as f:  # (at once where it can: read_io)
                 for line in f:
                     state[1] += 1
                     self.store.ingest_line(line, (path, state[1]))
