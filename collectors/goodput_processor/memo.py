@@ -99,8 +99,8 @@ def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params
 
 #: Rows :func:`folded` summarises at once: longer runs of rows (a one-shot report of a long
 #: attempt, a memo's first poll) are summarised this many at a time and combined, so that
-#: a summary's temporaries (8 MiB per int64 column at this size) do not grow with the job.
-CHUNK_ROWS = 1 << 20
+#: a summary's temporaries (2 MiB per int64 column at this size) do not grow with the job.
+CHUNK_ROWS = 1 << 18
 
 
 def _in_pieces(summarize, combine, d):
