@@ -389,7 +389,7 @@ def _recovery_dict(x) -> dict:
 
 def _or_others(f) -> str:
     """``; or process 2, 3`` when the first failure is uncertain among several."""
-    among = getattr(f, "uncertain_among", ())
+    among = f.uncertain_among
     return f"; or process {', '.join(map(str, among))}" if among else ""
 
 

@@ -171,9 +171,10 @@ class JobSpans:
         rows keep one width."""
         self.rows_owned = True
         procs = list(self.processes.values())
-        if all(_own_buffer(p) is not None for p in procs):
-            for p in procs:
-                _narrow(p)
+        owned = [_own_buffer(p) for p in procs]
+        if None not in owned:
+            for p, in_buffer in zip(procs, owned, strict=True):
+                _narrow(p, in_buffer)
 
     def drop_rows(self) -> None:
         """Empty every process's rows here (what was made from them, e.g. an attempt's
@@ -203,11 +204,12 @@ def _own_buffer(p: ProcessSpans) -> bool | None:
     return False if d.base is None and d.flags.writeable else None
 
 
-def _narrow(p: ProcessSpans) -> None:
-    """``p``'s rows narrowed to :data:`ACCOUNT_NCOLS` columns (see
+def _narrow(p: ProcessSpans, in_buffer: bool) -> None:
+    """``p``'s rows narrowed to :data:`ACCOUNT_NCOLS` columns, in the reader's buffer where
+    they fill it (``in_buffer``, :func:`_own_buffer`), else as a copy (see
     :meth:`JobSpans.own_rows`)."""
     w, n = ACCOUNT_NCOLS, len(p.data)
-    if not _own_buffer(p):
+    if not in_buffer:
         p.data, p._buf = np.ascontiguousarray(p.data[:, :w]), array("q")
         return
     d, buf = p.data, p._buf
