@@ -63,6 +63,7 @@ Commands::
     python benchmarks/bench_live.py                      # 10^6 steps, 3 rounds
     python benchmarks/bench_live.py --keep /tmp/bench_live_keep --surfaces serve-report compat
     python benchmarks/bench_live.py --incumbent-steps 100000   # incumbent on a smaller job
+    python benchmarks/bench_live.py --keep DIR --surfaces serve-report serve-metrics --pack
 
 Temporary data goes under ``/tmp/bench_live_*`` and is removed unless ``--keep DIR``
 (``DIR/job-N``: the spool, restored whole at the end, reused by later runs;
@@ -394,7 +395,7 @@ def _timed(fn) -> tuple[float, object]:
 
 
 def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, work: Path,
-          npz: Path | None) -> dict:
+          npz: Path | None, pack: bool = False) -> dict:
     """Measure one surface with one definitions in this process (see the module docstring);
     returns ``warm``, ``new``, ``none`` (ms), ``ingest`` (ms, serve only), ``running``
     (the last attempt's end reason at the "nothing new" anchor), ``reads`` (clock reads
@@ -479,6 +480,8 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
     if surface not in ("serve-report", "serve-metrics"):
         clock.anchor(kept)
     warm, _ = _timed(poll)
+    if pack and surface.startswith("serve"):  # a maintenance round once all is quiet
+        server.store.compact(min_quiet_s=0)
     if surface == "incumbent":
         log.visible = log.total
     else:
@@ -518,11 +521,12 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
             "reads": reads, "goodput": value}
 
 
-def run_child(surface: str, defs: str, job: dict, work: Path) -> dict:
+def run_child(surface: str, defs: str, job: dict, work: Path, pack: bool = False) -> dict:
     """Run :func:`child` in a fresh process; adds ``rss`` (its peak RSS, MB)."""
     cmd = [sys.executable, __file__, "--child", surface, "--defs", defs,
            "--run-dir", str(job["run_dir"]), "--meta", str(job["meta_path"]),
-           "--new", str(job["new_path"]), "--work", str(work), "--npz", str(job["npz"])]
+           "--new", str(job["new_path"]), "--work", str(work), "--npz", str(job["npz"])
+           ] + (["--pack"] if pack else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     out: dict[str, bytes] = {}
     readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()))
@@ -555,6 +559,9 @@ def main(argv=None) -> int:
     ap.add_argument("--surfaces", nargs="+", choices=list(PLAN), default=list(PLAN))
     ap.add_argument("--incumbent-steps", type=int, default=None,
                     help="steps of the job the incumbent is measured on (default --steps)")
+    ap.add_argument("--pack", action="store_true",
+                    help="serve: pack every process's rows after the warm poll "
+                    "(LiveStore.compact, as a maintenance round does to quiet processes)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--defs", help=argparse.SUPPRESS)
     for a in ("--run-dir", "--meta", "--new", "--work", "--npz"):
@@ -567,7 +574,7 @@ def main(argv=None) -> int:
     if args.child:
         res = child(args.child, args.defs, Path(args.run_dir),
                     json.loads(Path(args.meta).read_text()), Path(args.new), Path(args.work),
-                    Path(args.npz))
+                    Path(args.npz), args.pack)
         print(json.dumps(res), flush=True)
         return 0
 
@@ -605,7 +612,7 @@ def main(argv=None) -> int:
         for r in range(args.repeat):
             for s, d in plan:
                 steps = inc_steps if s == "incumbent" else args.steps
-                res = run_child(s, d, jobs[steps], work)
+                res = run_child(s, d, jobs[steps], work, args.pack)
                 results[(s, d)].append(res)
                 print(f"  round {r + 1}: {s:<13} {d:<8} warm {_ms(res['warm'])} ms, 60 s new "
                       f"{_ms(res['new'])} ms, nothing new {_ms(res['none'])} ms, "

@@ -6,7 +6,10 @@ of ``GET /v1/report``), then collects its metrics (the rolling windows of ``GET 
 Printed: resident memory added at each point (``/proc/self/statm``,
 after a garbage collection), the store's span rows (:meth:`LiveStore.memory_bytes`) and the
 bytes per kept step. The accounting's memo (``goodput_processor.memo``) is what the poll
-adds beyond the rows.
+adds beyond the rows. Then (unless ``--no-compact``) the store packs every process's rows
+(:meth:`~goodput_processor.serve.store.LiveStore.compact`, what ``goodput serve``'s
+maintenance does to processes quiet for ``--pack-after`` seconds), polls and collects the
+metrics again, and prints what it holds then.
 
     python benchmarks/recorded_job.py /tmp/job1m --steps 1000000   # the recorder's spool
     python benchmarks/bench_store_memory.py /tmp/job1m
@@ -18,6 +21,7 @@ import argparse
 import gc
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectors"))
@@ -33,8 +37,11 @@ def main(argv=None) -> int:
     """Measure and print one line; returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir")
+    ap.add_argument("--no-compact", action="store_true",
+                    help="stop before packing the quiet processes' rows (LiveStore.compact)")
     args = ap.parse_args(argv)
     from goodput_processor.metrics import DEFAULT_WINDOWS_S
+    from goodput_processor.serve.rows import PackedProcessSpans
     from goodput_processor.serve.store import LiveStore
     from goodput_processor.serve.tail import SpoolTailer
 
@@ -51,12 +58,37 @@ def main(argv=None) -> int:
     store.snapshot_windows(name, DEFAULT_WINDOWS_S)
     gc.collect()
     r3 = rss_mb()
-    steps = result.step_time.count
+    steps = max(result.step_time.count, 1)
     print(f"job {name!r}: {steps:,} kept steps; taken in: RSS +{r1 - r0:.0f} MiB (rows "
           f"{rows1 / 2**20:.0f} MiB); after a poll: RSS +{r2 - r0:.0f} MiB (rows "
-          f"{rows2 / 2**20:.0f} MiB), {(r2 - r0) * 2**20 / max(steps, 1):.0f} bytes per step; "
+          f"{rows2 / 2**20:.0f} MiB), {(r2 - r0) * 2**20 / steps:.0f} bytes per step; "
           f"after a metrics collection too (rolling windows): RSS +{r3 - r0:.0f} MiB, "
-          f"{(r3 - r0) * 2**20 / max(steps, 1):.0f} bytes per step")
+          f"{(r3 - r0) * 2**20 / steps:.0f} bytes per step")
+    if args.no_compact:
+        return 0
+    # What a maintenance round of goodput serve does to processes quiet for a minute
+    # (LiveStore.compact), then a poll and a metrics collection that find nothing new
+    t0 = time.perf_counter()
+    packed = store.compact(min_quiet_s=0)
+    t1 = time.perf_counter()
+    store.results(job=name)
+    t2 = time.perf_counter()
+    store.snapshot_windows(name, DEFAULT_WINDOWS_S)
+    t3 = time.perf_counter()
+    gc.collect()
+    r4, rows4 = rss_mb(), store.memory_bytes()[name]
+    print(f"compacted ({packed:,} rows packed in {t1 - t0:.2f} s), then a poll "
+          f"({(t2 - t1) * 1e3:.1f} ms) and a metrics collection ({(t3 - t2) * 1e3:.1f} ms): "
+          f"RSS +{r4 - r0:.0f} MiB "
+          f"(rows {rows4 / 2**20:.0f} MiB), {(r4 - r0) * 2**20 / steps:.0f} bytes per step")
+    # What reading a packed process costs (a memo dropped, a fresh accounting)
+    big = max(store.snapshot(name).processes.values(), key=lambda p: p.rows_id[0]
+              if isinstance(p, PackedProcessSpans) else -1)
+    if isinstance(big, PackedProcessSpans):
+        t0 = time.perf_counter()
+        n = len(big.data)
+        print(f"reading the largest packed process's {n:,} rows (inflating them): "
+              f"{time.perf_counter() - t0:.3f} s")
     return 0
 
 

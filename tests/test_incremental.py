@@ -235,16 +235,21 @@ def test_the_memo_is_used_when_only_the_running_attempt_grows():
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(pairs=jobs(), seed=st.integers(0, 2**32 - 1))
-def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed):
+@given(pairs=jobs(), seed=st.integers(0, 2**32 - 1), pack=st.booleans())
+def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed, pack):
     """``goodput serve``'s store, fed through its three ingest paths in random batches and
     polled after each one (with its memo), gives what accounting the job afresh gives, with
-    either definitions."""
+    either definitions; ``pack``: every process's rows packed after each batch
+    (:meth:`LiveStore.compact`), so that the polls read packed rows and new rows land on
+    packed ones."""
     rng = random.Random(seed)
-    reqs = _lines(pairs, rng)
+    reqs = _lines(_with_identity(pairs) if pack else pairs, rng)
     store = LiveStore(min_interval_s=0)
     for k in range(0, len(reqs), 2):
         _feed(store, reqs[k : k + 2], rng)
+        if pack:
+            store.results(now_ns=NOW)  # (what the memo keeps, before the rows are packed)
+            store.compact(min_quiet_s=0, min_rows=0)
         for name in store.jobs():
             (live,) = store.results(now_ns=NOW, job=name)
             fresh = account(store.snapshot(name), None, NOW)
@@ -262,6 +267,20 @@ def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed
             except ValueError as e:
                 m_live = str(e)
             assert m_live == m_fresh
+
+
+def _with_identity(pairs) -> list:
+    """``pairs`` (:func:`jobs`) whose resources carry an OS process identity, as the
+    recorder's do (schema 1.1: instance id, pid and start time): the processes whose rows
+    the store packs."""
+    out = []
+    for res, span in pairs:
+        a, i = res[schema.RES_ATTEMPT], res[schema.RES_PROCESS_INDEX]
+        out.append(({**res, schema.RES_SCHEMA_VERSION: "1.1",
+                     schema.RES_SERVICE_INSTANCE_ID: f"i{a}-{i}",
+                     schema.RES_PROCESS_PID: 1000 + 10 * a + i,
+                     schema.RES_PROCESS_START: T0_NS + a * NS}, span))
+    return out
 
 
 def test_a_live_os_process_is_resolved_once_for_the_report_and_the_windows(tmp_path):

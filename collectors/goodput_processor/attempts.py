@@ -38,7 +38,7 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import AccountingMemo, cached, folded, process_state, rows_key
+from .memo import AccountingMemo, cached, data_key, folded, process_state
 from .open_records import OpenResolver
 from .report import ReportWarning
 from .summaries import evidence, evidence_both
@@ -290,13 +290,14 @@ def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None, memo=None) -> 
 def _runs(job: JobSpans, memo=None) -> list[_Run]:
     runs = []
     for key, proc in sorted(job.processes.items()):
-        if not len(proc.data) or proc.run.get(schema.RES_PROCESS_ROLE) == "launcher":
+        rows = data_key(proc)  # (rows goodput serve keeps packed are not read for it)
+        if not rows[0] or proc.run.get(schema.RES_PROCESS_ROLE) == "launcher":
             continue  # a launcher's own process (its events: goodput_processor.recovery)
         # (the resource's attributes may change without a new row: they are in the key)
         ident = repr((proc.host, proc.process_count, proc.schema_version,
                       sorted(proc.run.items()), proc.instance, proc.pid,
                       proc.process_start_ns, proc.attempt_source, proc.index_source))
-        origin = (key, rows_key(proc.data), ident)
+        origin = (key, rows, ident)
         state = None if memo is None else process_state(memo, origin)  # (kept while seen)
         runs += cached(memo, ("runs", *origin),
                        lambda proc=proc, a=key[0], o=origin, s=state:

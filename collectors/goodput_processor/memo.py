@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AccountingMemo", "cached", "folded", "proc_key", "process_state", "rows_key"]
+__all__ = ["AccountingMemo", "cached", "data_key", "folded", "proc_key", "process_state",
+           "rows_key"]
 
 _MISS = object()
 
@@ -40,13 +41,21 @@ def rows_key(data: np.ndarray) -> tuple:
     return (len(data), data[-1].tobytes(), data[0].tobytes())
 
 
+def data_key(p) -> tuple:
+    """:func:`rows_key` of a process's rows ``p.data`` (a ``ProcessSpans``), without
+    reading them where it knows it (``p.rows_id``: rows ``goodput serve`` keeps packed,
+    :class:`~goodput_processor.serve.rows.PackedProcessSpans`)."""
+    rid = getattr(p, "rows_id", None)
+    return rid if rid is not None else rows_key(p.data)
+
+
 def proc_key(p) -> tuple:
     """Memo identity of a process's rows ``p.data`` (a ``ProcessSpans``): its ``origin``
     when its rows were derived (the attempts' processes: open records resolved, which moves
     them to the end and drops superseded ones, so those rows do not only grow at the end),
-    else :func:`rows_key` of its rows."""
+    else :func:`data_key` of its rows."""
     origin = getattr(p, "origin", None)
-    return origin if origin is not None else rows_key(p.data)
+    return origin if origin is not None else data_key(p)
 
 
 def process_state(memo: AccountingMemo, origin: tuple) -> dict:
@@ -76,12 +85,17 @@ def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params
         combine: ``(summary of rows A, summary of rows B) -> summary of A then B`` (A's rows
             come first: ties must go as ``summarize`` of both would take them).
     """
-    d = p.data
     origin = getattr(p, "origin", None)
     if origin is None:  # (keyed like the attempts' processes: key, rows, resource)
-        origin, m = ((p.attempt, p.index, p.instance), None, None), len(d)
+        origin, whole = ((p.attempt, p.index, p.instance), None, None), data_key(p)
+        m = whole[0]
+        if memo is not None and m:  # all of its rows summarised before: not read again
+            kept = process_state(memo, origin).get(tag)
+            if kept is not None and kept[0] == params and kept[1:3] == (m, whole):
+                return kept[3]
     else:
         m = getattr(p, "settled", None)
+    d = p.data
     if memo is None or not m:
         return _in_pieces(summarize, combine, d)
     state = process_state(memo, origin)

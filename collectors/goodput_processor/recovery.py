@@ -59,7 +59,7 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import cached, folded, proc_key
+from .memo import cached, data_key, folded, proc_key
 from .restart_rows import restart_rows, union_ns
 from .steptimes import runs_median
 from .timeline import (
@@ -153,7 +153,7 @@ def _launcher_events(job: JobSpans, memo=None) -> list:
     again at every poll)."""
     out = []
     for p in job.processes.values():
-        if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not len(p.data):
+        if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not data_key(p)[0]:
             continue
         out.append((p, folded(memo, "launcher_events", p,
                               lambda d: d[d[:, C_KIND] == K_LAUNCHER_EVENT],

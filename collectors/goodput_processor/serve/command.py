@@ -200,6 +200,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     poll = _number(args.poll_interval, "--poll-interval")
     retention = (None if args.retention.lower() == "off"
                  else _number(args.retention, "--retention"))
+    pack_after = (None if args.pack_after.lower() == "off"
+                  else _number(args.pack_after, "--pack-after", strict=False))
     limits = _limits(args)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
@@ -209,7 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("nothing to serve: both receivers are off and no --spool-dir given")
     wal = _wal(args, grpc_port is not None or http_port is not None)
     store = LiveStore(ideal, min_interval_s=min(interval or 1.0, 1.0), limits=limits, wal=wal,
-                      retention_s=retention)
+                      retention_s=retention, pack_after_s=pack_after)
     reports = _Reports(args.format, args.report_file)
     holder: list = []  # the server, once started: its byte budget for the telemetry
     provider, registry, prom = _metrics(args, store, lambda: holder[0].budget if holder else None)
@@ -320,6 +322,10 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="a job with no new span for SECONDS leaves: its final report is "
                    "written (report file, WAL_DIR/results) and its log removed (default "
                    "604800 = 7 days; off)")
+    p.add_argument("--pack-after", default="60", metavar="SECONDS",
+                   help="a process with no new span for SECONDS (a finished attempt's) has "
+                   "its rows kept compressed, about a quarter of their memory (default 60; "
+                   "off)")
     lim = p.add_argument_group("limits (past one, a request gets the retryable status, or the "
                                "job an over_limit warning; docs/serve.md, Limits)")
     lim.add_argument("--max-message-bytes", default=str(16 << 20), metavar="N",

@@ -4,7 +4,8 @@
 front of one :class:`~goodput_processor.serve.store.LiveStore`: the receivers first (so
 ``/healthz`` answers; requests get the retryable status until the store is ready), then
 the replay of the store's write-ahead log, then the spool tailer. A maintenance thread
-retires idle jobs and re-probes a write-ahead log that failed. It stops gracefully: stop
+retires idle jobs, re-probes a write-ahead log that failed and packs the rows of processes
+gone quiet. It stops gracefully: stop
 accepting, drain requests in flight, read the spools once more, then compute the final
 results, all within one ``timeout_s``.
 """
@@ -47,7 +48,7 @@ class GoodputServer:
         on_retire: called with the final :class:`JobResult` of each job that leaves
             after the store's ``retention_s`` (e.g. to write it to a report file).
         maintain_s: seconds between maintenance rounds (retire idle jobs, probe a failed
-            write-ahead log).
+            write-ahead log, pack quiet processes' rows).
 
     Raises:
         RuntimeError, OSError: a port cannot be bound or a TLS file cannot be read (what
@@ -106,11 +107,12 @@ class GoodputServer:
     def maintain(self) -> list[JobResult]:
         """One maintenance round (the thread runs it every ``maintain_s``): retire idle
         jobs (returned, and given to ``on_retire``), re-probe a write-ahead log that
-        failed."""
+        failed, pack the rows of quiet processes (:meth:`LiveStore.compact`)."""
         wal = self.store.wal
         if wal is not None and wal.error:
             wal.probe()
         retired = self.store.retire_idle()
+        self.store.compact()
         for r in retired:
             if self.on_retire is not None:
                 self.on_retire(r)

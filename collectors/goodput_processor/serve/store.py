@@ -50,7 +50,7 @@ from ..timeline import JobSpans
 from .decode import ingest_pb
 from .encode import json_line, pb_line, split_json, split_pb
 from .limits import Limits, RateLimiter, Refused
-from .rows import ProcessRows
+from .rows import PackedProcessSpans, ProcessRows, pack_rows
 from .wal import ReplayStats, WriteAheadLog, job_slug
 
 __all__ = ["LiveStore"]
@@ -71,15 +71,17 @@ class LiveStore:
             as retryable) until :meth:`replay` has read it back.
         retention_s: a job with no new span for this many seconds leaves at the next
             :meth:`retire_idle` (None: jobs stay).
+        pack_after_s: a process with no new span for this many seconds has its rows
+            packed at the next :meth:`compact` (None: never).
 
     Raises:
         ValueError: ``ideal_step_time_s`` is not a finite number > 0, ``min_interval_s``
-            < 0, or ``retention_s`` not > 0.
+            < 0, ``retention_s`` not > 0, or ``pack_after_s`` < 0.
     """
 
     def __init__(self, ideal_step_time_s: float | None = None, min_interval_s: float = 1.0, *,
                  limits: Limits | None = None, wal: WriteAheadLog | None = None,
-                 retention_s: float | None = None):
+                 retention_s: float | None = None, pack_after_s: float | None = 60.0):
         if ideal_step_time_s is not None and not (0 < ideal_step_time_s < float("inf")):
             raise ValueError(f"ideal step time must be a finite number > 0 seconds, got "
                              f"{ideal_step_time_s!r}")
@@ -87,6 +89,9 @@ class LiveStore:
             raise ValueError(f"min_interval_s must be >= 0 seconds, got {min_interval_s!r}")
         if retention_s is not None and not retention_s > 0:
             raise ValueError(f"retention_s must be > 0 seconds, got {retention_s!r}")
+        if pack_after_s is not None and not pack_after_s >= 0:
+            raise ValueError(f"pack_after_s must be >= 0 seconds, got {pack_after_s!r}")
+        self.pack_after_s = pack_after_s
         self.ideal_step_time_s = ideal_step_time_s
         self.min_interval_s = float(min_interval_s)
         self.limits = limits or Limits()
@@ -280,7 +285,9 @@ class LiveStore:
         The rows that arrived since the last snapshot move from the reader's buffers to the
         store's own arrays (:class:`~goodput_processor.serve.rows.ProcessRows`), duplicates
         dropped; each process's ``data`` is a read-only view of them, which later arrivals
-        never change. The cost follows what arrived, not the job's history.
+        never change. The cost follows what arrived, not the job's history. A process whose
+        rows are packed (:meth:`compact`) is a :class:`~goodput_processor.serve.rows.
+        PackedProcessSpans`: its ``data`` is inflated when read (the same rows).
 
         Raises:
             KeyError: no job of that name has been seen.
@@ -297,7 +304,11 @@ class LiveStore:
                     new = np.frombuffer(p._buf, np.int64).reshape(-1, tl.NCOLS).copy()
                     del p._buf[:]
                     self._dups[name] += r.append(new)
-                procs[key] = replace(p, data=r.view(), run=dict(p.run), _buf=array("q"))
+                if r.packed is not None:  # (inflated only if the accounting reads them)
+                    procs[key] = PackedProcessSpans.of(p, r.packed, run=dict(p.run),
+                                                       _buf=array("q"))
+                else:
+                    procs[key] = replace(p, data=r.view(), run=dict(p.run), _buf=array("q"))
             skipped = Counter(job.skipped) + Counter(self._reader.skipped)
             if self._dups[name]:
                 skipped["duplicate"] += self._dups[name]
@@ -472,6 +483,39 @@ class LiveStore:
                       self.retention_s)
             out.append(result)
         return out
+
+    def compact(self, min_quiet_s: float | None = None, min_rows: int = 4096) -> int:
+        """Pack the rows of every process of an OS process (``service.instance.id``, pid
+        and start time: the recorder's) that has taken no new row for ``min_quiet_s``
+        seconds (default ``pack_after_s``; None: nothing is packed) and has at least
+        ``min_rows`` rows (:meth:`~goodput_processor.serve.rows.
+        ProcessRows.pack`: about a quarter of their bytes). What the accounting keeps of
+        them lets a poll go on without reading them; a new row of a packed process inflates
+        its rows first. Deflating runs outside the store's lock (ingest goes on); returns
+        the rows packed. ``goodput serve`` calls it every maintenance round."""
+        min_quiet_s = self.pack_after_s if min_quiet_s is None else min_quiet_s
+        if min_quiet_s is None:
+            return 0
+        now, done = time.monotonic(), 0
+        with self._lock:
+            todo = [(job, key, r, r.view())
+                    for job, procs in self._rows.items() for key, r in procs.items()
+                    if r.packed is None and r.n >= max(min_rows, 1)
+                    and now - r.changed >= min_quiet_s and self._packable(job, key)]
+        for job, key, r, rows in todo:
+            packed = pack_rows(rows)
+            with self._lock:
+                if self._rows.get(job, {}).get(key) is r and r.pack(packed):
+                    done += packed.n
+        return done
+
+    def _packable(self, job: str, key: tuple) -> bool:
+        """Whether the accounting keeps a resolved copy of process ``key``'s rows (a
+        process with an OS identity), so that a poll need not read its own rows; under
+        the lock."""
+        p = self._reader.jobs.get(job, SimpleNamespace(processes={})).processes.get(key)
+        return bool(p is not None and p.instance and p.pid is not None
+                    and p.process_start_ns is not None)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held by each job's span rows: the reader's buffers (``sys.getsizeof``) and
