@@ -128,7 +128,7 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     result = replace(result, warnings=tuple(job_warnings(job, attempts, result, memo)),
                      over_limit=dict(job.over_limit))
     # --- stragglers (goodput_processor.stragglers): per-host step times, not in the buckets
-    result = replace(result, stragglers=straggler_report(attempts, bounds))
+    result = replace(result, stragglers=straggler_report(attempts, bounds, memo=memo))
     # --- end stragglers
     # --- recovery phases, badput by host (goodput_processor.recovery, .attribution)
     recs = recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo)

@@ -40,6 +40,7 @@ from goodput import schema
 
 from .memo import AccountingMemo, cached, data_key, folded, process_state
 from .open_records import OpenResolver
+from .packed import PackedProcessSpans, pack_rows, replace_rows
 from .report import ReportWarning
 from .summaries import evidence, evidence_both
 from .timeline import (
@@ -58,7 +59,7 @@ from .timeline import (
 )
 
 __all__ = ["DEFAULT_HEARTBEAT_INTERVAL_MS", "RUNNING_INTERVALS", "Attempt", "build_attempts",
-           "clock_ns", "resolve_open"]
+           "clock_ns", "pack_runs", "resolve_open"]
 
 #: Heartbeat interval assumed when no ``goodput.job_start`` carries one (ms).
 DEFAULT_HEARTBEAT_INTERVAL_MS = 1000
@@ -299,10 +300,53 @@ def _runs(job: JobSpans, memo=None) -> list[_Run]:
                       proc.process_start_ns, proc.attempt_source, proc.index_source))
         origin = (key, rows, ident)
         state = None if memo is None else process_state(memo, origin)  # (kept while seen)
-        runs += cached(memo, ("runs", *origin),
-                       lambda proc=proc, a=key[0], o=origin, s=state:
-                       _process_runs(job, a, proc, o, s, memo))
+        got = cached(memo, ("runs", *origin),
+                     lambda proc=proc, a=key[0], o=origin, s=state:
+                     _process_runs(job, a, proc, o, s, memo))
+        if getattr(proc, "rows_id", None) is not None and state is not None and len(got) == 1:
+            got = _packed_runs(got, origin, state, memo)
+        runs += got
     return runs
+
+
+def _packed_runs(runs: list[_Run], origin: tuple, state: dict, memo) -> list[_Run]:
+    """``runs`` of a process whose rows ``goodput serve`` keeps packed, with the resolved
+    rows that :func:`pack_runs` packed for another memo of the job (the process's
+    ``state`` is shared) in place of its own copy."""
+    (run,) = runs
+    kept = state.get("packed")
+    if isinstance(run.proc, PackedProcessSpans) or kept is None or kept[0] != origin:
+        return runs
+    out = [replace(run, proc=PackedProcessSpans.of(run.proc, kept[1]))]
+    memo.put(("runs", *origin), out)
+    return out
+
+
+def pack_runs(memo: AccountingMemo, packed: set[tuple]) -> int:
+    """Pack the resolved rows ``memo`` keeps of the processes whose own rows are packed
+    (``packed``: their ``(process key, rows_key)``; :meth:`~goodput_processor.serve.store.
+    LiveStore.compact` calls this for each memo of a job, one accounting at a time): the
+    runs kept then hold a :class:`~goodput_processor.packed.PackedProcessSpans`, the
+    packed rows are kept in the process's state (shared by the memos of the job) and its
+    open records' resolver is let go (a new row of the process resolves them afresh).
+    Returns the rows packed (0 for those packed before)."""
+    done = 0
+    for key, runs in memo.entries("runs"):
+        origin = key[1:]
+        if origin[:2] not in packed or len(runs) != 1 or isinstance(
+                runs[0].proc, PackedProcessSpans):
+            continue
+        state = memo.processes.get((origin[0], origin[2]))
+        if state is None or runs[0].proc.origin != origin:
+            continue
+        kept = state.get("packed")
+        if kept is None or kept[0] != origin:
+            kept = state["packed"] = (origin, pack_rows(runs[0].proc.data),
+                                      runs[0].proc.settled)
+            state.pop("open", None)
+            done += kept[1].n
+        memo.put(key, [replace(runs[0], proc=PackedProcessSpans.of(runs[0].proc, kept[1]))])
+    return done
 
 
 def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
@@ -315,6 +359,10 @@ def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
     if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
         if state is None:
             data, settled = resolve_open(proc.data, job.rows_owned), None
+        elif state.get("packed", (None,))[0] == origin:  # resolved and packed before
+            _, packed, settled = state["packed"]
+            return [_run(job, PackedProcessSpans.of(proc, packed, origin=origin,
+                                                    settled=settled), None, memo)]
         else:
             data, settled = state.setdefault("open", OpenResolver()).resolve(proc.data)
         return [_run(job, replace(proc, data=data, origin=origin, settled=settled), None,
@@ -439,8 +487,8 @@ def _attempt(g: list[_Run], number: int, start: int, end: int, reason: str, cut:
             f"{len(by_slot[s])} processes of attempt {number} claim rank {s} without "
             "evidence (no rank variable, no torch.distributed/JAX rank recorded): the "
             "attempt is accounted on one of them", number, s))
-    order = sorted(g, key=lambda r: (r.slot, -len(r.proc.data)))
-    procs = tuple(replace(r.proc, attempt=number, index=r.slot, process_count=r.count)
+    order = sorted(g, key=lambda r: (r.slot, -data_key(r.proc)[0]))
+    procs = tuple(replace_rows(r.proc, attempt=number, index=r.slot, process_count=r.count)
                   for r in order)
     counts = [r.count for r in g if r.count is not None]
     return Attempt(

@@ -95,6 +95,10 @@ def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params
                 return kept[3]
     else:
         m = getattr(p, "settled", None)
+        if memo is not None and m:  # rows derived from the same rows as before: the same
+            kept = process_state(memo, origin).get(tag)
+            if kept is not None and kept[0] == params and kept[4:6] == (origin, m):
+                return kept[6]
     d = p.data
     if memo is None or not m:
         return _in_pieces(summarize, combine, d)
@@ -107,8 +111,9 @@ def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params
             s = combine(s, _in_pieces(summarize, combine, d[n0:m]))
     else:
         s = _in_pieces(summarize, combine, d[:m])
-    state[tag] = (params, m, rows_key(d[:m]), s)
-    return combine(s, _in_pieces(summarize, combine, d[m:])) if len(d) > m else s
+    whole = combine(s, _in_pieces(summarize, combine, d[m:])) if len(d) > m else s
+    state[tag] = (params, m, rows_key(d[:m]), s, origin, m, whole)
+    return whole
 
 
 #: Rows :func:`folded` summarises at once: longer runs of rows (a one-shot report of a long
@@ -172,6 +177,19 @@ class AccountingMemo:
             self.hits += 1
         self._new[key] = value
         return value
+
+    def put(self, key, value) -> None:
+        """Keep ``value`` under ``key``, in place of what is kept there (between two
+        accountings too: then it is kept as the last accounting's)."""
+        if key in self._new or key not in self._old:
+            self._new[key] = value
+        else:
+            self._old[key] = value
+
+    def entries(self, tag) -> list[tuple]:
+        """``(key, value)`` of every result kept under a key whose first item is ``tag``."""
+        return [(k, v) for d in (self._old, self._new) for k, v in d.items()
+                if type(k) is tuple and k and k[0] == tag]
 
     def peek(self, key):
         """The value under ``key`` if one is kept (then it counts as used), else None."""

@@ -242,15 +242,16 @@ class _Acc:
         running (last) attempt is accounted in pieces (:mod:`goodput_processor.pieces`):
         those that new rows cannot change come from the memo, only the last is redone.
         """
-        d, names, seg = a.primary.data, tuple(self.names), self.segments is not None
+        names, seg = tuple(self.names), self.segments is not None
         cuts = None
         if self.memo is not None and bound is None and not has_next and not self.elastic:
-            cuts = running_pieces(self.memo, a, d)
-        if not cuts:
+            cuts = running_pieces(self.memo, a, a.primary.data)
+        if not cuts:  # (the rows read only when the part is not kept: they may be packed)
             key = ("attempt", a.attempt, a.start_ns, a.end_ns, proc_key(a.primary), bound, has_next,
                    names, self.elastic, seg)
             return self._add(cached(self.memo, key, lambda: self._part(
-                d, a.start_ns, a.end_ns, a.attempt, bound, has_next)), key, a1=None)
+                a.primary.data, a.start_ns, a.end_ns, a.attempt, bound, has_next)), key, a1=None)
+        d = a.primary.data
         kept = wasted = 0
         n0, c0 = 0, a.start_ns
         for n1, c1 in cuts:  # the pieces new rows cannot change

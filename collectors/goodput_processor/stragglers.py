@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .memo import cached, data_key, proc_key
+from .packed import PackedProcessSpans
 from .timeline import C_AUX, C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
 
 __all__ = ["DEFAULT_TOP", "StragglerHost", "StragglerReport", "straggler_report"]
@@ -94,7 +96,7 @@ def _group_median(keys: np.ndarray, values: np.ndarray, nkeys: int):
 
 
 def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
-                     top: int = DEFAULT_TOP) -> StragglerReport | None:
+                     top: int = DEFAULT_TOP, memo=None) -> StragglerReport | None:
     """The straggler report of a job's attempts.
 
     Args:
@@ -102,6 +104,9 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
         bounds: per attempt, the highest kept step number (None = all kept), as the
             accounting uses (the lowest resume step of the later attempts).
         top: how many of the slowest hosts to list (>= 1).
+        memo: an :class:`~goodput_processor.memo.AccountingMemo`: the steps of processes
+            whose rows are packed (:mod:`goodput_processor.packed`) are kept in it, so a
+            poll does not inflate them again.
 
     Returns:
         A :class:`StragglerReport`, or None when fewer than two host processes have kept
@@ -115,26 +120,21 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
     if len(bounds) != len(attempts):
         raise ValueError(f"{len(bounds)} bounds for {len(attempts)} attempts")
     ident: dict[tuple, int] = {}  # (host, process index) -> key
-    parts, keys, caps = [], [], []
+    procs, keys = [], []
     for a, bound in zip(attempts, bounds, strict=True):
         for p in a.processes:
-            if not len(p.data):
+            if not data_key(p)[0]:
                 continue
-            parts.append(p.data)
+            procs.append((p, NONE if bound is None else bound))  # NONE: no bound
             keys.append(ident.setdefault((p.host, p.index), len(ident)))
-            caps.append(NONE if bound is None else bound)  # NONE: no bound
     if len(ident) < 2:
         return None
-    lengths = np.fromiter((len(d) for d in parts), np.int64, len(parts))
-    data = np.concatenate(parts)
+    parts = [cached(memo, ("straggler_steps", proc_key(p), cap), lambda p=p, cap=cap:
+                    _steps(p.data, cap)) if isinstance(p, PackedProcessSpans)
+             else _steps(p.data, cap) for p, cap in procs]
+    lengths = np.fromiter((len(x[0]) for x in parts), np.int64, len(parts))
     key = np.repeat(np.asarray(keys, np.int64), lengths)
-    cap = np.repeat(np.asarray(caps, np.int64), lengths)
-    snum = data[:, C_IVAL]
-    use = ((data[:, C_KIND] == K_STEP) & ((data[:, C_FLAGS] & F_NONBLOCKING) == 0)
-           & ((cap == NONE) | (snum <= cap)))
-    data, key, snum = data[use], key[use], snum[use]
-    count = np.where(data[:, C_AUX] == NONE, 1, np.maximum(data[:, C_AUX], 1))
-    t = (data[:, C_END] - data[:, C_START]) // count  # ns per step (whole ns)
+    snum, start, t = (np.concatenate([x[i] for x in parts]) for i in range(3))
     nkeys = len(ident)
     med, n = _group_median(key, t, nkeys)
     has = n > 0
@@ -146,7 +146,7 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
         ratio[has] = med[has] / overall
     else:  # every host's median step is 0 ns: no host is slower than another
         ratio[has] = 1.0
-    lag = _start_lag(key, snum, data[:, C_START], nkeys)
+    lag = _start_lag(key, snum, start, nkeys)
     # slowest first; ties by process index then host (stable)
     names = list(ident)
     idx = np.flatnonzero(has)
@@ -160,6 +160,20 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
     )
     return StragglerReport(hosts=int(has.sum()), median_step_time_s=overall / _NS,
                            max_ratio=float(ratio[order[0]]), slowest=slowest)
+
+
+def _steps(d: np.ndarray, cap: int) -> tuple:
+    """Of one process's rows ``d``: the blocking step spans numbered at most ``cap``
+    (NONE: any), as ``(step numbers, starts ns, ns per step)`` (a span of ``count``
+    steps: its time over the count, whole ns)."""
+    snum = d[:, C_IVAL]
+    use = ((d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & F_NONBLOCKING) == 0)
+           & ((cap == NONE) | (snum <= cap)))
+    rows = d[use]
+    count = np.where(rows[:, C_AUX] == NONE, 1, np.maximum(rows[:, C_AUX], 1))
+    # (copies: a memo keeps them, not the rows they come from)
+    return (rows[:, C_IVAL].copy(), rows[:, C_START].copy(),
+            (rows[:, C_END] - rows[:, C_START]) // count)
 
 
 def _start_lag(key, snum, start, nkeys) -> np.ndarray:

@@ -43,7 +43,7 @@ import numpy as np
 from .. import reader as rd
 from .. import timeline as tl
 from ..accounting import account, isolated
-from ..attempts import clock_ns
+from ..attempts import clock_ns, pack_runs
 from ..memo import AccountingMemo
 from ..report import JobResult, job_to_dict
 from ..timeline import JobSpans
@@ -489,10 +489,12 @@ class LiveStore:
         and start time: the recorder's) that has taken no new row for ``min_quiet_s``
         seconds (default ``pack_after_s``; None: nothing is packed) and has at least
         ``min_rows`` rows (:meth:`~goodput_processor.serve.rows.
-        ProcessRows.pack`: about a quarter of their bytes). What the accounting keeps of
-        them lets a poll go on without reading them; a new row of a packed process inflates
-        its rows first. Deflating runs outside the store's lock (ingest goes on); returns
-        the rows packed. ``goodput serve`` calls it every maintenance round."""
+        ProcessRows.pack`: about a quarter of their bytes), then the resolved copy of
+        them that the job's memos keep (:func:`~goodput_processor.attempts.pack_runs`).
+        What the accounting keeps of them lets a poll go on without reading them; a new row
+        of a packed process inflates its rows first. Deflating runs outside the store's
+        lock (ingest goes on; a poll of the same job waits for its memos); returns the rows
+        packed (raw and resolved). ``goodput serve`` calls it every maintenance round."""
         min_quiet_s = self.pack_after_s if min_quiet_s is None else min_quiet_s
         if min_quiet_s is None:
             return 0
@@ -507,6 +509,16 @@ class LiveStore:
             with self._lock:
                 if self._rows.get(job, {}).get(key) is r and r.pack(packed):
                     done += packed.n
+        with self._lock:  # the memos' resolved copies of every packed process's rows
+            jobs = [(job, self._memos.get(job), {(key, r.packed.key) for key, r in
+                                                 procs.items() if r.packed is not None})
+                    for job, procs in self._rows.items()]
+        for _job, held, packed in jobs:
+            if held is not None and packed:
+                lock, memos = held
+                with lock:  # (one accounting of a job at a time)
+                    for memo in list(memos.values()):
+                        done += pack_runs(memo, packed)
         return done
 
     def _packable(self, job: str, key: tuple) -> bool:

@@ -1,0 +1,112 @@
+"""Span rows kept compressed, and a process whose rows are inflated only when read.
+
+A process whose rows no longer change (a finished attempt's, in a live job) need not keep
+them as an array: :func:`pack_rows` keeps each column's differences from row to row,
+deflated (about 17 of 72 bytes a row on the recorder's spools), and a
+:class:`PackedProcessSpans` hands them to the accounting with ``data`` inflated only if
+something reads it. The accounting's memo keys a process's rows by
+:func:`~goodput_processor.memo.data_key` (count, first and last row), which a packed process
+answers without inflating: a poll that finds the process's results kept never reads them,
+and one that does not reads the same rows, inflated. ``goodput serve`` packs the rows it
+takes in (:mod:`goodput_processor.serve.rows`) and the accounting packs its resolved copy of
+them (:mod:`goodput_processor.attempts`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import replace
+
+import numpy as np
+
+from .memo import rows_key
+from .timeline import ProcessSpans
+
+try:  # (zlib-ng, a dependency, deflates at about twice zlib's speed at level 1)
+    from zlib_ng import zlib_ng as _zlib
+except ImportError:  # pragma: no cover - zlib-ng is installed with the processor
+    _zlib = zlib
+
+__all__ = ["PackedProcessSpans", "PackedRows", "pack_rows", "replace_rows", "unpack_rows"]
+
+#: Deflate level of packed rows: 1 (fastest; level 6 saves a sixth more, at twice the time).
+PACK_LEVEL = 1
+
+
+class PackedRows:
+    """Rows ``(n, ncols)`` int64 kept compressed: per column, the differences from one row
+    to the next (int64, wrapping: exact for any values) deflated. ``key``: their
+    :func:`~goodput_processor.memo.rows_key`; ``nbytes``: the compressed bytes."""
+
+    __slots__ = ("columns", "key", "n", "nbytes")
+
+    def __init__(self, columns: list[bytes], key: tuple, n: int) -> None:
+        self.columns, self.key, self.n = columns, key, n
+        self.nbytes = sum(len(c) for c in columns)
+
+
+def pack_rows(d: np.ndarray) -> PackedRows:
+    """:class:`PackedRows` of rows ``d`` (``(n, ncols)`` int64; not changed). Temporaries:
+    one column (8 bytes a row) at a time."""
+    cols = []
+    for c in range(d.shape[1]):
+        col = d[:, c]
+        delta = np.empty(len(col), np.int64)
+        if len(col):
+            delta[0] = col[0]
+            np.subtract(col[1:], col[:-1], out=delta[1:])
+        cols.append(_zlib.compress(delta.tobytes(), PACK_LEVEL))
+    return PackedRows(cols, rows_key(d), len(d))
+
+
+def unpack_rows(packed: PackedRows, extra: int = 0) -> np.ndarray:
+    """The rows of ``packed``, in a new ``(n + extra, ncols)`` int64 array (the ``extra``
+    rows after them uninitialised: room to append)."""
+    out = np.empty((packed.n + extra, len(packed.columns)), np.int64)
+    for c, raw in enumerate(packed.columns):
+        np.cumsum(np.frombuffer(_zlib.decompress(raw), np.int64), out=out[: packed.n, c])
+    return out
+
+
+class PackedProcessSpans(ProcessSpans):
+    """A process of a store snapshot whose rows are packed (:class:`PackedRows`): its
+    ``data`` (read-only) is inflated when first read and then kept by this object only;
+    ``rows_id`` is :func:`~goodput_processor.memo.rows_key` of the rows without reading
+    them (None on a copy made with ``dataclasses.replace``, which carries ``data``)."""
+
+    @property
+    def data(self) -> np.ndarray:
+        d = self.__dict__.get("data")
+        if d is None:
+            d = unpack_rows(self.__dict__["_packed"])
+            d.flags.writeable = False
+            self.__dict__["data"] = d
+        return d
+
+    @data.setter
+    def data(self, value) -> None:
+        self.__dict__["data"] = value
+
+    @property
+    def rows_id(self) -> tuple | None:
+        packed = self.__dict__.get("_packed")
+        return None if packed is None else packed.key
+
+    @classmethod
+    def of(cls, proc: ProcessSpans, packed: PackedRows, **changes) -> PackedProcessSpans:
+        """A copy of ``proc`` (its fields, ``changes`` applied) whose rows are ``packed``."""
+        fields = {f: getattr(proc, f) for f in proc.__dataclass_fields__ if f != "data"}
+        fields.update(changes)
+        out = cls(**fields, data=None)
+        out.__dict__["_packed"] = packed
+        return out
+
+
+def replace_rows(proc: ProcessSpans, **changes) -> ProcessSpans:
+    """``dataclasses.replace(proc, **changes)`` that keeps packed rows packed: a
+    :class:`PackedProcessSpans` whose ``data`` is not among ``changes`` stays one (its rows
+    not inflated)."""
+    packed = proc.__dict__.get("_packed") if isinstance(proc, PackedProcessSpans) else None
+    if packed is None or "data" in changes:
+        return replace(proc, **changes)
+    return PackedProcessSpans.of(proc, packed, **changes)
