@@ -59,16 +59,34 @@ class StepStats:
     kth: object = field(default=None, compare=False, repr=False)
 
 
+#: Where every kept step is one step (recorded steps) and its time is below 2**53 ns (its
+#: float64 time per step is then the time itself), the running sums of time are kept at
+#: every ``_BLOCK``-th sorted step only, and a sum up to any other place adds the sorted
+#: times in between: 8 bytes a step fewer for the sums of count, and 8 for those of time.
+_BLOCK = 64
+_EXACT = float(2**53)
+
+
 class _Sorted:
     """Kept steps of some parts for order statistics: time per step sorted (float64 ns),
-    running sums of time (int64 ns) and count in that order (length n + 1), the sorted
-    absolute differences of consecutive single-step times (float64 ns, in time order
-    within these steps), their first and last single-step times, and the highest step
-    number (None if none)."""
+    running sums of time (int64 ns) and count in that order, the sorted absolute
+    differences of consecutive single-step times (float64 ns, in time order within these
+    steps), their first and last single-step times, and the highest step number (None if
+    none). Built from ``per``, ``t`` and ``cnt`` in sorted order (int64 times and
+    counts); the running sums are kept whole only where some step counts more than one."""
 
-    def __init__(self, per, cum_t, cum_cnt, diffs, first, last, max_step):
-        self.per, self.cum_t, self.cum_cnt, self.diffs = per, cum_t, cum_cnt, diffs
+    def __init__(self, per, t, cnt, diffs, first, last, max_step):
+        self.per, self.diffs = per, diffs
         self.first, self.last, self.max_step = first, last, max_step
+        cum_t = np.concatenate(([0], np.cumsum(t)))
+        self.ones = bool((cnt == 1).all()) and (not len(per) or float(per[-1]) < _EXACT
+                                                and float(per[0]) >= 0)
+        if self.ones:  # (the times are the sorted times per step themselves)
+            self.cum_t, self.cum_cnt = cum_t[::_BLOCK].copy(), None
+            self.total_t, self.total_cnt = int(cum_t[-1]), len(per)
+        else:
+            self.cum_t, self.cum_cnt = cum_t, np.concatenate(([0], np.cumsum(cnt)))
+            self.total_t, self.total_cnt = int(cum_t[-1]), int(self.cum_cnt[-1])
 
     @classmethod
     def of(cls, parts: list, none: int) -> _Sorted:
@@ -78,23 +96,37 @@ class _Sorted:
         order = np.argsort(per, kind="stable")
         single = t[cnt == 1]
         valid = snum[snum != none]
-        return cls(per[order], np.concatenate(([0], np.cumsum(t[order]))),
-                   np.concatenate(([0], np.cumsum(cnt[order]))),
+        return cls(per[order], t[order], cnt[order],
                    np.sort(np.abs(np.diff(single)).astype(np.float64)), single[:1],
                    single[-1:], int(valid.max()) if len(valid) else None)
+
+    def times(self) -> np.ndarray:
+        """The time of each step, in sorted order (int64 ns)."""
+        return self.per.astype(np.int64) if self.ones else np.diff(self.cum_t)
+
+    def counts(self) -> np.ndarray:
+        """The count of each step, in sorted order (int64)."""
+        return np.ones(len(self.per), np.int64) if self.ones else np.diff(self.cum_cnt)
+
+    def sums(self, i: int) -> tuple[int, int]:
+        """(count, time ns) of the first ``i`` sorted steps."""
+        if not self.ones:
+            return int(self.cum_cnt[i]), int(self.cum_t[i])
+        b = i // _BLOCK
+        rest = self.per[b * _BLOCK : i].astype(np.int64)
+        return i, int(self.cum_t[b]) + int(rest.sum())
 
     def merge(self, later: _Sorted) -> _Sorted:
         """These steps followed (in time) by ``later``'s: the same as :meth:`of` of all the
         parts, in one pass over two sorted runs (timsort)."""
         per = np.concatenate((self.per, later.per))
         order = np.argsort(per, kind="stable")
-        t = np.concatenate((np.diff(self.cum_t), np.diff(later.cum_t)))[order]
-        cnt = np.concatenate((np.diff(self.cum_cnt), np.diff(later.cum_cnt)))[order]
+        t = np.concatenate((self.times(), later.times()))[order]
+        cnt = np.concatenate((self.counts(), later.counts()))[order]
         diffs = np.sort(np.concatenate((self.diffs, later.diffs, self.boundary(later))),
                         kind="stable")
         maxes = [m for m in (self.max_step, later.max_step) if m is not None]
-        return _Sorted(per[order], np.concatenate(([0], np.cumsum(t))),
-                       np.concatenate(([0], np.cumsum(cnt))), diffs,
+        return _Sorted(per[order], t, cnt, diffs,
                        self.first if len(self.first) else later.first,
                        later.last if len(later.last) else self.last,
                        max(maxes) if maxes else None)
@@ -107,8 +139,8 @@ class _Sorted:
 
     def above(self, thr: float) -> tuple[int, int]:
         """(count, time ns) of the steps whose time per step is > ``thr``."""
-        i = int(np.searchsorted(self.per, thr, "right"))
-        return int(self.cum_cnt[-1] - self.cum_cnt[i]), int(self.cum_t[-1] - self.cum_t[i])
+        n, t = self.sums(int(np.searchsorted(self.per, thr, "right")))
+        return self.total_cnt - n, self.total_t - t
 
 
 #: how many parts back :func:`_sorted_parts` looks for a kept sorted run to extend
@@ -229,8 +261,8 @@ def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
                    lambda ks: _kth(head.per, tail.per, ks),
                    len(head.diffs) + len(tail_diffs),
                    lambda ks: _kth(head.diffs, tail_diffs, ks), above,
-                   int(head.cum_cnt[-1] + tail.cum_cnt[-1]),
-                   int(head.cum_t[-1] + tail.cum_t[-1]), max(maxes) if maxes else None)
+                   head.total_cnt + tail.total_cnt,
+                   head.total_t + tail.total_t, max(maxes) if maxes else None)
 
 
 def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
