@@ -322,30 +322,36 @@ def _packed_runs(runs: list[_Run], origin: tuple, state: dict, memo) -> list[_Ru
     return out
 
 
-def pack_runs(memo: AccountingMemo, packed: set[tuple]) -> int:
-    """Pack the resolved rows ``memo`` keeps of the processes whose own rows are packed
-    (``packed``: their ``(process key, rows_key)``; :meth:`~goodput_processor.serve.store.
-    LiveStore.compact` calls this for each memo of a job, one accounting at a time): the
+def pack_runs(memos: list[AccountingMemo], packed: set[tuple]) -> int:
+    """Pack the resolved rows the ``memos`` of one job keep of the processes whose own rows
+    are packed (``packed``: their ``(process key, rows_key)``; :meth:`~goodput_processor.
+    serve.store.LiveStore.compact` calls this, one accounting of the job at a time): the
     runs kept then hold a :class:`~goodput_processor.packed.PackedProcessSpans`, the
-    packed rows are kept in the process's state (shared by the memos of the job) and its
-    open records' resolver is let go (a new row of the process resolves them afresh).
-    Returns the rows packed (0 for those packed before)."""
+    packed rows are kept in the process's state (shared by the memos) and its open
+    records' resolver is let go (a new row of the process resolves them afresh). One
+    process at a time, so that its unpacked rows go before the next is packed. Returns the
+    rows packed (0 for those packed before)."""
+    todo: dict[tuple, list] = {}
+    for memo in memos:
+        for key, runs in memo.entries("runs"):
+            if key[1:3] in packed and len(runs) == 1 and not isinstance(
+                    runs[0].proc, PackedProcessSpans) and runs[0].proc.origin == key[1:]:
+                todo.setdefault(key, []).append((memo, runs[0]))
     done = 0
-    for key, runs in memo.entries("runs"):
+    while todo:
+        key, held = todo.popitem()
         origin = key[1:]
-        if origin[:2] not in packed or len(runs) != 1 or isinstance(
-                runs[0].proc, PackedProcessSpans):
-            continue
-        state = memo.processes.get((origin[0], origin[2]))
-        if state is None or runs[0].proc.origin != origin:
-            continue
-        kept = state.get("packed")
-        if kept is None or kept[0] != origin:
-            kept = state["packed"] = (origin, pack_rows(runs[0].proc.data),
-                                      runs[0].proc.settled)
-            state.pop("open", None)
-            done += kept[1].n
-        memo.put(key, [replace(runs[0], proc=PackedProcessSpans.of(runs[0].proc, kept[1]))])
+        for memo, run in held:
+            state = memo.processes.get((origin[0], origin[2]))
+            if state is None:
+                continue
+            kept = state.get("packed")
+            if kept is None or kept[0] != origin:
+                kept = state["packed"] = (origin, pack_rows(run.proc.data), run.proc.settled)
+                state.pop("open", None)
+                done += kept[1].n
+            memo.put(key, [replace(run, proc=PackedProcessSpans.of(run.proc, kept[1]))])
+        held = run = None  # (the unpacked rows go now)
     return done
 
 

@@ -504,8 +504,10 @@ class LiveStore:
                     for job, procs in self._rows.items() for key, r in procs.items()
                     if r.packed is None and r.n >= max(min_rows, 1)
                     and now - r.changed >= min_quiet_s and self._packable(job, key)]
-        for job, key, r, rows in todo:
+        while todo:  # (each process's rows go before the next is packed)
+            job, key, r, rows = todo.pop()
             packed = pack_rows(rows)
+            del rows
             with self._lock:
                 if self._rows.get(job, {}).get(key) is r and r.pack(packed):
                     done += packed.n
@@ -517,8 +519,7 @@ class LiveStore:
             if held is not None and packed:
                 lock, memos = held
                 with lock:  # (one accounting of a job at a time)
-                    for memo in list(memos.values()):
-                        done += pack_runs(memo, packed)
+                    done += pack_runs(list(memos.values()), packed)
         return done
 
     def _packable(self, job: str, key: tuple) -> bool:
