@@ -67,12 +67,17 @@ class ProcessRows:
                 self.data[: self.n]):
             return False
         self.packed, self.data = packed, np.zeros((0, tl.NCOLS), np.int64)
+        # (the sorted span ids are in the packed rows too: made again when unpacked)
+        self.old_sids = self.new_sids = np.zeros(0, np.int64)
         return True
 
     def unpack(self, extra: int = 0) -> None:
-        """Rows packed are inflated back into ``data`` (with room for ``extra`` more)."""
+        """Rows packed are inflated back into ``data`` (with room for ``extra`` more), and
+        their span ids sorted again."""
         if self.packed is not None:
             self.data = unpack_rows(self.packed, extra + self.n // 16)
+            self.old_sids = np.sort(self.data[: self.n, tl.C_SID])
+            self.new_sids = np.zeros(0, np.int64)
             self.packed = None
 
     def _seen(self, sid: np.ndarray) -> bool:
