@@ -28,6 +28,7 @@ from goodput_processor import pieces, to_json_dict
 from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.memo import AccountingMemo
+from goodput_processor.painting import pack_segments
 from goodput_processor.serve.store import LiveStore
 from goodput_processor.timeline import (
     C_END,
@@ -250,6 +251,9 @@ def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed
         if pack:
             store.results(now_ns=NOW)  # (what the memo keeps, before the rows are packed)
             store.compact(min_quiet_s=0, min_rows=0)
+            if k:  # and every painted segment the windows' memo keeps (read if reached)
+                with store.memo(store.jobs()[0], windows=True) as memo:
+                    pack_segments(memo, NOW)
         for name in store.jobs():
             (live,) = store.results(now_ns=NOW, job=name)
             fresh = account(store.snapshot(name), None, NOW)

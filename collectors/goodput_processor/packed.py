@@ -27,7 +27,8 @@ try:  # (zlib-ng, a dependency, deflates at about twice zlib's speed at level 1)
 except ImportError:  # pragma: no cover - zlib-ng is installed with the processor
     _zlib = zlib
 
-__all__ = ["PackedProcessSpans", "PackedRows", "pack_rows", "replace_rows", "unpack_rows"]
+__all__ = ["PackedProcessSpans", "PackedRows", "PackedSegments", "pack_rows", "replace_rows",
+           "unpack_rows"]
 
 #: Deflate level of packed rows: 1 (fastest; level 6 saves a sixth more, at twice the time).
 PACK_LEVEL = 1
@@ -110,3 +111,31 @@ def replace_rows(proc: ProcessSpans, **changes) -> ProcessSpans:
     if packed is None or "data" in changes:
         return replace(proc, **changes)
     return PackedProcessSpans.of(proc, packed, **changes)
+
+
+class PackedSegments:
+    """One part's painted segments (:meth:`goodput_processor.painting._Acc.attempt`:
+    boundaries ``b`` (int64 ns, ``m + 1``), owner level (int16, ``m``) and kept-step rank
+    (int64, ``m``)) kept packed, as :func:`pack_rows` packs rows; ``first``/``last``: the
+    first and last boundary (None without any), ``n``: how many. For a part the rolling
+    windows have left behind (``goodput serve``: :meth:`~goodput_processor.serve.store.
+    LiveStore.compact`): a window reads it only if it reaches that far back."""
+
+    __slots__ = ("_b", "_rest", "first", "last", "n")
+
+    def __init__(self, b: np.ndarray, owner: np.ndarray, seg_kept: np.ndarray) -> None:
+        self._b = pack_rows(b.reshape(-1, 1))
+        self._rest = pack_rows(np.stack((owner.astype(np.int64), seg_kept), axis=1))
+        self.n = len(b)
+        self.first, self.last = (int(b[0]), int(b[-1])) if len(b) else (None, None)
+
+    @property
+    def nbytes(self) -> int:
+        """Compressed bytes held."""
+        return self._b.nbytes + self._rest.nbytes
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(b, owner, seg_kept)``, inflated (new arrays)."""
+        rest = unpack_rows(self._rest)
+        return (unpack_rows(self._b).ravel(), rest[:, 0].astype(np.int16),
+                np.ascontiguousarray(rest[:, 1]))

@@ -17,6 +17,7 @@ from goodput import schema
 
 from .attempts import Attempt
 from .memo import AccountingMemo, cached, proc_key, rows_key
+from .packed import PackedSegments
 from .pieces import running_pieces
 from .summaries import custom_sids, resume_step
 from .summaries import step_counts as _step_counts
@@ -280,7 +281,9 @@ class _Acc:
             self.wasted_start.append(ws if a1 is None else a1)
             self.attempt_index += 1
         if self.segments is not None:  # (kept-step ranks within the part, and its offset)
-            b, owner, seg_kept = segments
+            # (packed segments, pack_segments: b is a PackedSegments, the others None)
+            b, owner, seg_kept = ((segments, None, None) if isinstance(segments, PackedSegments)
+                                  else segments)
             self.segments.append((self.attempt_index - (a1 is not False), b, owner, seg_kept,
                                   self._kept_before))
         self._kept_before += len(kept[0])
@@ -292,6 +295,8 @@ class _Acc:
         segments, its pieces joined (see :meth:`attempt`)."""
         out: list[list] = []
         for i, b, owner, seg_kept, off in self.segments:
+            if isinstance(b, PackedSegments):
+                b, owner, seg_kept = b.arrays()
             if off:
                 seg_kept = np.where(seg_kept >= 0, seg_kept + off, -1)
             if len(out) <= i:
@@ -431,6 +436,21 @@ class _Acc:
         # column: read-only broadcast views, no memory per step)
         kept_arrays = (snum, np.broadcast_to(np.int64(attempt), (nkept,)), ss, net, scount)
         return (level_ns, async_ns, elastic, kept_arrays, wasted_start, counts, segments)
+
+
+def pack_segments(memo: AccountingMemo, before_ns: int) -> int:
+    """Pack the painted segments ``memo`` keeps (the accountings with rolling windows) of
+    the parts that end before ``before_ns`` (ns since the epoch): a window reads them only
+    if it reaches back that far (:class:`~goodput_processor.packed.PackedSegments`).
+    Returns the parts packed."""
+    done = 0
+    for tag in ("attempt", "piece"):
+        for key, part in memo.entries(tag):
+            seg = part[6]
+            if isinstance(seg, tuple) and len(seg[0]) >= 2 and int(seg[0][-1]) < before_ns:
+                memo.put(key, (*part[:6], PackedSegments(*seg)))
+                done += 1
+    return done
 
 
 def _kept_segments(b, owner, step_level, ss, se, kept) -> tuple:

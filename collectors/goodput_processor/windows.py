@@ -15,6 +15,7 @@ import numpy as np
 from goodput import schema
 
 from .accounting import _account
+from .packed import PackedSegments
 from .painting import _Acc
 from .report import JobResult
 from .timeline import JobSpans
@@ -244,6 +245,10 @@ def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> Wind
     for a, r in zip(attempts[:-1], attempts[1:], strict=True):  # gaps between attempts
         recovery += max(0, min(r.start_ns, w1) - max(a.end_ns, w0))
     for _i, b, owner, seg_kept, off in acc.segments:  # each attempt, or piece of one
+        if isinstance(b, PackedSegments):  # (a part the windows had left behind)
+            if b.n < 2 or b.last <= w0 or b.first >= w1:
+                continue
+            b, owner, seg_kept = b.arrays()
         if len(b) < 2 or b[-1] <= w0 or b[0] >= w1:
             continue
         lo = max(int(np.searchsorted(b, w0, side="right")) - 1, 0)
