@@ -38,9 +38,9 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import AccountingMemo, cached, data_key, folded, process_state
+from .memo import AccountingMemo, cached, data_key, folded, process_state, rows_key
 from .open_records import OpenResolver
-from .packed import PackedProcessSpans, pack_rows, replace_rows
+from .packed import DerivedRows, PackedProcessSpans, replace_rows
 from .report import ReportWarning
 from .summaries import evidence, evidence_both
 from .timeline import (
@@ -322,15 +322,16 @@ def _packed_runs(runs: list[_Run], origin: tuple, state: dict, memo) -> list[_Ru
     return out
 
 
-def pack_runs(memos: list[AccountingMemo], packed: set[tuple]) -> int:
-    """Pack the resolved rows the ``memos`` of one job keep of the processes whose own rows
-    are packed (``packed``: their ``(process key, rows_key)``; :meth:`~goodput_processor.
-    serve.store.LiveStore.compact` calls this, one accounting of the job at a time): the
-    runs kept then hold a :class:`~goodput_processor.packed.PackedProcessSpans`, the
-    packed rows are kept in the process's state (shared by the memos) and its open
-    records' resolver is let go (a new row of the process resolves them afresh). One
-    process at a time, so that its unpacked rows go before the next is packed. Returns the
-    rows packed (0 for those packed before)."""
+def pack_runs(memos: list[AccountingMemo], packed: dict) -> int:
+    """Let go of the resolved rows the ``memos`` of one job keep of the processes whose own
+    rows are packed (``packed``: ``(process key, rows_key) -> PackedRows``;
+    :meth:`~goodput_processor.serve.store.LiveStore.compact` calls this, one accounting of
+    the job at a time): the runs kept then hold a :class:`~goodput_processor.packed.
+    PackedProcessSpans` whose rows, if read, are :func:`resolve_open` of the packed rows
+    (:class:`~goodput_processor.packed.DerivedRows`: the same rows as the resolver's,
+    ``tests/test_open_records.py``), kept in the process's state (shared by the memos);
+    its open records' resolver is let go (a new row of the process resolves them afresh).
+    Returns the rows let go (0 for those let go before)."""
     todo: dict[tuple, list] = {}
     for memo in memos:
         for key, runs in memo.entries("runs"):
@@ -347,9 +348,12 @@ def pack_runs(memos: list[AccountingMemo], packed: set[tuple]) -> int:
                 continue
             kept = state.get("packed")
             if kept is None or kept[0] != origin:
-                kept = state["packed"] = (origin, pack_rows(run.proc.data), run.proc.settled)
+                d = run.proc.data
+                rows = DerivedRows(packed[origin[:2]], resolve_open, rows_key(d), len(d))
+                kept = state["packed"] = (origin, rows, run.proc.settled)
                 state.pop("open", None)
-                done += kept[1].n
+                done += len(d)
+                del d
             memo.put(key, [replace(run, proc=PackedProcessSpans.of(run.proc, kept[1]))])
         held = run = None  # (the unpacked rows go now)
     return done

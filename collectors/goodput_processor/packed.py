@@ -27,8 +27,8 @@ try:  # (zlib-ng, a dependency, deflates at about twice zlib's speed at level 1)
 except ImportError:  # pragma: no cover - zlib-ng is installed with the processor
     _zlib = zlib
 
-__all__ = ["PackedProcessSpans", "PackedRows", "PackedSegments", "pack_rows", "replace_rows",
-           "unpack_rows"]
+__all__ = ["DerivedRows", "PackedProcessSpans", "PackedRows", "PackedSegments", "pack_rows",
+           "replace_rows", "unpack_rows"]
 
 #: Deflate level of packed rows: 1 (fastest; level 6 saves a sixth more, at twice the time).
 PACK_LEVEL = 1
@@ -60,6 +60,24 @@ def pack_rows(d: np.ndarray) -> PackedRows:
     return PackedRows(cols, rows_key(d), len(d))
 
 
+class DerivedRows:
+    """Rows made from packed rows when read: ``derive(rows of source)`` (a pure function
+    of them, e.g. their open records resolved), whose :func:`~goodput_processor.memo.
+    rows_key` is ``key`` and length ``n``. Holds no bytes of its own."""
+
+    __slots__ = ("source", "derive", "key", "n")
+    nbytes = 0
+
+    def __init__(self, source: PackedRows, derive, key: tuple, n: int) -> None:
+        self.source, self.derive, self.key, self.n = source, derive, key, n
+
+
+def _load(packed: PackedRows | DerivedRows) -> np.ndarray:
+    if isinstance(packed, DerivedRows):
+        return packed.derive(unpack_rows(packed.source))
+    return unpack_rows(packed)
+
+
 def unpack_rows(packed: PackedRows, extra: int = 0) -> np.ndarray:
     """The rows of ``packed``, in a new ``(n + extra, ncols)`` int64 array (the ``extra``
     rows after them uninitialised: room to append)."""
@@ -70,7 +88,8 @@ def unpack_rows(packed: PackedRows, extra: int = 0) -> np.ndarray:
 
 
 class PackedProcessSpans(ProcessSpans):
-    """A process of a store snapshot whose rows are packed (:class:`PackedRows`): its
+    """A process whose rows are packed (:class:`PackedRows`, or :class:`DerivedRows` of
+    packed rows): its
     ``data`` (read-only) is inflated when first read and then kept by this object only;
     ``rows_id`` is :func:`~goodput_processor.memo.rows_key` of the rows without reading
     them (None on a copy made with ``dataclasses.replace``, which carries ``data``)."""
@@ -79,7 +98,7 @@ class PackedProcessSpans(ProcessSpans):
     def data(self) -> np.ndarray:
         d = self.__dict__.get("data")
         if d is None:
-            d = unpack_rows(self.__dict__["_packed"])
+            d = _load(self.__dict__["_packed"])
             d.flags.writeable = False
             self.__dict__["data"] = d
         return d

@@ -515,8 +515,9 @@ class LiveStore:
         and start time: the recorder's) that has taken no new row for ``min_quiet_s``
         seconds (default ``pack_after_s``; None: nothing is packed) and has at least
         ``min_rows`` rows (:meth:`~goodput_processor.serve.rows.
-        ProcessRows.pack`: about a quarter of their bytes), then the resolved copy of
-        them that the job's memos keep (:func:`~goodput_processor.attempts.pack_runs`),
+        ProcessRows.pack`: about a quarter of their bytes), then let go of the resolved
+        copy of them that the job's memos keep (:func:`~goodput_processor.attempts.
+        pack_runs`: made again from the packed rows if read),
         and the painted segments its rolling windows keep of the parts that end more than
         twice the longest window before the job's end (:func:`~goodput_processor.painting.
         pack_segments`).
@@ -543,7 +544,7 @@ class LiveStore:
                 if self._rows.get(job, {}).get(key) is r and r.pack(packed):
                     done += packed.n
         with self._lock:  # the memos' resolved copies of every packed process's rows
-            jobs = [(job, self._memos.get(job), {(key, r.packed.key) for key, r in
+            jobs = [(job, self._memos.get(job), {(key, r.packed.key): r.packed for key, r in
                                                  procs.items() if r.packed is not None},
                      self._reach.get(job)) for job, procs in self._rows.items()]
         for _job, held, packed, reach in jobs:
