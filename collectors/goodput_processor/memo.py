@@ -186,6 +186,14 @@ class AccountingMemo:
         else:
             self._old[key] = value
 
+    def kept(self, key):
+        """The value kept under ``key``, or None; unlike :meth:`peek`, it does not count as
+        used (for maintenance between accountings)."""
+        value = self._new.get(key, _MISS)
+        if value is _MISS:
+            value = self._old.get(key)
+        return value
+
     def entries(self, tag) -> list[tuple]:
         """``(key, value)`` of every result kept under a key whose first item is ``tag``."""
         return [(k, v) for d in (self._old, self._new) for k, v in d.items()

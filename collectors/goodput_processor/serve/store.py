@@ -45,7 +45,7 @@ from .. import timeline as tl
 from ..accounting import account, isolated
 from ..attempts import clock_ns, pack_runs
 from ..memo import AccountingMemo
-from ..painting import pack_segments
+from ..painting import pack_segments, share_parts
 from ..report import JobResult, job_to_dict
 from ..timeline import JobSpans
 from .decode import ingest_pb
@@ -520,7 +520,8 @@ class LiveStore:
         pack_runs`: made again from the packed rows if read),
         and the painted segments its rolling windows keep of the parts that end more than
         twice the longest window before the job's end (:func:`~goodput_processor.painting.
-        pack_segments`).
+        pack_segments`); the windows' memo then shares the other memo's kept steps where
+        they are equal (:func:`~goodput_processor.painting.share_parts`).
         What the accounting keeps of them lets a poll go on without reading them; a new row
         of a packed process inflates its rows first. Deflating runs outside the store's
         lock (ingest goes on; a poll of the same job waits for its memos); returns the rows
@@ -556,6 +557,8 @@ class LiveStore:
                     done += pack_runs(list(memos.values()), packed)
                 if reach is not None and True in memos:  # segments the windows left behind
                     segments += pack_segments(memos[True], reach)
+                if False in memos and True in memos:  # one copy of the kept steps
+                    segments += share_parts(memos[False], memos[True])
         if done or segments:
             _trim_heap()
         return done
