@@ -95,10 +95,12 @@ def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params
                 return kept[3]
     else:
         m = getattr(p, "settled", None)
-        if memo is not None and m:  # rows derived from the same rows as before: the same
+        if memo is not None and m:  # derived from the same rows as before, and the same
+            # count, first and last row (rows goodput serve packed are not read for it)
             kept = process_state(memo, origin).get(tag)
-            if kept is not None and kept[0] == params and kept[4:6] == (origin, m):
-                return kept[6]
+            if kept is not None and kept[0] == params and kept[4:7] == (origin, m,
+                                                                        data_key(p)):
+                return kept[7]
     d = p.data
     if memo is None or not m:
         return _in_pieces(summarize, combine, d)
@@ -112,7 +114,7 @@ def folded(memo: AccountingMemo | None, tag: str, p, summarize, combine, *params
     else:
         s = _in_pieces(summarize, combine, d[:m])
     whole = combine(s, _in_pieces(summarize, combine, d[m:])) if len(d) > m else s
-    state[tag] = (params, m, rows_key(d[:m]), s, origin, m, whole)
+    state[tag] = (params, m, rows_key(d[:m]), s, origin, m, rows_key(d), whole)
     return whole
 
 
