@@ -19,6 +19,10 @@ spans (so instances can be sharded by job behind a Collector), and a job whose a
 fails is reported as failed (``JobResult.error``, counted in :attr:`LiveStore.job_errors`)
 while every other job carries on.
 
+Compaction (:meth:`LiveStore.compact`, :mod:`goodput_processor.serve.compaction`): what a
+process that has gone quiet (a finished attempt's) can no longer change is packed, and polls
+go on without reading it.
+
 Ceilings (:class:`~goodput_processor.serve.limits.Limits`): jobs tracked, spans per second
 per job, job-name length (refused requests), custom types per job and string attribute
 size (cut and reported as ``over_limit``). Idle jobs leave after ``retention_s``
@@ -43,39 +47,20 @@ import numpy as np
 from .. import reader as rd
 from .. import timeline as tl
 from ..accounting import account, isolated
-from ..attempts import clock_ns, pack_runs
+from ..attempts import clock_ns
 from ..memo import AccountingMemo
-from ..painting import pack_segments, share_parts
 from ..report import JobResult, job_to_dict
 from ..timeline import JobSpans
+from . import compaction
 from .decode import ingest_pb
 from .encode import json_line, pb_line, split_json, split_pb
 from .limits import Limits, RateLimiter, Refused
-from .rows import PackedProcessSpans, ProcessRows, pack_rows
+from .rows import PackedProcessSpans, ProcessRows
 from .wal import ReplayStats, WriteAheadLog, job_slug
 
 __all__ = ["LiveStore"]
 
 _log = logging.getLogger(__name__)
-
-
-_TRIM: list = []  # glibc's malloc_trim, once looked up (None where there is none)
-
-
-def _trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc's ``malloc_trim(0)``; nothing
-    where the C library has none). Packing frees many arrays at once, and glibc keeps what
-    it had taken from its heap for them: without this, the resident memory of a 10^6-step
-    job stays about 110 MiB above what it holds (``benchmarks/bench_store_memory.py``)."""
-    if not _TRIM:
-        try:
-            import ctypes
-
-            _TRIM.append(ctypes.CDLL(None).malloc_trim)
-        except (OSError, AttributeError):
-            _TRIM.append(None)
-    if _TRIM[0] is not None:
-        _TRIM[0](0)
 
 
 class LiveStore:
@@ -511,65 +496,14 @@ class LiveStore:
         return out
 
     def compact(self, min_quiet_s: float | None = None, min_rows: int = 4096) -> int:
-        """Pack the rows of every process of an OS process (``service.instance.id``, pid
-        and start time: the recorder's) that has taken no new row for ``min_quiet_s``
-        seconds (default ``pack_after_s``; None: nothing is packed) and has at least
-        ``min_rows`` rows (:meth:`~goodput_processor.serve.rows.
-        ProcessRows.pack`: about a quarter of their bytes), then let go of the resolved
-        copy of them that the job's memos keep (:func:`~goodput_processor.attempts.
-        pack_runs`: made again from the packed rows if read),
-        and the painted segments its rolling windows keep of the parts that end more than
-        twice the longest window before the job's end (:func:`~goodput_processor.painting.
-        pack_segments`); the windows' memo then shares the other memo's kept steps where
-        they are equal (:func:`~goodput_processor.painting.share_parts`).
-        What the accounting keeps of them lets a poll go on without reading them; a new row
-        of a packed process inflates its rows first. Deflating runs outside the store's
-        lock (ingest goes on; a poll of the same job waits for its memos); returns the rows
-        packed (raw and resolved); after packing anything, the C heap's
-        free pages go back to the system. ``goodput serve`` calls it every maintenance
-        round."""
+        """Compact the processes that have taken no new row for ``min_quiet_s`` seconds
+        (default ``pack_after_s``; None: nothing is packed) and have at least ``min_rows``
+        rows (:func:`goodput_processor.serve.compaction.compact`); returns the rows packed.
+        ``goodput serve`` calls it every maintenance round."""
         min_quiet_s = self.pack_after_s if min_quiet_s is None else min_quiet_s
         if min_quiet_s is None:
             return 0
-        now, done, segments = time.monotonic(), 0, 0
-        with self._lock:
-            todo = [(job, key, r, r.view())
-                    for job, procs in self._rows.items() for key, r in procs.items()
-                    if r.packed is None and r.n >= max(min_rows, 1)
-                    and now - r.changed >= min_quiet_s and self._packable(job, key)]
-        while todo:  # (each process's rows go before the next is packed)
-            job, key, r, rows = todo.pop()
-            packed = pack_rows(rows)
-            del rows
-            with self._lock:
-                if self._rows.get(job, {}).get(key) is r and r.pack(packed):
-                    done += packed.n
-        with self._lock:  # the memos' resolved copies of every packed process's rows
-            jobs = [(job, self._memos.get(job), {(key, r.packed.key): r.packed for key, r in
-                                                 procs.items() if r.packed is not None},
-                     self._reach.get(job)) for job, procs in self._rows.items()]
-        for _job, held, packed, reach in jobs:
-            if held is None:
-                continue
-            lock, memos = held
-            with lock:  # (one accounting of a job at a time)
-                if packed:
-                    done += pack_runs(list(memos.values()), packed)
-                if reach is not None and True in memos:  # segments the windows left behind
-                    segments += pack_segments(memos[True], reach)
-                if False in memos and True in memos:  # one copy of the kept steps
-                    segments += share_parts(memos[False], memos[True])
-        if done or segments:
-            _trim_heap()
-        return done
-
-    def _packable(self, job: str, key: tuple) -> bool:
-        """Whether the accounting keeps a resolved copy of process ``key``'s rows (a
-        process with an OS identity), so that a poll need not read its own rows; under
-        the lock."""
-        p = self._reader.jobs.get(job, SimpleNamespace(processes={})).processes.get(key)
-        return bool(p is not None and p.instance and p.pid is not None
-                    and p.process_start_ns is not None)
+        return compaction.compact(self, min_quiet_s, min_rows)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held by each job's span rows: the reader's buffers (``sys.getsizeof``) and
