@@ -246,24 +246,29 @@ class _Acc:
         names, seg = tuple(self.names), self.segments is not None
         cuts = None
         if self.memo is not None and bound is None and not has_next and not self.elastic:
-            cuts = running_pieces(self.memo, a, a.primary.data)
+            cuts = running_pieces(self.memo, a)
         if not cuts:  # (the rows read only when the part is not kept: they may be packed)
             key = ("attempt", a.attempt, a.start_ns, a.end_ns, proc_key(a.primary), bound, has_next,
                    names, self.elastic, seg)
             return self._add(cached(self.memo, key, lambda: self._part(
                 a.primary.data, a.start_ns, a.end_ns, a.attempt, bound, has_next)), key, a1=None)
-        d = a.primary.data
+        starts = [0] + [n for n, _ in cuts[:-1]]
+        ids = cached(self.memo, ("piece_rows", a.attempt, proc_key(a.primary), tuple(cuts)),
+                     lambda: [rows_key(a.primary.data[n0:n1])
+                              for n0, (n1, _) in zip(starts, cuts, strict=True)])
         kept = wasted = 0
         n0, c0 = 0, a.start_ns
-        for n1, c1 in cuts:  # the pieces new rows cannot change
-            key = ("piece", a.attempt, a.start_ns, c0, c1, n0, rows_key(d[n0:n1]), names, seg)
+        for (n1, c1), rid in zip(cuts, ids, strict=True):  # the pieces new rows cannot change
+            key = ("piece", a.attempt, a.start_ns, c0, c1, n0, rid, names, seg)
             k, w = self._add(cached(self.memo, key, lambda n0=n0, n1=n1, c0=c0, c1=c1: self._part(
-                d[n0:n1], c0, c1, a.attempt, None, False, lead=n0 == 0)), key, a1=False)
+                a.primary.data[n0:n1], c0, c1, a.attempt, None, False, lead=n0 == 0)), key,
+                a1=False)
             kept, wasted = kept + k, wasted + w
             n0, c0 = n1, c1
         key = ("tail", a.attempt, c0, a.end_ns, n0, proc_key(a.primary), names, seg)
-        k, w = self._add(self._part(d[n0:], c0, a.end_ns, a.attempt, None, False, lead=False),
-                         key, a1=a.end_ns)
+        k, w = self._add(cached(self.memo, key, lambda: self._part(
+            a.primary.data[n0:], c0, a.end_ns, a.attempt, None, False, lead=False)),
+            key, a1=a.end_ns)
         return kept + k, wasted + w
 
     def _add(self, part: tuple, key, a1) -> tuple[int, int]:

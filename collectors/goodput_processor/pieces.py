@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .memo import rows_key
+from .memo import proc_key, rows_key
 from .timeline import (
     C_END,
     C_FLAGS,
@@ -84,19 +84,29 @@ def _find_cut(d: np.ndarray, n0: int, c0: int, end_ns: int) -> tuple[int, int] |
     return n0 + k, int(ends[k - 1])
 
 
-def running_pieces(memo, a, d: np.ndarray) -> list[tuple[int, int]]:
-    """The cuts of the running attempt ``a`` whose primary rows are ``d``: ``[(n, c),
-    ...]`` in order (rows before ``n`` end by ``c`` ns, rows from ``n`` start at or after
-    it); [] when it is not cut. Kept in ``memo`` from one poll to the next, checked against
-    ``d`` and moved on by at least :data:`PIECE_ROWS` rows at a time."""
+def running_pieces(memo, a) -> list[tuple[int, int]]:
+    """The cuts of the running attempt ``a`` in its primary process's rows ``d``: ``[(n,
+    c), ...]`` in order (rows before ``n`` end by ``c`` ns, rows from ``n`` start at or
+    after it); [] when it is not cut. Kept in ``memo`` from one poll to the next, checked
+    against ``d`` and moved on by at least :data:`PIECE_ROWS` rows at a time. Once a poll
+    finds no new cut, the next ones with the same rows (:func:`~goodput_processor.memo.
+    proc_key`) and the same attempt end read no row (rows ``goodput serve`` packed are
+    not inflated)."""
     state = memo.get(("pieces", a.attempt, a.start_ns, a.primary.index), dict)
-    if state and not _valid(state, a, d):
+    still = (proc_key(a.primary), a.end_ns)
+    if state.get("still") == still:
+        return list(state.get("cuts", []))
+    d = a.primary.data
+    if state.get("cuts") and not _valid(state, a, d):
         state.clear()
-    if not state and _elastic(d):
+    if not state.get("cuts") and _elastic(d):
         return []
-    n0, c0 = state["cuts"][-1] if state else (0, a.start_ns)
+    n0, c0 = state["cuts"][-1] if state.get("cuts") else (0, a.start_ns)
     cut = _find_cut(d, n0, c0, a.end_ns)
     if cut is not None:
         state["cuts"] = [*state.get("cuts", []), cut]
         state["rows"] = rows_key(d[:cut[0]])
+        state.pop("still", None)
+    else:  # (the same rows and end would find none again)
+        state["still"] = still
     return list(state.get("cuts", []))
