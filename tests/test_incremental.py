@@ -28,7 +28,7 @@ from goodput_processor import pieces, to_json_dict
 from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.memo import AccountingMemo
-from goodput_processor.painting import pack_segments
+from goodput_processor.serve.compaction import pack_segments
 from goodput_processor.serve.store import LiveStore
 from goodput_processor.timeline import (
     C_END,

@@ -38,9 +38,9 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import AccountingMemo, cached, data_key, folded, process_state, rows_key
+from .memo import AccountingMemo, cached, data_key, folded, process_state
 from .open_records import OpenResolver
-from .packed import DerivedRows, PackedProcessSpans, replace_rows
+from .packed import PackedProcessSpans, replace_rows
 from .report import ReportWarning
 from .summaries import evidence, evidence_both
 from .timeline import (
@@ -59,7 +59,7 @@ from .timeline import (
 )
 
 __all__ = ["DEFAULT_HEARTBEAT_INTERVAL_MS", "RUNNING_INTERVALS", "Attempt", "build_attempts",
-           "clock_ns", "pack_runs", "resolve_open"]
+           "clock_ns", "resolve_open"]
 
 #: Heartbeat interval assumed when no ``goodput.job_start`` carries one (ms).
 DEFAULT_HEARTBEAT_INTERVAL_MS = 1000
@@ -300,63 +300,10 @@ def _runs(job: JobSpans, memo=None) -> list[_Run]:
                       proc.process_start_ns, proc.attempt_source, proc.index_source))
         origin = (key, rows, ident)
         state = None if memo is None else process_state(memo, origin)  # (kept while seen)
-        got = cached(memo, ("runs", *origin),
-                     lambda proc=proc, a=key[0], o=origin, s=state:
-                     _process_runs(job, a, proc, o, s, memo))
-        if getattr(proc, "rows_id", None) is not None and state is not None and len(got) == 1:
-            got = _packed_runs(got, origin, state, memo)
-        runs += got
+        runs += cached(memo, ("runs", *origin),
+                       lambda proc=proc, a=key[0], o=origin, s=state:
+                       _process_runs(job, a, proc, o, s, memo))
     return runs
-
-
-def _packed_runs(runs: list[_Run], origin: tuple, state: dict, memo) -> list[_Run]:
-    """``runs`` of a process whose rows ``goodput serve`` keeps packed, with the resolved
-    rows that :func:`pack_runs` packed for another memo of the job (the process's
-    ``state`` is shared) in place of its own copy."""
-    (run,) = runs
-    kept = state.get("packed")
-    if isinstance(run.proc, PackedProcessSpans) or kept is None or kept[0] != origin:
-        return runs
-    out = [replace(run, proc=PackedProcessSpans.of(run.proc, kept[1]))]
-    memo.put(("runs", *origin), out)
-    return out
-
-
-def pack_runs(memos: list[AccountingMemo], packed: dict) -> int:
-    """Let go of the resolved rows the ``memos`` of one job keep of the processes whose own
-    rows are packed (``packed``: ``(process key, rows_key) -> PackedRows``;
-    :meth:`~goodput_processor.serve.store.LiveStore.compact` calls this, one accounting of
-    the job at a time): the runs kept then hold a :class:`~goodput_processor.packed.
-    PackedProcessSpans` whose rows, if read, are :func:`resolve_open` of the packed rows
-    (:class:`~goodput_processor.packed.DerivedRows`: the same rows as the resolver's,
-    ``tests/test_open_records.py``), kept in the process's state (shared by the memos);
-    its open records' resolver is let go (a new row of the process resolves them afresh).
-    Returns the rows let go (0 for those let go before)."""
-    todo: dict[tuple, list] = {}
-    for memo in memos:
-        for key, runs in memo.entries("runs"):
-            if key[1:3] in packed and len(runs) == 1 and not isinstance(
-                    runs[0].proc, PackedProcessSpans) and runs[0].proc.origin == key[1:]:
-                todo.setdefault(key, []).append((memo, runs[0]))
-    done = 0
-    while todo:
-        key, held = todo.popitem()
-        origin = key[1:]
-        for memo, run in held:
-            state = memo.processes.get((origin[0], origin[2]))
-            if state is None:
-                continue
-            kept = state.get("packed")
-            if kept is None or kept[0] != origin:
-                d = run.proc.data
-                rows = DerivedRows(packed[origin[:2]], resolve_open, rows_key(d), len(d))
-                kept = state["packed"] = (origin, rows, run.proc.settled)
-                state.pop("open", None)
-                done += len(d)
-                del d
-            memo.put(key, [replace(run, proc=PackedProcessSpans.of(run.proc, kept[1]))])
-        held = run = None  # (the unpacked rows go now)
-    return done
 
 
 def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
@@ -369,7 +316,8 @@ def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
     if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
         if state is None:
             data, settled = resolve_open(proc.data, job.rows_owned), None
-        elif state.get("packed", (None,))[0] == origin:  # resolved and packed before
+        elif state.get("packed", (None,))[0] == origin:  # let go by goodput serve's
+            # compaction (goodput_processor.serve.compaction.pack_runs): made from its rows
             _, packed, settled = state["packed"]
             return [_run(job, PackedProcessSpans.of(proc, packed, origin=origin,
                                                     settled=settled), None, memo)]

@@ -44,7 +44,7 @@ def rows_key(data: np.ndarray) -> tuple:
 def data_key(p) -> tuple:
     """:func:`rows_key` of a process's rows ``p.data`` (a ``ProcessSpans``), without
     reading them where it knows it (``p.rows_id``: rows ``goodput serve`` keeps packed,
-    :class:`~goodput_processor.serve.rows.PackedProcessSpans`)."""
+    :class:`~goodput_processor.packed.PackedProcessSpans`)."""
     rid = getattr(p, "rows_id", None)
     return rid if rid is not None else rows_key(p.data)
 

@@ -7,9 +7,11 @@ deflated (about 17 of 72 bytes a row on the recorder's spools), and a
 something reads it. The accounting's memo keys a process's rows by
 :func:`~goodput_processor.memo.data_key` (count, first and last row), which a packed process
 answers without inflating: a poll that finds the process's results kept never reads them,
-and one that does not reads the same rows, inflated. ``goodput serve`` packs the rows it
-takes in (:mod:`goodput_processor.serve.rows`) and the accounting packs its resolved copy of
-them (:mod:`goodput_processor.attempts`).
+and one that does not reads the same rows, inflated. ``goodput serve``'s compaction
+(:mod:`goodput_processor.serve.compaction`) packs the rows it takes in
+(:mod:`goodput_processor.serve.rows`), keeps the memos' resolved copy of them as
+:class:`DerivedRows` of those, and packs the rolling windows' old segments
+(:class:`PackedSegments`).
 """
 
 from __future__ import annotations

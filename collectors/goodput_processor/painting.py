@@ -286,7 +286,7 @@ class _Acc:
             self.wasted_start.append(ws if a1 is None else a1)
             self.attempt_index += 1
         if self.segments is not None:  # (kept-step ranks within the part, and its offset)
-            # (packed segments, pack_segments: b is a PackedSegments, the others None)
+            # (packed segments, serve.compaction.pack_segments: b a PackedSegments)
             b, owner, seg_kept = ((segments, None, None) if isinstance(segments, PackedSegments)
                                   else segments)
             self.segments.append((self.attempt_index - (a1 is not False), b, owner, seg_kept,
@@ -441,51 +441,6 @@ class _Acc:
         # column: read-only broadcast views, no memory per step)
         kept_arrays = (snum, np.broadcast_to(np.int64(attempt), (nkept,)), ss, net, scount)
         return (level_ns, async_ns, elastic, kept_arrays, wasted_start, counts, segments)
-
-
-def pack_segments(memo: AccountingMemo, before_ns: int) -> int:
-    """Pack the painted segments ``memo`` keeps (the accountings with rolling windows) of
-    the parts that end before ``before_ns`` (ns since the epoch): a window reads them only
-    if it reaches back that far (:class:`~goodput_processor.packed.PackedSegments`).
-    Returns the parts packed."""
-    done = 0
-    for tag in ("attempt", "piece"):
-        for key, part in memo.entries(tag):
-            seg = part[6]
-            if isinstance(seg, tuple) and len(seg[0]) >= 2 and int(seg[0][-1]) < before_ns:
-                memo.put(key, (*part[:6], PackedSegments(*seg)))
-                done += 1
-    return done
-
-
-def share_parts(memo: AccountingMemo, windows: AccountingMemo) -> int:
-    """Let the memo of the accountings with rolling windows (``windows``) use the kept
-    steps that ``memo`` (the job's other memo, without segments) keeps of the same parts,
-    where they are equal element by element: the painted parts' kept-step arrays and the
-    sorted kept steps (:mod:`goodput_processor.steptimes`) are then one copy, not two.
-    Returns the parts and sorted runs shared."""
-    def plain(key):  # (a part's key ends with whether segments are kept)
-        return (*key[:-1], False)
-
-    def same(x, y) -> bool:
-        return all(np.array_equal(a, b) for a, b in zip(x, y, strict=True))
-
-    done = 0
-    for tag in ("attempt", "piece"):
-        for key, part in windows.entries(tag):
-            other = memo.kept(plain(key)) if key[-1] is True else None
-            if other is not None and other[3] is not part[3] and same(other[3], part[3]):
-                windows.put(key, (*part[:3], other[3], *part[4:]))
-                done += 1
-    for key, run in windows.entries("sorted_steps"):
-        other = memo.kept((key[0], tuple(plain(k) for k in key[1])))
-        if other is not None and other is not run and other.ones == run.ones and same(
-                (other.per, other.diffs, other.cum_t, other.first, other.last),
-                (run.per, run.diffs, run.cum_t, run.first, run.last)) and (
-                run.ones or np.array_equal(other.cum_cnt, run.cum_cnt)):
-            windows.put(key, other)
-            done += 1
-    return done
 
 
 def _kept_segments(b, owner, step_level, ss, se, kept) -> tuple:

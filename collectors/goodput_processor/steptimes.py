@@ -137,6 +137,14 @@ class _Sorted:
         joint = later.first if len(self.last) else later.first[:0]
         return np.abs(self.last[:1] - joint).astype(np.float64)
 
+    def same(self, other: _Sorted) -> bool:
+        """Whether ``other`` holds the same steps, element by element."""
+        return (self.ones == other.ones and self.max_step == other.max_step and all(
+            np.array_equal(a, b) for a, b in (
+                (self.per, other.per), (self.diffs, other.diffs), (self.cum_t, other.cum_t),
+                (self.first, other.first), (self.last, other.last)))
+            and (self.ones or np.array_equal(self.cum_cnt, other.cum_cnt)))
+
     def above(self, thr: float) -> tuple[int, int]:
         """(count, time ns) of the steps whose time per step is > ``thr``."""
         n, t = self.sums(int(np.searchsorted(self.per, thr, "right")))

@@ -323,9 +323,9 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    "written (report file, WAL_DIR/results) and its log removed (default "
                    "604800 = 7 days; off)")
     p.add_argument("--pack-after", default="60", metavar="SECONDS",
-                   help="a process with no new span for SECONDS (a finished attempt's) has "
-                   "its rows kept compressed, about a quarter of their memory (default 60; "
-                   "off)")
+                   help="a process with no new span for SECONDS (a finished attempt's) is "
+                   "compacted: its rows packed, what the accounting keeps of it let go or "
+                   "shared (default 60; off)")
     lim = p.add_argument_group("limits (past one, a request gets the retryable status, or the "
                                "job an over_limit warning; docs/serve.md, Limits)")
     lim.add_argument("--max-message-bytes", default=str(16 << 20), metavar="N",

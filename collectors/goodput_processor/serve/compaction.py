@@ -9,11 +9,11 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
 - its rows are packed (:meth:`~goodput_processor.serve.rows.ProcessRows.pack`: each
   column's differences deflated, about 17 of 72 bytes a row on the recorder's spools);
 - the memos let go of their resolved copy of them, made again from the packed rows if read
-  (:func:`goodput_processor.attempts.pack_runs`);
+  (:func:`pack_runs`);
 - the rolling windows' painted segments of the parts that end more than twice the longest
-  window before the job's end are packed (:func:`goodput_processor.painting.pack_segments`),
+  window before the job's end are packed (:func:`pack_segments`),
   and their memo shares the other memo's kept steps where they are equal
-  (:func:`goodput_processor.painting.share_parts`);
+  (:func:`share_parts`);
 - then the C heap's free pages go back to the system (:func:`trim_heap`).
 
 Only processes with an OS identity (``service.instance.id``, pid and start time: what the
@@ -25,13 +25,21 @@ it gets the same rows (``tests/test_serve_packing.py``, ``tests/test_incremental
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
-from ..attempts import pack_runs
-from ..painting import pack_segments, share_parts
+import numpy as np
+
+from ..attempts import resolve_open
+from ..memo import AccountingMemo, rows_key
+from ..packed import DerivedRows, PackedProcessSpans, PackedSegments
 from .rows import pack_rows
 
-__all__ = ["compact", "trim_heap"]
+__all__ = ["compact", "pack_runs", "pack_segments", "share_parts", "trim_heap"]
+
+#: Where a painted part (``painting._Acc._part``'s tuple, as a memo keeps it) holds its
+#: kept-step arrays and its segments.
+_KEPT, _SEGMENTS = 3, 6
 
 _TRIM: list = []  # glibc's malloc_trim, once looked up (None where there is none)
 
@@ -96,4 +104,84 @@ def compact(store, min_quiet_s: float, min_rows: int = 4096) -> int:
                 shared += share_parts(memos[False], memos[True])
     if done or shared:
         trim_heap()
+    return done
+
+
+def pack_runs(memos: list[AccountingMemo], packed: dict) -> int:
+    """Let go of the resolved rows the ``memos`` of one job keep of the processes whose own
+    rows are packed (``packed``: ``(process key, rows_key) -> PackedRows``; :func:`compact`
+    calls this, one accounting of the job at a time): the runs kept then hold a
+    :class:`~goodput_processor.packed.PackedProcessSpans` whose rows, if read, are
+    :func:`~goodput_processor.attempts.resolve_open` of the packed rows
+    (:class:`~goodput_processor.packed.DerivedRows`: the same rows as the resolver's,
+    ``tests/test_open_records.py``), kept in the process's state (shared by the memos);
+    its open records' resolver is let go (a new row of the process resolves them afresh).
+    Returns the rows let go (0 for those let go before)."""
+    todo: dict[tuple, list] = {}
+    for memo in memos:
+        for key, runs in memo.entries("runs"):
+            if key[1:3] in packed and len(runs) == 1 and not isinstance(
+                    runs[0].proc, PackedProcessSpans) and runs[0].proc.origin == key[1:]:
+                todo.setdefault(key, []).append((memo, runs[0]))
+    done = 0
+    while todo:
+        key, held = todo.popitem()
+        origin = key[1:]
+        for memo, run in held:
+            state = memo.processes.get((origin[0], origin[2]))
+            if state is None:
+                continue
+            kept = state.get("packed")
+            if kept is None or kept[0] != origin:
+                d = run.proc.data
+                rows = DerivedRows(packed[origin[:2]], resolve_open, rows_key(d), len(d))
+                kept = state["packed"] = (origin, rows, run.proc.settled)
+                state.pop("open", None)
+                done += len(d)
+                del d
+            memo.put(key, [replace(run, proc=PackedProcessSpans.of(run.proc, kept[1]))])
+        held = run = None  # (the unpacked rows go now)
+    return done
+
+
+def pack_segments(memo: AccountingMemo, before_ns: int) -> int:
+    """Pack the painted segments ``memo`` keeps (the accountings with rolling windows) of
+    the parts that end before ``before_ns`` (ns since the epoch): a window reads them only
+    if it reaches back that far (:class:`~goodput_processor.packed.PackedSegments`).
+    Returns the parts packed."""
+    done = 0
+    for tag in ("attempt", "piece"):
+        for key, part in memo.entries(tag):
+            seg = part[_SEGMENTS]
+            if isinstance(seg, tuple) and len(seg[0]) >= 2 and int(seg[0][-1]) < before_ns:
+                memo.put(key, (*part[:_SEGMENTS], PackedSegments(*seg)))
+                done += 1
+    return done
+
+
+def share_parts(memo: AccountingMemo, windows: AccountingMemo) -> int:
+    """Let the memo of the accountings with rolling windows (``windows``) use the kept
+    steps that ``memo`` (the job's other memo, without segments) keeps of the same parts,
+    where they are equal element by element: the painted parts' kept-step arrays and the
+    sorted kept steps (:mod:`goodput_processor.steptimes`) are then one copy, not two.
+    Returns the parts and sorted runs shared."""
+    def plain(key):  # (a part's key ends with whether segments are kept)
+        return (*key[:-1], False)
+
+    def same(x, y) -> bool:
+        return all(np.array_equal(a, b) for a, b in zip(x, y, strict=True))
+
+    done = 0
+    for tag in ("attempt", "piece"):
+        for key, part in windows.entries(tag):
+            other = memo.kept(plain(key)) if key[-1] is True else None
+            if other is not None and other[_KEPT] is not part[_KEPT] and same(
+                    other[_KEPT], part[_KEPT]):
+                windows.put(key, (*part[:_KEPT], other[_KEPT], *part[_KEPT + 1:]))
+                done += 1
+    for key, run in windows.entries("sorted_steps"):
+        other = memo.kept((key[0], tuple(plain(k) for k in key[1])))
+        if other is not None and other is not run and other.same(run):
+            windows.put(key, other)
+            done += 1
     return done
