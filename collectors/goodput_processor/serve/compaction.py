@@ -47,8 +47,7 @@ _TRIM: list = []  # glibc's malloc_trim, once looked up (None where there is non
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's ``malloc_trim(0)``; nothing
     where the C library has none). Compaction frees many arrays at once, and glibc keeps
-    what it had taken from its heap for them: without this, the resident memory of a
-    10^6-step job stays about 110 MiB above what it holds."""
+    what it had taken from its heap for them resident unless asked to give it back."""
     if not _TRIM:
         try:
             import ctypes
