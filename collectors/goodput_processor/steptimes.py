@@ -177,7 +177,8 @@ def runs_median(parts: list, keys: list, none: int, memo=None) -> float:
     (at least one step); with ``memo``, the parts but the last sorted once and kept
     under their ``keys``."""
     if memo is None or len(parts) < 2:
-        return float(np.median(np.concatenate([p[3] / p[4] for p in parts])))
+        return float(np.median(np.concatenate([p[3] / p[4] for p in parts]),
+                               overwrite_input=True))
     head = _sorted_parts(memo, "sorted_attempt", parts[:-1], keys[:-1], none)
     tail = _Sorted.of(parts[-1:], none)
     return _median(lambda ks: _kth(head.per, tail.per, ks), len(head.per) + len(tail.per))
@@ -277,46 +278,36 @@ def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
     """:func:`step_stats` without a memo: ``np.partition`` of all the steps.
 
     Memory: the parts are read where they are (never concatenated); what is made is the
-    time per step and the differences of consecutive single-step times (float64, 8 bytes
-    per step each, partitioned in place) and one part's temporaries at a time."""
+    differences of consecutive single-step times (float64, 8 bytes a step, partitioned in
+    place for their median, then let go), then the time per step (float64, 8 bytes a step,
+    kept for the order statistics), and one part's temporaries at a time (at most
+    :data:`_CHUNK` steps of them)."""
     if not parts:
         parts = [(np.zeros(0, np.int64),) * 5]
     ts, cnts = [p[3] for p in parts], [p[4] for p in parts]
+    ones = [not len(c) or (c.min() == 1 and c.max() == 1) for c in cnts]
+    nd, diff_mid = _diff_median_ranks(ts, cnts, ones)
     per = np.empty(sum(len(t) for t in ts))
-    singles = []  # per part: its single-step times (the times themselves when all are)
     at = 0
     for t, c in zip(ts, cnts, strict=True):
         np.divide(t, c, out=per[at : at + len(t)])
         at += len(t)
-        singles.append(t if not len(c) or (c.min() == 1 and c.max() == 1) else t[c == 1])
-    diffs = np.empty(max(sum(len(x) for x in singles) - 1, 0))
-    at, prev = 0, None
-    for x in singles:  # |consecutive differences|, across the parts too, as of all of them
-        if not len(x):
-            continue
-        if prev is not None:
-            diffs[at] = abs(int(x[0]) - prev)
-            at += 1
-        step = np.diff(x)
-        np.abs(step, out=step)
-        diffs[at : at + len(step)] = step
-        at += len(step)
-        prev = int(x[-1])
-        del step
-    del singles
 
-    def kth_of(x):  # x is ours alone: partitioned in place, any later ranks stay right
-        def kth(ks):
-            x.partition(ks)
-            return [float(v) for v in x[ks]]
-        return kth
+    def kth_per(ks):  # per is ours alone: partitioned in place, any later ranks stay right
+        per.partition(ks)
+        return [float(v) for v in per[ks]]
+
+    def kth_diff(ks):  # (only the median's ranks are asked for, see _finish)
+        return [diff_mid[k] for k in ks]
 
     def above(thr):  # from the parts, in their order (per is partitioned)
         n = tot = 0
-        for t, c in zip(ts, cnts, strict=True):
-            hit = t / c > thr
-            n += int(c[hit].sum())
-            tot += int(t[hit].sum())
+        for t, c, one in zip(ts, cnts, ones, strict=True):
+            for i in range(0, len(t), _CHUNK):
+                tc, cc = t[i : i + _CHUNK], c[i : i + _CHUNK]
+                hit = tc > thr if one else tc / cc > thr  # (t / 1 is t, exactly)
+                n += int(hit.sum()) if one else int(cc[hit].sum())
+                tot += int(tc[hit].sum())
         return n, tot
 
     maxes = []  # the highest step number of each part (a mask, not a copy)
@@ -324,9 +315,42 @@ def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
         numbered = p[0] != none
         if numbered.any():
             maxes.append(int(np.max(p[0], where=numbered, initial=none)))
-    return _finish(ideal_given_ns, len(per), kth_of(per), len(diffs), kth_of(diffs), above,
+    return _finish(ideal_given_ns, len(per), kth_per, nd, kth_diff, above,
                    sum(int(c.sum()) for c in cnts), sum(int(t.sum()) for t in ts),
                    max(maxes) if maxes else None)
+
+
+#: Steps a part's temporaries cover at a time in :func:`_fresh`.
+_CHUNK = 1 << 18
+
+
+def _diff_median_ranks(ts, cnts, ones) -> tuple[int, dict[int, float]]:
+    """The number of absolute differences of consecutive single-step times (across the
+    parts too, as of all of them) and their values at the median's ranks (``rank ->
+    float ns``: the one or two :func:`_median` reads); the differences are made, partitioned
+    and let go here."""
+    singles = [t if one else t[c == 1] for t, c, one in zip(ts, cnts, ones, strict=True)]
+    diffs = np.empty(max(sum(len(x) for x in singles) - 1, 0))
+    at, prev = 0, None
+    for x in singles:
+        if not len(x):
+            continue
+        if prev is not None:
+            diffs[at] = abs(int(x[0]) - prev)
+            at += 1
+        for i in range(0, len(x) - 1, _CHUNK):  # (np.diff of a chunk, one step over it)
+            step = np.diff(x[i : i + _CHUNK + 1])
+            np.abs(step, out=step)
+            diffs[at : at + len(step)] = step
+            at += len(step)
+        prev = int(x[-1])
+    del singles
+    nd = len(diffs)
+    if not nd:
+        return 0, {}
+    ks = [nd // 2] if nd % 2 else [nd // 2 - 1, nd // 2]
+    diffs.partition(ks)
+    return nd, {k: float(diffs[k]) for k in ks}
 
 
 class StepArrays:
