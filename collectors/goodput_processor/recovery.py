@@ -59,7 +59,7 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import cached, data_key, folded, proc_key
+from .memo import CHUNK_ROWS, cached, data_key, folded, proc_key
 from .restart_rows import restart_rows, union_ns
 from .steptimes import runs_median
 from .timeline import (
@@ -222,7 +222,10 @@ def _first_failure(job: JobSpans, a, failures, rows) -> FirstFailure:
             sidx = int(d[r, C_SIDX])
             reason = job.strings[sidx] if 0 <= sidx < len(job.strings) else "unspecified"
             how[key[r]] = {"exception": 0, "sigterm": 1}.get(reason, 3)
-    err = ((d[:, C_FLAGS] & F_ERROR) != 0) & is_phase(kinds)
+    err = np.empty(len(d), bool)  # (CHUNK_ROWS rows at a time: no int64 temporary)
+    for i in range(0, len(d), CHUNK_ROWS):
+        b = d[i : i + CHUNK_ROWS]
+        err[i : i + CHUNK_ROWS] = ((b[:, C_FLAGS] & F_ERROR) != 0) & is_phase(b[:, C_KIND])
     if err.any():
         first_err = np.full(n, np.iinfo(np.int64).max, np.int64)
         np.minimum.at(first_err, key[err], d[err, C_END])
@@ -262,12 +265,17 @@ def _uncertain_among(i: int, t, how, seen_at, rank, interval_ms: int) -> tuple[i
 
 
 def _last_progress(a, rows) -> int | None:
-    """The latest end of a completed (not in-flight) blocking step of any process of ``a``."""
-    d = rows[0]
-    sel = ((d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & (F_NONBLOCKING | F_ENDLESS)) == 0)
-           & (d[:, C_END] <= a.end_ns) & (d[:, C_START] >= a.start_ns))
-    return int(np.max(d[:, C_END], where=sel, initial=np.iinfo(np.int64).min)
-               ) if sel.any() else None
+    """The latest end of a completed (not in-flight) blocking step of any process of ``a``
+    (read :data:`~goodput_processor.memo.CHUNK_ROWS` rows at a time)."""
+    d, out = rows[0], None
+    for i in range(0, len(d), CHUNK_ROWS):
+        b = d[i : i + CHUNK_ROWS]
+        sel = ((b[:, C_KIND] == K_STEP) & ((b[:, C_FLAGS] & (F_NONBLOCKING | F_ENDLESS)) == 0)
+               & (b[:, C_END] <= a.end_ns) & (b[:, C_START] >= a.start_ns))
+        if sel.any():
+            m = int(np.max(b[:, C_END], where=sel, initial=np.iinfo(np.int64).min))
+            out = m if out is None else max(out, m)
+    return out
 
 
 def _minus(pieces: list, other: list) -> int:
@@ -319,8 +327,9 @@ def warmup(result, attempt: int, memo=None) -> tuple[np.ndarray, np.ndarray, np.
     that an attempt slow throughout (a slow host) has no warm-up: only steps more than the
     noise band above it, from its first kept step on, are warm-up; their excess over the
     level is recompilation and warm-up, the rest of their excess stays training slowdown.
-    ``memo`` keeps the attempt's median step time under its part's key; the leading steps
-    are read from the front until the first one at or below the level.
+    ``memo`` keeps the attempt's median step time under its part's key (found in the one
+    temporary array of its times per step); the leading steps are read from the front
+    until the first one at or below the level.
     """
     none = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
     if result.ideal_step_time_s is None:
@@ -331,7 +340,7 @@ def warmup(result, attempt: int, memo=None) -> tuple[np.ndarray, np.ndarray, np.
     if len(parts) == 1:
         t, cnt = parts[0][3], parts[0][4]
         median = cached(memo if keys[0] is not None else None, ("step_median", keys[0]),
-                        lambda: float(np.median(t / cnt)))
+                        lambda: float(np.median(t / cnt, overwrite_input=True)))
     else:  # a running attempt's pieces
         median = runs_median(parts, keys, NONE, memo)
     level = max(result.ideal_step_time_s * _NS, median)
