@@ -15,8 +15,12 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from .heap import trim_heap
+
 __all__ = ["read_parallel", "units", "worker_count"]
 
+#: Bytes of rows merged between two trims of the C heap (:func:`~goodput_processor.heap.trim_heap`).
+TRIM_BYTES = 16 << 20
 #: Bytes per work unit, and the least input worth starting workers for.
 UNIT_BYTES = 32 << 20
 PARALLEL_MIN_BYTES = 64 << 20
@@ -86,11 +90,19 @@ def read_parallel(files: list[Path], workers: int, make_reader):
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
     try:
         parts = pool.map(functools.partial(_read_unit, make_reader), todo)
+        merged = 0
         for (path, _start, _end), part in zip(todo, parts, strict=True):
             base = bases.get(path, 0)
+            size = part.row_bytes()
             reader.merge(part, base, last_jobs.get(path))
             bases[path] = base + part.nlines
             last_jobs[path] = part.last_job or last_jobs.get(path)
+            part = None
+            merged += size
+            if merged >= TRIM_BYTES:  # (the buffers' growth and the parts, out of the heap)
+                trim_heap()
+                merged = 0
     finally:  # on an error, do not wait for the units not started yet
         pool.shutdown(wait=True, cancel_futures=True)
+    trim_heap()
     return reader

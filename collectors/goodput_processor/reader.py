@@ -346,6 +346,11 @@ class _Reader(SpanRows):
                                 None if line is None else (line, ri, si), first)
         return job
 
+    def row_bytes(self) -> int:
+        """Bytes of the rows read so far (every process's buffer)."""
+        return sum(len(p._buf) * p._buf.itemsize
+                   for job in self.jobs.values() for p in job.processes.values())
+
     def merge(self, other: _Reader, line_base: int, last_job: str | None) -> None:
         """Append what ``other`` read: the next range of a file, starting at line
         ``line_base + 1``, whose previous ranges last named job ``last_job``."""

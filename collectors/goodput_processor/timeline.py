@@ -20,6 +20,8 @@ import numpy as np
 
 from goodput import schema
 
+from .heap import trim_heap
+
 __all__ = ["COLUMNS", "KIND_NAMES", "LAUNCH_ATTRIBUTES", "NONE", "RUN_ATTRIBUTES",
            "SKIP_REASONS", "JobSpans", "ProcessSpans", "SpanSet", "as_of", "drop_duplicates",
            "is_phase"]
@@ -168,13 +170,15 @@ class JobSpans:
         shrunk), else through a copy of that process's rows. Duplicates must be dropped
         already (:func:`drop_duplicates`, as the reader does). When a process's rows are
         held elsewhere (the columnar cache's one array), no process's is narrowed: a job's
-        rows keep one width."""
+        rows keep one width. The C heap's free pages then go back to the system
+        (:func:`~goodput_processor.heap.trim_heap`)."""
         self.rows_owned = True
         procs = list(self.processes.values())
         owned = [_own_buffer(p) for p in procs]
         if None not in owned:
             for p, in_buffer in zip(procs, owned, strict=True):
                 _narrow(p, in_buffer)
+            trim_heap()  # (what the reader and the narrowing let go of, out of the heap)
 
     def drop_rows(self) -> None:
         """Empty every process's rows here (what was made from them, e.g. an attempt's

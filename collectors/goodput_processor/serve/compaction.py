@@ -14,7 +14,7 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
   window before the job's end are packed (:func:`pack_segments`),
   and their memo shares the other memo's kept steps where they are equal
   (:func:`share_parts`);
-- then the C heap's free pages go back to the system (:func:`trim_heap`).
+- then the C heap's free pages go back to the system (:func:`~goodput_processor.heap.trim_heap`).
 
 Only processes with an OS identity (``service.instance.id``, pid and start time: what the
 recorder writes) are packed: the accounting keeps a resolved copy of those, so a poll finds
@@ -31,32 +31,16 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..attempts import resolve_open
+from ..heap import trim_heap
 from ..memo import AccountingMemo, rows_key
 from ..packed import DerivedRows, PackedProcessSpans, PackedSegments
 from .rows import pack_rows
 
-__all__ = ["compact", "pack_runs", "pack_segments", "share_parts", "trim_heap"]
+__all__ = ["compact", "pack_runs", "pack_segments", "share_parts"]
 
 #: Where a painted part (``painting._Acc._part``'s tuple, as a memo keeps it) holds its
 #: kept-step arrays and its segments.
 _KEPT, _SEGMENTS = 3, 6
-
-_TRIM: list = []  # glibc's malloc_trim, once looked up (None where there is none)
-
-
-def trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc's ``malloc_trim(0)``; nothing
-    where the C library has none). Compaction frees many arrays at once, and glibc keeps
-    what it had taken from its heap for them resident unless asked to give it back."""
-    if not _TRIM:
-        try:
-            import ctypes
-
-            _TRIM.append(ctypes.CDLL(None).malloc_trim)
-        except (OSError, AttributeError):
-            _TRIM.append(None)
-    if _TRIM[0] is not None:
-        _TRIM[0](0)
 
 
 def _packable(store, job: str, key: tuple) -> bool:
