@@ -16,7 +16,8 @@ _TRIM: list = []  # glibc's malloc_trim, once looked up (None where there is non
 
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's ``malloc_trim(0)``; nothing
-    where the C library has none). Takes about a millisecond per 100 MiB of heap."""
+    where the C library has none). It walks the heap's free chunks: call it after letting
+    go of much, not in a loop over small things."""
     if not _TRIM:
         try:
             import ctypes
