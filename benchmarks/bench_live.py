@@ -43,7 +43,12 @@ journal, poll and time it ("60 s new"), poll again and time it ("nothing new").
   for the Cloud Monitoring upload): its ``mgm`` rows say ``n/a``.
 - ``serve-metrics``: the same server, ``GET /metrics`` (Prometheus text). ``GoodputMetrics``
   reuses a snapshot younger than ``min_refresh_s`` (0.5 s, not settable from the CLI): the
-  benchmark waits 0.6 s (real time) before each scrape so each one recomputes.
+  benchmark waits 0.6 s (real time) before each scrape so each one recomputes. The scrape
+  with nothing new is then split: ``generate_latest`` of the same registry right after it
+  (the snapshot reused: the OpenTelemetry SDK's collection of the gauges, its Prometheus
+  exporter and ``prometheus_client``'s text, column ``sdk``), and the store's
+  ``snapshot_windows`` 0.5 s later, nothing new still (the accounting with the rolling
+  windows, column ``acct``); the rest of the scrape is loopback HTTP and the handler.
 - ``compat``: ``goodput.mgm.goodput.GoodputCalculator(JOB, run_dir=RUN,
   definitions=D).get_job_goodput(include_badput_breakdown=True)``; it tails the spool itself
   (reading the new lines is inside the timed call). ``D`` = ``goodput`` and ``mgm``.
@@ -422,6 +427,7 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
                               "--spool-dir", str(run_dir), "--wal-dir", "off"])
         store = LiveStore(min_interval_s=0)
         provider, registry, _prom = _metrics(args, store)
+        windows = tuple(float(w) for w in args.windows.split(","))
 
         def metrics_text():
             return (prometheus_client.generate_latest(registry),
@@ -499,6 +505,11 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
     none, body = _timed(poll)
     reads = clock.reads - reads
     at = clock.now
+    sdk = acct = None
+    if surface == "serve-metrics":  # the scrape with nothing new, split (see the docstring)
+        sdk, _ = _timed(lambda: prometheus_client.generate_latest(registry))
+        clock.anchor(last + 2 * half)
+        acct, _ = _timed(lambda: server.store.snapshot_windows(JOB, windows))
     if surface == "serve-report":
         doc = json.loads(body)["jobs"][0]
         running, value = doc["attempts"][-1]["end_reason"], doc["goodput"] * 100
@@ -518,7 +529,7 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
     if surface == "incumbent":
         shutil.rmtree(cache, ignore_errors=True)
     return {"warm": warm, "new": new, "none": none, "ingest": ingest, "running": running,
-            "reads": reads, "goodput": value}
+            "reads": reads, "goodput": value, "sdk": sdk, "acct": acct}
 
 
 def run_child(surface: str, defs: str, job: dict, work: Path, pack: bool = False) -> dict:
@@ -663,6 +674,14 @@ def print_table(args, plan, results, inc_steps) -> None:
     print("warm: first poll (whole job); ingest: serve's tailer taking in the new lines "
           "(not in the poll); run: last attempt 'running' at the poll and 'now' read; "
           "peak MB: the child process's max RSS")
+    rows = results.get(("serve-metrics", "goodput"))
+    if rows:
+        sdk, acct = (statistics.median(x[f] for x in rows) for f in ("sdk", "acct"))
+        none = med[("serve-metrics", "goodput")]["none"]
+        print(f"serve-metrics, nothing new, split (medians): {_ms(acct)} ms the accounting "
+              f"with the rolling windows, {_ms(sdk)} ms the OpenTelemetry SDK's collection "
+              f"and the Prometheus text, {_ms(none - acct - sdk)} ms the rest (loopback "
+              "HTTP, the handler)")
 
 
 if __name__ == "__main__":
