@@ -9,7 +9,9 @@ bytes per kept step. The accounting's memo (``goodput_processor.memo``) is what 
 adds beyond the rows. Then (unless ``--no-compact``) the store packs every process's rows
 (:meth:`~goodput_processor.serve.store.LiveStore.compact`, what ``goodput serve``'s
 maintenance does to processes quiet for ``--pack-after`` seconds), polls and collects the
-metrics again, and prints what it holds then.
+metrics again, and prints what it holds then: the packed rows are kept on disk in a
+:class:`~goodput_processor.serve.spill.Spill` (``goodput serve``'s default; ``--no-spill``:
+in memory, ``--spill-dir off``).
 
     python benchmarks/recorded_job.py /tmp/job1m --steps 1000000   # the recorder's spool
     python benchmarks/bench_store_memory.py /tmp/job1m
@@ -39,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--no-compact", action="store_true",
                     help="stop before packing the quiet processes' rows (LiveStore.compact)")
+    ap.add_argument("--no-spill", action="store_true",
+                    help="keep the packed rows in memory (goodput serve --spill-dir off)")
     args = ap.parse_args(argv)
     from goodput_processor.metrics import DEFAULT_WINDOWS_S
     from goodput_processor.serve.rows import PackedProcessSpans
@@ -47,7 +51,10 @@ def main(argv=None) -> int:
 
     gc.collect()
     r0 = rss_mb()
-    store = LiveStore(min_interval_s=0)
+    from goodput_processor.serve.spill import Spill
+
+    spill = None if args.no_spill else Spill()
+    store = LiveStore(min_interval_s=0, spill=spill)
     SpoolTailer(store, [args.run_dir]).poll()
     name = store.jobs()[0]
     gc.collect()
@@ -83,15 +90,20 @@ def main(argv=None) -> int:
           f"({(t2 - t1) * 1e3:.1f} ms) and two metrics collections ({(t3 - t2) * 1e3:.1f}, "
           f"{(t4 - t3) * 1e3:.1f} ms): "
           f"RSS +{r4 - r0:.0f} MiB "
-          f"(rows {rows4 / 2**20:.0f} MiB), {(r4 - r0) * 2**20 / steps:.0f} bytes per step")
+          f"(rows {rows4 / 2**20:.0f} MiB), {(r4 - r0) * 2**20 / steps:.0f} bytes per step"
+          + ("" if spill is None else f"; packed rows on disk: {spill.disk_bytes / 2**20:.0f} "
+             f"MiB, {spill.disk_bytes / steps:.0f} bytes per step"))
     # What reading a packed process costs (a memo dropped, a fresh accounting)
     big = max(store.snapshot(name).processes.values(), key=lambda p: p.rows_id[0]
               if isinstance(p, PackedProcessSpans) else -1)
     if isinstance(big, PackedProcessSpans):
         t0 = time.perf_counter()
         n = len(big.data)
-        print(f"reading the largest packed process's {n:,} rows (inflating them): "
-              f"{time.perf_counter() - t0:.3f} s")
+        print(f"reading the largest packed process's {n:,} rows (inflating them"
+              + ("" if spill is None else ", from disk") +
+              f"): {time.perf_counter() - t0:.3f} s")
+    if spill is not None:
+        spill.close()
     return 0
 
 

@@ -29,6 +29,7 @@ from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.memo import AccountingMemo
 from goodput_processor.serve.compaction import pack_segments
+from goodput_processor.serve.spill import Spill
 from goodput_processor.serve.store import LiveStore
 from goodput_processor.timeline import (
     C_END,
@@ -236,16 +237,27 @@ def test_the_memo_is_used_when_only_the_running_attempt_grows():
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(pairs=jobs(), seed=st.integers(0, 2**32 - 1), pack=st.booleans())
+@given(pairs=jobs(), seed=st.integers(0, 2**32 - 1),
+       pack=st.sampled_from([None, "memory", "disk"]))
 def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed, pack):
     """``goodput serve``'s store, fed through its three ingest paths in random batches and
     polled after each one (with its memo), gives what accounting the job afresh gives, with
     either definitions; ``pack``: every process's rows packed after each batch
-    (:meth:`LiveStore.compact`), so that the polls read packed rows and new rows land on
-    packed ones."""
+    (:meth:`LiveStore.compact`), kept in memory or in a spill file (``disk``), so that the
+    polls read packed rows and new rows land on packed ones."""
     rng = random.Random(seed)
     reqs = _lines(_with_identity(pairs) if pack else pairs, rng)
-    store = LiveStore(min_interval_s=0)
+    spill = Spill() if pack == "disk" else None
+    try:
+        _poll_after_every_batch(reqs, rng, pack, LiveStore(min_interval_s=0, spill=spill))
+    finally:
+        if spill is not None:
+            spill.close()
+
+
+def _poll_after_every_batch(reqs, rng, pack, store) -> None:
+    """Feed ``reqs`` to ``store`` two at a time (packing after each with ``pack``) and
+    compare every poll with a fresh accounting (see the test above)."""
     for k in range(0, len(reqs), 2):
         _feed(store, reqs[k : k + 2], rng)
         if pack:

@@ -11,8 +11,10 @@ attempt must land on its packed rows as on unpacked ones.
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ from goodput_processor.cli import main
 from goodput_processor.reader import span_files
 from goodput_processor.serve import GoodputServer, LiveStore
 from goodput_processor.serve.rows import PackedProcessSpans, pack_rows, unpack_rows
+from goodput_processor.serve.spill import Spill
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -78,11 +81,15 @@ def _poll_reads_no_packed_row(store: LiveStore, name: str):
     return live, packed, [p for p in packed if p.__dict__["data"] is not None]
 
 
-def test_polls_of_a_running_job_read_no_packed_row(recorded):
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_polls_of_a_running_job_read_no_packed_row(recorded, tmp_path, on_disk):
     """Finished attempts packed (the store's rows and the memo's resolved copy), the
     running one arriving a batch at a time: each poll equals accounting afresh and inflates
-    none of the packed rows; the store's rows fall to under a third."""
-    store = LiveStore(min_interval_s=0)
+    none of the packed rows; the store's rows fall to under a third. ``on_disk``: the
+    packed rows are kept in a :class:`Spill`'s file (none of them left in memory), and read
+    back from it by the fresh accountings and by a line that lands on them."""
+    spill = Spill(tmp_path / "spill") if on_disk else None
+    store = LiveStore(min_interval_s=0, spill=spill)
     last = max(recorded)
     for attempt in range(last):
         _feed(store, recorded[attempt], f"a{attempt}")
@@ -94,6 +101,12 @@ def test_polls_of_a_running_job_read_no_packed_row(recorded):
     before = store.memory_bytes()[name]
     assert store.compact(min_quiet_s=0, min_rows=0) > 10_000
     assert store.memory_bytes()[name] < before / 3
+    if on_disk:  # (every packed process's bytes in the job's one file, none in memory)
+        packed_rows = [r.packed for r in store._rows[name].values() if r.packed is not None]
+        assert packed_rows and all(p.nbytes == 0 for p in packed_rows)
+        spill_dir = tmp_path / "spill"
+        (path,) = spill_dir.iterdir()
+        assert path.stat().st_size == spill.disk_bytes > 10_000
     for k in (cut, 2 * cut, len(running)):
         _feed(store, running[k - cut : k] if k > cut else [], "running")
         live, packed, read = _poll_reads_no_packed_row(store, name)
@@ -107,6 +120,58 @@ def test_polls_of_a_running_job_read_no_packed_row(recorded):
     live, packed, read = _poll_reads_no_packed_row(store, name)
     assert store.snapshot(name).skipped["duplicate"] > dups
     assert _state(live) == _state(account(store.snapshot(name), None, NOW))
+    if on_disk:  # the job leaves (idle since a request: retention counts from those)
+        store.ingest_json(json.loads(recorded[0][-1]), ("request",))
+        store.retention_s = 60.0
+        assert [r.job for r in store.retire_idle(now_s=time.time() + 61)] == [name]
+        assert list(spill_dir.iterdir()) == [] and spill.disk_bytes == 0
+
+
+def test_packed_rows_whose_file_went_fail_their_job_alone(recorded, tmp_path):
+    """A spill file removed while rows are kept in it: the accounting that reads them back
+    reports that job failed, naming the file, and another job carries on."""
+    spill = Spill(tmp_path / "spill")
+    store = LiveStore(min_interval_s=0, spill=spill)
+    for attempt, lines in recorded.items():
+        _feed(store, lines, f"a{attempt}")
+    other = [line.replace(b'"recorded"', b'"other"') for line in recorded[0][:200]]
+    _feed(store, other, "other")
+    assert sorted(store.jobs()) == ["other", "recorded"]
+    for name in store.jobs():  # (the store's own rows, as a poll takes them; nothing
+        store.snapshot(name)  # accounted yet: no memo to answer from)
+    store.compact(min_quiet_s=0, min_rows=0)
+    assert spill.disk_bytes > 0
+    for path in (tmp_path / "spill").iterdir():
+        if path.name.startswith("recorded"):
+            path.unlink()
+    results = {r.job: r for r in store.results(now_ns=NOW)}
+    assert results["recorded"].error is not None and "spill" in results["recorded"].error
+    assert results["other"].error is None and results["other"].total_time_s > 0
+
+
+def test_spill_directory_of_its_own_is_removed_on_close():
+    """``Spill()`` makes a private directory under the temporary directory; ``close``
+    removes it with its files; packed rows that cannot be written stay in memory."""
+    spill = Spill()
+    store = LiveStore(spill=spill)
+    packed = pack_rows(np.arange(12, dtype=np.int64).reshape(4, 3))
+    assert spill.put("job", packed) == sum(packed.columns.lengths) > 0
+    assert np.array_equal(unpack_rows(packed), np.arange(12).reshape(4, 3))
+    directory = Path(spill.directory)
+    assert [p.name for p in directory.iterdir()] == [p.name for p in directory.glob("job-*")]
+    store.spill.close()
+    assert not directory.exists()
+    again = pack_rows(np.ones((2, 2), np.int64))
+    assert spill.put("job", again) == 0 and isinstance(again.columns, list)
+
+
+def test_spill_dir_option(tmp_path, capsys):
+    """``goodput serve --spill-dir`` takes a directory it can make, ``auto`` or ``off``."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["serve", "--grpc-port", "off", "--http-port", "off", "--spool-dir",
+                 str(tmp_path), "--spill-dir", str(blocker / "sub")]) == 2
+    assert "cannot use --spill-dir" in capsys.readouterr().err
 
 
 def test_a_maintenance_round_packs_only_quiet_processes(recorded):

@@ -16,6 +16,7 @@ and one that does not reads the same rows, inflated. ``goodput serve``'s compact
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import replace
 
@@ -29,8 +30,8 @@ try:  # (zlib-ng, a dependency, deflates at about twice zlib's speed at level 1)
 except ImportError:  # pragma: no cover - zlib-ng is installed with the processor
     _zlib = zlib
 
-__all__ = ["DerivedRows", "PackedProcessSpans", "PackedRows", "PackedSegments", "pack_rows",
-           "replace_rows", "unpack_rows"]
+__all__ = ["DerivedRows", "PackedProcessSpans", "PackedRows", "PackedSegments",
+           "SpilledColumns", "pack_rows", "replace_rows", "unpack_rows"]
 
 #: Deflate level of packed rows: 1 (fastest; level 6 saves a sixth more, at twice the time).
 PACK_LEVEL = 1
@@ -39,13 +40,56 @@ PACK_LEVEL = 1
 class PackedRows:
     """Rows ``(n, ncols)`` int64 kept compressed: per column, the differences from one row
     to the next (int64, wrapping: exact for any values) deflated. ``key``: their
-    :func:`~goodput_processor.memo.rows_key`; ``nbytes``: the compressed bytes."""
+    :func:`~goodput_processor.memo.rows_key`; ``nbytes``: the compressed bytes held in
+    memory (0 once written to a file: :meth:`spill`)."""
 
     __slots__ = ("columns", "key", "n", "nbytes")
 
     def __init__(self, columns: list[bytes], key: tuple, n: int) -> None:
         self.columns, self.key, self.n = columns, key, n
         self.nbytes = sum(len(c) for c in columns)
+
+    def spill(self, path: str, offset: int) -> None:
+        """Read the columns from ``path`` from now on: the caller has written them there,
+        one after another from byte ``offset`` (:class:`SpilledColumns`); the bytes held
+        in memory go."""
+        self.columns = SpilledColumns(path, offset, [len(c) for c in self.columns])
+        self.nbytes = 0
+
+
+class SpilledColumns:
+    """Deflated columns of :class:`PackedRows` kept in a file: ``len(lengths)`` columns of
+    those byte lengths, one after another from byte ``offset`` of ``path``. Iterating reads
+    them (one ``pread`` each).
+
+    Raises (when iterated):
+        OSError: the file cannot be read, or is shorter than the columns (it was removed or
+            cut while the rows were kept in it: they are lost).
+    """
+
+    __slots__ = ("lengths", "offset", "path")
+
+    def __init__(self, path: str, offset: int, lengths: list[int]) -> None:
+        self.path, self.offset, self.lengths = path, offset, lengths
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of the file that are these columns."""
+        return sum(self.lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        with open(self.path, "rb") as f:
+            at = self.offset
+            for n in self.lengths:
+                raw = os.pread(f.fileno(), n, at)
+                if len(raw) != n:
+                    raise OSError(f"{self.path}: {len(raw)} of {n} bytes of packed rows at "
+                                  f"byte {at} (the file was cut or replaced)")
+                at += n
+                yield raw
 
 
 def pack_rows(d: np.ndarray) -> PackedRows:

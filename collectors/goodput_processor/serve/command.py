@@ -180,6 +180,19 @@ def _wal(args, receivers_on: bool):
         raise UsageError(f"cannot use --wal-dir {args.wal_dir!r}: {e.strerror or e}") from e
 
 
+def _spill(args, packing: bool):
+    """Where packed rows go (None: in memory, with ``--spill-dir off`` or no packing)."""
+    from ..cli import UsageError
+    from .spill import Spill
+
+    if args.spill_dir.lower() == "off" or not packing:
+        return None
+    try:
+        return Spill(None if args.spill_dir.lower() == "auto" else args.spill_dir)
+    except OSError as e:
+        raise UsageError(f"cannot use --spill-dir {args.spill_dir!r}: {e.strerror or e}") from e
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run ``goodput serve`` until SIGTERM/SIGINT; returns the exit status."""
     from ..cli import UsageError
@@ -211,7 +224,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("nothing to serve: both receivers are off and no --spool-dir given")
     wal = _wal(args, grpc_port is not None or http_port is not None)
     store = LiveStore(ideal, min_interval_s=min(interval or 1.0, 1.0), limits=limits, wal=wal,
-                      retention_s=retention, pack_after_s=pack_after)
+                      retention_s=retention, pack_after_s=pack_after,
+                      spill=_spill(args, pack_after is not None))
     reports = _Reports(args.format, args.report_file)
     holder: list = []  # the server, once started: its byte budget for the telemetry
     provider, registry, prom = _metrics(args, store, lambda: holder[0].budget if holder else None)
@@ -282,6 +296,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         provider.shutdown(timeout_millis=timeout * 1000)
         if prom is not None:
             prom.shutdown()
+        if store.spill is not None:
+            store.spill.close()
     print("goodput serve: stopped" + ("" if final is not None else
                                       " (final report timed out)"), file=sys.stderr)
     return 0
@@ -326,6 +342,10 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="a process with no new span for SECONDS (a finished attempt's) is "
                    "compacted: its rows packed, what the accounting keeps of it let go or "
                    "shared (default 60; off)")
+    p.add_argument("--spill-dir", default="auto", metavar="DIR",
+                   help="compacted processes' packed rows are kept in files here, not in "
+                   "memory, removed when their job leaves or the server stops (default auto: "
+                   "a new directory under the system's temporary directory; off: in memory)")
     lim = p.add_argument_group("limits (past one, a request gets the retryable status, or the "
                                "job an over_limit warning; docs/serve.md, Limits)")
     lim.add_argument("--max-message-bytes", default=str(16 << 20), metavar="N",

@@ -7,7 +7,8 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
 ``goodput serve``) takes each process that has taken no new span for a while:
 
 - its rows are packed (:meth:`~goodput_processor.serve.rows.ProcessRows.pack`: each
-  column's differences deflated, about 17 of 72 bytes a row on the recorder's spools);
+  column's differences deflated, about 17 of 72 bytes a row on the recorder's spools), and
+  with the store's :class:`~goodput_processor.serve.spill.Spill` written to disk;
 - the memos let go of their resolved copy of them, made again from the packed rows if read
   (:func:`pack_runs`);
 - the rolling windows' painted segments of the parts that end more than twice the longest
@@ -68,8 +69,11 @@ def compact(store, min_quiet_s: float, min_rows: int = 4096) -> int:
         packed = pack_rows(rows)
         del rows
         with store._lock:
-            if store._rows.get(job, {}).get(key) is r and r.pack(packed):
-                done += packed.n
+            took = store._rows.get(job, {}).get(key) is r and r.pack(packed)
+        if took:
+            done += packed.n
+            if store.spill is not None:  # (the bytes go to disk: Spill.put)
+                store.spill.put(job, packed)
     with store._lock:
         jobs = [(store._memos.get(job), {(key, r.packed.key): r.packed for key, r in
                                          procs.items() if r.packed is not None},

@@ -21,7 +21,8 @@ while every other job carries on.
 
 Compaction (:meth:`LiveStore.compact`, :mod:`goodput_processor.serve.compaction`): what a
 process that has gone quiet (a finished attempt's) can no longer change is packed, and polls
-go on without reading it.
+go on without reading it; with a :class:`~goodput_processor.serve.spill.Spill`, its packed
+rows are kept on disk.
 
 Ceilings (:class:`~goodput_processor.serve.limits.Limits`): jobs tracked, spans per second
 per job, job-name length (refused requests), custom types per job and string attribute
@@ -56,6 +57,7 @@ from .decode import ingest_pb
 from .encode import json_line, pb_line, split_json, split_pb
 from .limits import Limits, RateLimiter, Refused
 from .rows import PackedProcessSpans, ProcessRows
+from .spill import Spill
 from .wal import ReplayStats, WriteAheadLog, job_slug
 
 __all__ = ["LiveStore"]
@@ -78,6 +80,8 @@ class LiveStore:
             :meth:`retire_idle` (None: jobs stay).
         pack_after_s: a process with no new span for this many seconds has its rows
             packed at the next :meth:`compact` (None: never).
+        spill: where packed rows are kept on disk (:class:`~goodput_processor.serve.
+            spill.Spill`; None: in memory).
 
     Raises:
         ValueError: ``ideal_step_time_s`` is not a finite number > 0, ``min_interval_s``
@@ -86,7 +90,8 @@ class LiveStore:
 
     def __init__(self, ideal_step_time_s: float | None = None, min_interval_s: float = 1.0, *,
                  limits: Limits | None = None, wal: WriteAheadLog | None = None,
-                 retention_s: float | None = None, pack_after_s: float | None = 60.0):
+                 retention_s: float | None = None, pack_after_s: float | None = 60.0,
+                 spill: Spill | None = None):
         if ideal_step_time_s is not None and not (0 < ideal_step_time_s < float("inf")):
             raise ValueError(f"ideal step time must be a finite number > 0 seconds, got "
                              f"{ideal_step_time_s!r}")
@@ -96,7 +101,7 @@ class LiveStore:
             raise ValueError(f"retention_s must be > 0 seconds, got {retention_s!r}")
         if pack_after_s is not None and not pack_after_s >= 0:
             raise ValueError(f"pack_after_s must be >= 0 seconds, got {pack_after_s!r}")
-        self.pack_after_s = pack_after_s
+        self.pack_after_s, self.spill = pack_after_s, spill
         self.ideal_step_time_s = ideal_step_time_s
         self.min_interval_s = float(min_interval_s)
         self.limits = limits or Limits()
@@ -490,6 +495,8 @@ class LiveStore:
                 self._memos.pop(name, None)
                 self._reach.pop(name, None)
                 self._rate.forget(name)
+            if self.spill is not None:
+                self.spill.forget(name)
             _log.info("goodput serve: job %r left after %g s without spans", name,
                       self.retention_s)
             out.append(result)

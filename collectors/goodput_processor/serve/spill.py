@@ -1,0 +1,115 @@
+"""The packed rows of ``goodput serve``'s quiet processes, kept on disk (``--spill-dir``).
+
+Compaction (:mod:`goodput_processor.serve.compaction`) packs the rows of a process that
+has gone quiet; with a :class:`Spill`, those packed bytes (about 17 a span on the
+recorder's spools) are then written to a file of the job's and let go from memory. Nothing
+a poll needs is in them: a poll reads the memos, and only something that reads the
+process's rows again (a late span of it, a report of a memo let go) reads them back, one
+``pread`` per column (:class:`~goodput_processor.packed.SpilledColumns`).
+
+The files are a cache, not a record: the write-ahead log or the spool is what a restart
+replays. One file per job (``<job slug>.rows``), appended to, removed when the job leaves
+(:meth:`Spill.forget`) or the spill is closed. A file that cannot be written leaves the
+rows in memory (logged); one removed or cut while rows are kept in it makes reading them
+fail, and the job is reported failed (``JobResult.error``), the other jobs unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+
+from ..packed import PackedRows
+from .wal import job_slug
+
+__all__ = ["Spill"]
+
+_log = logging.getLogger(__name__)
+
+
+class Spill:
+    """A directory of files holding packed rows, one per job.
+
+    Args:
+        directory: where; None = a new private directory under the system's temporary
+            directory (``tempfile.mkdtemp``), removed with everything in it on
+            :meth:`close` (or when the object is collected, or at exit).
+
+    Raises:
+        OSError: ``directory`` cannot be made.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None = None):
+        self._own = directory is None
+        self.directory = (tempfile.mkdtemp(prefix="goodput-serve-spill-") if self._own
+                          else os.fspath(directory))
+        os.makedirs(self.directory, exist_ok=True)
+        self._lock = threading.Lock()
+        self._paths: dict[str, str] = {}  # job -> its file
+        #: Bytes written to the files (of the jobs still here).
+        self.disk_bytes = 0
+        self._sizes: dict[str, int] = {}
+        self._failed = False
+        self._finalizer = weakref.finalize(self, _remove, self.directory, self._paths,
+                                           self._own)
+
+    def put(self, job: str, packed: PackedRows) -> int:
+        """Write ``packed``'s columns to ``job``'s file and let the rows read them from it
+        (:meth:`~goodput_processor.packed.PackedRows.spill`). Returns the bytes written:
+        0 when they were already on disk, or could not be written (the rows stay in
+        memory; logged once)."""
+        cols = packed.columns
+        if not isinstance(cols, list):
+            return 0
+        with self._lock:
+            path = self._paths.get(job)
+            if path is None:
+                path = self._paths[job] = os.path.join(self.directory, job_slug(job) + ".rows")
+            try:
+                with open(path, "ab") as f:
+                    offset = f.seek(0, os.SEEK_END)
+                    for c in cols:
+                        f.write(c)
+            except OSError as e:
+                if not self._failed:
+                    _log.error("goodput serve: cannot write packed rows to %s (%s); they "
+                               "stay in memory", path, e.strerror or e)
+                self._failed = True
+                return 0
+            n = sum(len(c) for c in cols)
+            self._sizes[job] = self._sizes.get(job, 0) + n
+            self.disk_bytes += n
+        packed.spill(path, offset)
+        return n
+
+    def forget(self, job: str) -> None:
+        """Remove ``job``'s file (the job has left: nothing reads its rows any more)."""
+        with self._lock:
+            path = self._paths.pop(job, None)
+            self.disk_bytes -= self._sizes.pop(job, 0)
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        """Remove every job's file (and the directory, if it was made here). Rows kept in
+        them can no longer be read."""
+        self._finalizer()
+
+
+def _remove(directory: str, paths: dict, own: bool) -> None:
+    if own:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    for path in list(paths.values()):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    paths.clear()
