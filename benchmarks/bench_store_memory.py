@@ -11,7 +11,8 @@ adds beyond the rows. Then (unless ``--no-compact``) the store packs every proce
 maintenance does to processes quiet for ``--pack-after`` seconds), polls and collects the
 metrics again, and prints what it holds then: the packed rows are kept on disk in a
 :class:`~goodput_processor.serve.spill.Spill` (``goodput serve``'s default; ``--no-spill``:
-in memory, ``--spill-dir off``).
+in memory, ``--spill-dir off``). Its last line says what the store's rows and the job's
+memos hold then, by kind (:func:`breakdown`).
 
     python benchmarks/recorded_job.py /tmp/job1m --steps 1000000   # the recorder's spool
     python benchmarks/bench_store_memory.py /tmp/job1m
@@ -33,6 +34,60 @@ def rss_mb() -> float:
     """Resident memory of this process in MiB (Linux ``/proc/self/statm``)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def array_bytes(obj, seen: set) -> int:
+    """Bytes of the numpy arrays and ``bytes`` reachable from ``obj`` (through tuples,
+    lists, dicts and objects' attributes), each buffer counted once across calls sharing
+    ``seen``; broadcast views count nothing (their memory is one value)."""
+    import numpy as np
+
+    total, stack = 0, [obj]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, (str, int, float, bool, type(None))):
+            continue
+        seen.add(id(o))
+        if isinstance(o, np.ndarray):
+            base = o
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if base is o or id(base) not in seen:
+                seen.add(id(base))
+                total += 0 if 0 in base.strides else base.nbytes
+        elif isinstance(o, (bytes, bytearray)):
+            total += len(o)
+        elif isinstance(o, dict):
+            stack += [*o.keys(), *o.values()]
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack += list(o)
+        elif hasattr(o, "__dict__"):
+            stack.append(vars(o))
+        elif hasattr(o, "__slots__"):
+            stack += [getattr(o, a) for a in o.__slots__ if hasattr(o, a)]
+    return total
+
+
+def breakdown(store, name: str) -> str:
+    """What the store's rows and the job's memos hold, in MiB by memo entry tag (the
+    windows' painted parts split into their segments and the rest), shared arrays once."""
+    seen: set = set()
+    parts = [f"store rows {array_bytes(list(store._rows[name].values()), seen) / 2**20:.1f}"]
+    _lock, memos = store._memos[name]
+    for windows, memo in sorted(memos.items()):
+        by: dict[str, float] = {}
+        keys = [k for d in (memo._old, memo._new) for k in d]  # (every key it keeps)
+        for tag in sorted({k[0] for k in keys if isinstance(k, tuple) and k
+                           and isinstance(k[0], str)}):
+            for _k, v in memo.entries(tag):
+                if windows and tag in ("attempt", "piece"):  # (painting._part's tuple)
+                    by["segments"] = by.get("segments", 0) + array_bytes(v[6], seen)
+                    v = v[:6]
+                by[tag] = by.get(tag, 0) + array_bytes(v, seen)
+        parts.append(("windows memo: " if windows else "report memo: ") + ", ".join(
+            f"{k} {v / 2**20:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])
+            if v >= 2**17))
+    return "; ".join(parts) + " (MiB)"
 
 
 def main(argv=None) -> int:
@@ -102,6 +157,7 @@ def main(argv=None) -> int:
         print(f"reading the largest packed process's {n:,} rows (inflating them"
               + ("" if spill is None else ", from disk") +
               f"): {time.perf_counter() - t0:.3f} s")
+    print("held then: " + breakdown(store, name))
     if spill is not None:
         spill.close()
     return 0
