@@ -146,8 +146,9 @@ def main(argv=None) -> int:
           f"{(t4 - t3) * 1e3:.1f} ms): "
           f"RSS +{r4 - r0:.0f} MiB "
           f"(rows {rows4 / 2**20:.0f} MiB), {(r4 - r0) * 2**20 / steps:.0f} bytes per step"
-          + ("" if spill is None else f"; packed rows on disk: {spill.disk_bytes / 2**20:.0f} "
-             f"MiB, {spill.disk_bytes / steps:.0f} bytes per step"))
+          + ("" if spill is None else "; packed rows and segments on disk: "
+             f"{spill.disk_bytes / 2**20:.0f} MiB, {spill.disk_bytes / steps:.0f} bytes per "
+             "step"))
     # What reading a packed process costs (a memo dropped, a fresh accounting)
     big = max(store.snapshot(name).processes.values(), key=lambda p: p.rows_id[0]
               if isinstance(p, PackedProcessSpans) else -1)

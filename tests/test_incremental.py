@@ -28,7 +28,8 @@ from goodput_processor import pieces, to_json_dict
 from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.memo import AccountingMemo
-from goodput_processor.serve.compaction import pack_segments
+from goodput_processor.packed import PackedSegments
+from goodput_processor.serve.compaction import pack_segments, spill_segments
 from goodput_processor.serve.spill import Spill
 from goodput_processor.serve.store import LiveStore
 from goodput_processor.timeline import (
@@ -266,6 +267,11 @@ def _poll_after_every_batch(reqs, rng, pack, store) -> None:
             if k:  # and every painted segment the windows' memo keeps (read if reached)
                 with store.memo(store.jobs()[0], windows=True) as memo:
                     pack_segments(memo, NOW)
+                    if store.spill is not None:  # (to the spill file: read back from it)
+                        spill_segments(memo, store.spill, store.jobs()[0])
+                        assert all(p[6].nbytes == 0 for t in ("attempt", "piece")
+                                   for _, p in memo.entries(t)
+                                   if isinstance(p[6], PackedSegments))
         for name in store.jobs():
             (live,) = store.results(now_ns=NOW, job=name)
             fresh = account(store.snapshot(name), None, NOW)

@@ -196,8 +196,14 @@ class PackedSegments:
 
     @property
     def nbytes(self) -> int:
-        """Compressed bytes held."""
+        """Compressed bytes held in memory."""
         return self._b.nbytes + self._rest.nbytes
+
+    @property
+    def packed(self) -> tuple[PackedRows, PackedRows]:
+        """The :class:`PackedRows` it is kept as (boundaries; owner and kept-step rank), for
+        writing them to a file (:meth:`PackedRows.spill`)."""
+        return self._b, self._rest
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(b, owner, seg_kept)``, inflated (new arrays)."""

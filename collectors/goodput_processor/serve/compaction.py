@@ -12,7 +12,8 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
 - the memos let go of their resolved copy of them, made again from the packed rows if read
   (:func:`pack_runs`);
 - the rolling windows' painted segments of the parts that end more than twice the longest
-  window before the job's end are packed (:func:`pack_segments`),
+  window before the job's end are packed (:func:`pack_segments`) and, with the store's
+  spill, written to disk with the rows (:func:`spill_segments`),
   and their memo shares the other memo's kept steps where they are equal
   (:func:`share_parts`);
 - then the C heap's free pages go back to the system (:func:`~goodput_processor.heap.trim_heap`).
@@ -37,7 +38,7 @@ from ..memo import AccountingMemo, rows_key
 from ..packed import DerivedRows, PackedProcessSpans, PackedSegments
 from .rows import pack_rows
 
-__all__ = ["compact", "pack_runs", "pack_segments", "share_parts"]
+__all__ = ["compact", "pack_runs", "pack_segments", "share_parts", "spill_segments"]
 
 #: Where a painted part (``painting._Acc._part``'s tuple, as a memo keeps it) holds its
 #: kept-step arrays and its segments.
@@ -75,10 +76,10 @@ def compact(store, min_quiet_s: float, min_rows: int = 4096) -> int:
             if store.spill is not None:  # (the bytes go to disk: Spill.put)
                 store.spill.put(job, packed)
     with store._lock:
-        jobs = [(store._memos.get(job), {(key, r.packed.key): r.packed for key, r in
-                                         procs.items() if r.packed is not None},
+        jobs = [(job, store._memos.get(job), {(key, r.packed.key): r.packed for key, r in
+                                              procs.items() if r.packed is not None},
                  store._reach.get(job)) for job, procs in store._rows.items()]
-    for held, packed, reach in jobs:
+    for job, held, packed, reach in jobs:
         if held is None:
             continue
         lock, memos = held
@@ -87,6 +88,8 @@ def compact(store, min_quiet_s: float, min_rows: int = 4096) -> int:
                 done += pack_runs(list(memos.values()), packed)
             if reach is not None and True in memos:  # segments the windows left behind
                 shared += pack_segments(memos[True], reach)
+                if store.spill is not None:  # (and to disk, with the rows)
+                    shared += spill_segments(memos[True], store.spill, job) > 0
             if False in memos and True in memos:  # one copy of the kept steps
                 shared += share_parts(memos[False], memos[True])
     if done or shared:
@@ -143,6 +146,20 @@ def pack_segments(memo: AccountingMemo, before_ns: int) -> int:
             if isinstance(seg, tuple) and len(seg[0]) >= 2 and int(seg[0][-1]) < before_ns:
                 memo.put(key, (*part[:_SEGMENTS], PackedSegments(*seg)))
                 done += 1
+    return done
+
+
+def spill_segments(memo: AccountingMemo, spill, job: str) -> int:
+    """Write the packed segments ``memo`` keeps (:func:`pack_segments`) to ``job``'s file
+    in ``spill`` (a :class:`~goodput_processor.serve.spill.Spill`; each once: those on
+    disk already are left), letting go of their bytes in memory. Returns the bytes
+    written."""
+    done = 0
+    for tag in ("attempt", "piece"):
+        for _key, part in memo.entries(tag):
+            seg = part[_SEGMENTS]
+            if isinstance(seg, PackedSegments):
+                done += sum(spill.put(job, p) for p in seg.packed)
     return done
 
 
