@@ -97,8 +97,9 @@ class _Sorted:
         single = t[cnt == 1]
         valid = snum[snum != none]
         return cls(per[order], t[order], cnt[order],
-                   np.sort(np.abs(np.diff(single)).astype(np.float64)), single[:1],
-                   single[-1:], int(valid.max()) if len(valid) else None)
+                   np.sort(np.abs(np.diff(single)).astype(np.float64)), single[:1].copy(),
+                   single[-1:].copy(),  # (copies: a view would keep every single-step time)
+                   int(valid.max()) if len(valid) else None)
 
     def times(self) -> np.ndarray:
         """The time of each step, in sorted order (int64 ns)."""
