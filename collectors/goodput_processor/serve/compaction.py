@@ -167,7 +167,8 @@ def share_parts(memo: AccountingMemo, windows: AccountingMemo) -> int:
     """Let the memo of the accountings with rolling windows (``windows``) use the kept
     steps that ``memo`` (the job's other memo, without segments) keeps of the same parts,
     where they are equal element by element: the painted parts' kept-step arrays and the
-    sorted kept steps (:mod:`goodput_processor.steptimes`) are then one copy, not two.
+    sorted kept steps, of the job and of a running attempt's pieces
+    (:mod:`goodput_processor.steptimes`), are then one copy, not two.
     Returns the parts and sorted runs shared."""
     def plain(key):  # (a part's key ends with whether segments are kept)
         return (*key[:-1], False)
@@ -183,9 +184,10 @@ def share_parts(memo: AccountingMemo, windows: AccountingMemo) -> int:
                     other[_KEPT], part[_KEPT]):
                 windows.put(key, (*part[:_KEPT], other[_KEPT], *part[_KEPT + 1:]))
                 done += 1
-    for key, run in windows.entries("sorted_steps"):
-        other = memo.kept((key[0], tuple(plain(k) for k in key[1])))
-        if other is not None and other is not run and other.same(run):
-            windows.put(key, other)
-            done += 1
+    for tag in ("sorted_steps", "sorted_attempt"):  # (a job's, and one attempt's pieces')
+        for key, run in windows.entries(tag):
+            other = memo.kept((key[0], tuple(plain(k) for k in key[1])))
+            if other is not None and other is not run and other.same(run):
+                windows.put(key, other)
+                done += 1
     return done
