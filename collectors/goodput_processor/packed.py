@@ -72,11 +72,6 @@ class SpilledColumns:
     def __init__(self, path: str, offset: int, lengths: list[int]) -> None:
         self.path, self.offset, self.lengths = path, offset, lengths
 
-    @property
-    def disk_bytes(self) -> int:
-        """Bytes of the file that are these columns."""
-        return sum(self.lengths)
-
     def __len__(self) -> int:
         return len(self.lengths)
 

@@ -327,9 +327,8 @@ _CHUNK = 1 << 18
 
 def _diff_median_ranks(ts, cnts, ones) -> tuple[int, dict[int, float]]:
     """The number of absolute differences of consecutive single-step times (across the
-    parts too, as of all of them) and their values at the median's ranks (``rank ->
-    float ns``: the one or two :func:`_median` reads); the differences are made, partitioned
-    and let go here."""
+    parts too, as of all of them) and their values at the ranks :func:`_median` reads
+    (``rank -> float ns``); the differences are made, partitioned and let go here."""
     singles = [t if one else t[c == 1] for t, c, one in zip(ts, cnts, ones, strict=True)]
     diffs = np.empty(max(sum(len(x) for x in singles) - 1, 0))
     at, prev = 0, None
@@ -346,12 +345,16 @@ def _diff_median_ranks(ts, cnts, ones) -> tuple[int, dict[int, float]]:
             at += len(step)
         prev = int(x[-1])
     del singles
-    nd = len(diffs)
-    if not nd:
-        return 0, {}
-    ks = [nd // 2] if nd % 2 else [nd // 2 - 1, nd // 2]
-    diffs.partition(ks)
-    return nd, {k: float(diffs[k]) for k in ks}
+    got: dict[int, float] = {}
+
+    def kth(ks):  # (the ranks _median asks for, kept for _finish to ask again)
+        diffs.partition(ks)
+        got.update((k, float(diffs[k])) for k in ks)
+        return [got[k] for k in ks]
+
+    if len(diffs):
+        _median(kth, len(diffs))
+    return len(diffs), got
 
 
 class StepArrays:
