@@ -182,7 +182,8 @@ def _example(run_dir: Path, ckpt_dir: Path, marks: str, steps: int, otel: bool =
     env = child_env(GOODPUT_RUN_DIR=str(run_dir), GOODPUT_JOB_NAME="jax-digits",
                     GOODPUT_FLUSH_INTERVAL_S="0.5")
     cmd = [EXAMPLE / "train.py", "--ckpt-dir", ckpt_dir, "--marks", marks,
-           "--steps", str(steps), *EXAMPLE_ARGS]
+           "--steps", str(steps), "--timings", run_dir.with_suffix(".timings.json"),
+           *EXAMPLE_ARGS]
     if otel:
         launcher = Path(sys.executable).with_name("opentelemetry-instrument")
         cmd = ["-c", "import sys, subprocess; sys.exit(subprocess.call(sys.argv[1:]))",
@@ -231,11 +232,13 @@ def test_opentelemetry_instrument_records_without_goodput_code(example_runs):
 # - program_startup is XLA compile time (seconds on CPU), which varies up to ~2x
 #   between two runs on a loaded 2-core machine (seen: 3.9 s vs 6.7 s); the manual
 #   marker also spans the Python between compilations. Agreement within a factor 2.
-# - checkpoint save/restore and accelerator init take 5-70 ms each: the manual
-#   markers wrap the CheckpointManager / jax.devices() call, the hooks time from
-#   inside it (a difference of well under 1 ms), but file I/O and thread start-up of
-#   two runs on the loaded machine differ by tens of ms (seen: restore 29 vs 68 ms).
-#   Both must be > 0 and within 0.1 s of each other.
+# - checkpoint save/restore and accelerator init take 5-70 ms each, but file I/O and
+#   thread start-up of two runs on the loaded machine differ by up to 5x (seen: save
+#   0.14 vs 0.71 s), so each run is held to what its own loop timed around the same
+#   calls (``--timings``): the manual markers wrap exactly those blocks, the hooks time
+#   from inside the calls (a difference of well under 1 ms). Within 25% or 50 ms; but
+#   the hooks' accelerator init is the backend's start-up alone, part of what the loop
+#   times around jax.devices() (seen: 18 of 100 ms), so at most that.
 def _close(a: float, b: float, rel: float, abs_s: float) -> bool:
     return abs(a - b) <= max(rel * max(a, b), abs_s)
 
@@ -259,9 +262,16 @@ def test_manual_markers_and_automatic_hooks_agree(example_runs):
         print(f"{name:<24} {x:>9.4f} {y:>9.4f}")
     assert _close(auto["productive_time_s"], manual["productive_time_s"], 0.25, 0.2)
     assert 0.5 <= a["program_startup"] / m["program_startup"] <= 2.0
-    for bucket in ("checkpoint_save", "checkpoint_restore", "accelerator_init"):
-        assert a[bucket] > 0 and m[bucket] > 0, bucket
-        assert abs(a[bucket] - m[bucket]) <= 0.1, (bucket, a[bucket], m[bucket])
+    for marks, got in (("auto", a), ("manual", m)):
+        timed = json.loads(example_runs[marks].with_suffix(".timings.json").read_text())
+        for bucket in ("checkpoint_save", "checkpoint_restore", "accelerator_init"):
+            print(f"{marks:<7}{bucket:<19} {got[bucket]:>9.4f} s, timed {timed[bucket]:.4f} s")
+            assert got[bucket] > 0, (marks, bucket)
+            if marks == "auto" and bucket == "accelerator_init":  # (part of the call)
+                assert got[bucket] <= timed[bucket] + 0.05, (got[bucket], timed[bucket])
+                continue
+            assert _close(got[bucket], timed[bucket], 0.25, 0.05), \
+                (marks, bucket, got[bucket], timed[bucket])
     # Same checkpoint steps, blocking and background, both ways.
     for run in (example_runs["auto"], example_runs["manual"]):
         saves = _by_name(spans(run), schema.CHECKPOINT_SAVE)

@@ -121,6 +121,7 @@ def test_decorators_explicit_times_and_step_start(memory):
     custom = [s for s in finished(exporter) if s.name == schema.CUSTOM_BADPUT][0]
     assert custom.end_time - custom.start_time == 1_500_000_000
     goodput.job_end()  # closes step 201 at the end marker
+    goodput.flush()  # job_end writes the spool; it never waits for other exporters
     steps = [s for s in finished(exporter) if s.name == schema.STEP]
     assert steps[-1].attributes[schema.ATTR_STEP] == 201
 

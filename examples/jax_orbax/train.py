@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-to-keep", type=int, default=3, help="checkpoints kept by Orbax")
+    p.add_argument("--timings", type=Path, default=None,
+                   help="write the wall seconds of accelerator init, checkpoint saves and "
+                   "restores, timed around the calls by the loop itself, to this JSON file")
     args = p.parse_args(argv)
     for name in ("steps", "ckpt_every", "log_every", "batch_size"):
         if getattr(args, name) < 1:
@@ -81,11 +85,20 @@ class Marks:
 
             self._goodput = goodput
 
+        self.timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
     def phase(self, name: str, *args, **kwargs):
-        """``goodput.<name>(...)`` as a context manager in manual mode, else a no-op."""
-        if not self.manual:
-            return contextlib.nullcontext()
-        return getattr(self._goodput, name)(*args, **kwargs)
+        """``goodput.<name>(...)`` as a context manager in manual mode, else a no-op;
+        either way the block's wall seconds are added to ``timings[name]``."""
+        marker = getattr(self._goodput, name)(*args, **kwargs) if self.manual \
+            else contextlib.nullcontext()
+        with marker:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
 
     def step_start(self, n: int) -> None:
         """``goodput.step_start(n)`` in manual mode."""
@@ -237,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
 
     manager.wait_until_finished()
     manager.close()
+    if args.timings is not None:
+        args.timings.write_text(json.dumps(marks.timings, indent=1))
     print(f"done: step {args.steps}", flush=True)
     return 0
 
