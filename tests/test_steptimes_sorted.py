@@ -1,5 +1,6 @@
 """The sorted kept steps a live job keeps between polls (``steptimes._Sorted``) answer every
-threshold sum exactly, whether their running sums are kept whole or one in 64 (Hypothesis)."""
+threshold sum exactly, whether their running sums are kept whole or one in 64, and
+every order statistic of the union of several runs (Hypothesis)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput_processor.steptimes import _BLOCK, _Sorted
+from goodput_processor.steptimes import _BLOCK, _kth_runs, _Sorted
 from goodput_processor.timeline import NONE
 
 
@@ -57,3 +58,15 @@ def test_sums_and_merge_are_exact(a, b, multi, data):
             whole.sums(i) for i in range(len(per) + 1)]
     if not multi and all(x < 2**53 for x in a + b):
         assert whole.ones and whole.cum_cnt is None  # one running sum in 64 kept
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(runs=st.lists(st.lists(st.integers(0, 40) | st.integers(0, 10**12), max_size=40),
+                     min_size=1, max_size=4).filter(lambda r: sum(map(len, r)) > 0))
+def test_order_statistics_of_several_runs(runs):
+    """Each rank of the union of 1 to 4 sorted runs (ties across them, empty runs) is the
+    value of sorting them all at once."""
+    seqs = [np.sort(np.asarray(r, np.float64)) for r in runs]
+    whole = np.sort(np.concatenate(seqs))
+    ks = list(range(len(whole)))
+    assert _kth_runs(seqs, ks) == whole.tolist()

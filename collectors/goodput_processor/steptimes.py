@@ -146,6 +146,19 @@ class _Sorted:
                 (self.first, other.first), (self.last, other.last)))
             and (self.ones or np.array_equal(self.cum_cnt, other.cum_cnt)))
 
+    def spill(self, mapper) -> bool:
+        """Keep the arrays (not the first and last times) where ``mapper(list of arrays)``
+        puts them (equal arrays, such as :meth:`~goodput_processor.serve.spill.Spill.map`'s
+        memory-mapped ones; None: they stay). In place: whoever holds this run reads them
+        there. Returns whether they moved."""
+        names = [n for n in ("per", "diffs", "cum_t", "cum_cnt") if getattr(self, n) is not None]
+        got = mapper([getattr(self, n) for n in names])
+        if got is None:
+            return False
+        for n, a in zip(names, got, strict=True):
+            setattr(self, n, a)
+        return True
+
     def above(self, thr: float) -> tuple[int, int]:
         """(count, time ns) of the steps whose time per step is > ``thr``."""
         n, t = self.sums(int(np.searchsorted(self.per, thr, "right")))
@@ -185,19 +198,62 @@ def runs_median(parts: list, keys: list, none: int, memo=None) -> float:
     return _median(lambda ks: _kth(head.per, tail.per, ks), len(head.per) + len(tail.per))
 
 
-def _kth(a: np.ndarray, b: np.ndarray, ks) -> list[float]:
-    """The ``ks``-th smallest (0-based) values of the union of sorted ``a`` and ``b``;
-    O(len(b) log len(a))."""
-    if not len(b):
-        return [float(a[k]) for k in ks]
-    if not len(a):
-        return [float(b[k]) for k in ks]
-    pos = np.searchsorted(a, b, "right") + np.arange(len(b))  # b's places in the merge
+def _kth(a, b, ks) -> list[float]:
+    """The ``ks``-th smallest (0-based) values of the union of sorted ``a`` and ``b``
+    (ndarrays, or any sorted sequences indexed by int: :class:`_Union`, a run kept in a
+    file); O(log len(a)) reads of each per rank, by the split of the ``k + 1`` smallest
+    between the two (at the first ``i`` with ``a[i] >= b[k - i]``)."""
     out = []
+    n, m = len(a), len(b)
     for k in ks:
-        j = int(np.searchsorted(pos, k, "right"))  # b's values at merged places <= k
-        out.append(float(b[j - 1]) if j and pos[j - 1] == k else float(a[k - j]))
+        lo, hi = max(0, k + 1 - m), min(k + 1, n)
+        while lo < hi:  # i from a and k + 1 - i from b, the least i that is not too few
+            i = (lo + hi) // 2
+            if a[i] < b[k - i]:
+                lo = i + 1
+            else:
+                hi = i
+        j = k + 1 - lo
+        if not lo:
+            out.append(float(b[j - 1]))
+        elif not j:
+            out.append(float(a[lo - 1]))
+        else:
+            out.append(float(max(a[lo - 1], b[j - 1])))
     return out
+
+
+class _Union:
+    """Two sorted sequences ``a`` and ``b`` seen as their sorted union, indexed by rank
+    (each value read by :func:`_kth`)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b) -> None:
+        self.a, self.b = a, b
+
+    def __len__(self) -> int:
+        return len(self.a) + len(self.b)
+
+    def __getitem__(self, k: int) -> float:
+        return _kth(self.a, self.b, (k,))[0]
+
+
+def _runs(seqs: list):
+    """The sorted union of sorted sequences ``seqs`` (the first, the largest, outermost:
+    each of its reads is one value, each of the others' a search)."""
+    out = seqs[-1]
+    for s in reversed(seqs[:-1]):
+        out = _Union(s, out)
+    return out
+
+
+def _kth_runs(seqs: list, ks) -> list[float]:
+    """:func:`_kth` over the sorted union of ``seqs`` (one or more)."""
+    if len(seqs) == 1:
+        return [float(seqs[0][k]) for k in ks]
+    u = _runs(seqs)
+    return _kth(u.a, u.b, ks)
 
 
 def _median(kth, n: int) -> float:
@@ -251,28 +307,44 @@ def _finish(ideal_given_ns, n: int, kth_per, nd: int, kth_diff, above, steps: in
 
 def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
                part_keys: list | None = None) -> StepStats:
-    """:class:`StepStats` of the kept steps ``parts`` (one per attempt, see the module
-    docstring). ``ideal_given_ns``: the given ideal step time (ns) or None; ``none``: the
-    step number of a step span without one. With ``memo``, the parts but the last are
-    sorted once and kept under their ``part_keys`` (the memo keys of the attempts' parts)."""
+    """:class:`StepStats` of the kept steps ``parts`` (one per attempt, or per piece of the
+    running one: see the module docstring). ``ideal_given_ns``: the given ideal step time
+    (ns) or None; ``none``: the step number of a step span without one. With ``memo``,
+    ``part_keys`` are the memo keys of the parts (:meth:`~goodput_processor.painting._Acc.
+    attempt`'s: a whole attempt's begins with "attempt"); the whole attempts before the
+    last part are sorted once and kept (until an attempt is added), and so are a running
+    attempt's pieces before its last (under the key :func:`runs_median` keeps them by: one
+    copy), so that a new piece sorts that attempt's steps again, not the job's."""
     if memo is None or len(parts) < 2:
         return _fresh(parts, ideal_given_ns, none)
-    head = _sorted_parts(memo, "sorted_steps", parts[:-1], part_keys[:-1], none)
-    tail = _Sorted.of(parts[-1:], none)
-    tail_diffs = np.sort(np.concatenate((tail.diffs, head.boundary(tail))))
+    f = 0
+    while f < len(parts) - 1 and part_keys[f][0] == "attempt":
+        f += 1
+    runs = []
+    if f:
+        runs.append(_sorted_parts(memo, "sorted_steps", parts[:f], part_keys[:f], none))
+    if f < len(parts) - 1:
+        runs.append(_sorted_parts(memo, "sorted_attempt", parts[f:-1], part_keys[f:-1], none))
+    runs.append(_Sorted.of(parts[-1:], none))
+    diffs, last = [r.diffs for r in runs[:-1]], runs[0].last
+    gaps = []  # the differences across the runs' joins, between single steps either side
+    for r in runs[1:]:
+        if len(last) and len(r.first):
+            gaps.append(np.abs(last[:1] - r.first[:1]).astype(np.float64))
+        last = r.last if len(r.last) else last
+    diffs.append(np.sort(np.concatenate((runs[-1].diffs, *gaps))))
 
     def above(thr):
-        n1, t1 = head.above(thr)
-        n2, t2 = tail.above(thr)
-        return n1 + n2, t1 + t2
+        got = [r.above(thr) for r in runs]
+        return sum(g[0] for g in got), sum(g[1] for g in got)
 
-    maxes = [m for m in (head.max_step, tail.max_step) if m is not None]
-    return _finish(ideal_given_ns, len(head.per) + len(tail.per),
-                   lambda ks: _kth(head.per, tail.per, ks),
-                   len(head.diffs) + len(tail_diffs),
-                   lambda ks: _kth(head.diffs, tail_diffs, ks), above,
-                   head.total_cnt + tail.total_cnt,
-                   head.total_t + tail.total_t, max(maxes) if maxes else None)
+    maxes = [r.max_step for r in runs if r.max_step is not None]
+    pers = [r.per for r in runs]
+    return _finish(ideal_given_ns, sum(len(x) for x in pers),
+                   lambda ks: _kth_runs(pers, ks), sum(len(x) for x in diffs),
+                   lambda ks: _kth_runs(diffs, ks), above,
+                   sum(r.total_cnt for r in runs), sum(r.total_t for r in runs),
+                   max(maxes) if maxes else None)
 
 
 def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
