@@ -200,9 +200,14 @@ def runs_median(parts: list, keys: list, none: int, memo=None) -> float:
 
 def _kth(a, b, ks) -> list[float]:
     """The ``ks``-th smallest (0-based) values of the union of sorted ``a`` and ``b``
-    (ndarrays, or any sorted sequences indexed by int: :class:`_Union`, a run kept in a
-    file); O(log len(a)) reads of each per rank, by the split of the ``k + 1`` smallest
-    between the two (at the first ``i`` with ``a[i] >= b[k - i]``)."""
+    (ndarrays, or any sorted sequences indexed by int: :class:`_Union`). Where ``b`` is an
+    array of at most :data:`_SMALL` values, through their places in the merge
+    (:class:`_Union`: O(len(b) log len(a)), vectorised, and a search per rank); else by
+    the split of the ``k + 1`` smallest between the two, at the first ``i`` with ``a[i] >=
+    b[k - i]``: O(log len(a)) reads of each per rank (a few pages of a mapped ``a``)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and len(b) <= _SMALL:
+        u = _Union(a, b)
+        return [u[k] for k in ks]
     out = []
     n, m = len(a), len(b)
     for k in ks:
@@ -223,20 +228,37 @@ def _kth(a, b, ks) -> list[float]:
     return out
 
 
-class _Union:
-    """Two sorted sequences ``a`` and ``b`` seen as their sorted union, indexed by rank
-    (each value read by :func:`_kth`)."""
+#: The most values of the second run that :func:`_kth` places in the merge at once.
+_SMALL = 1 << 16
 
-    __slots__ = ("a", "b")
+
+class _Union:
+    """Two sorted sequences ``a`` and ``b`` seen as their sorted union, indexed by rank.
+    Where both are arrays and ``b`` has at most :data:`_SMALL` values, ``b``'s places in
+    the merge are found once (a search per read after that); else each read is a
+    :func:`_kth`."""
+
+    __slots__ = ("a", "b", "pos")
 
     def __init__(self, a, b) -> None:
         self.a, self.b = a, b
+        self.pos = None
+        if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and len(b) <= _SMALL:
+            self.pos = np.searchsorted(a, b, "right") + np.arange(len(b))
 
     def __len__(self) -> int:
         return len(self.a) + len(self.b)
 
     def __getitem__(self, k: int) -> float:
-        return _kth(self.a, self.b, (k,))[0]
+        pos = self.pos
+        if pos is None:
+            return _kth(self.a, self.b, (k,))[0]
+        if not len(self.b):
+            return float(self.a[k])
+        if not len(self.a):
+            return float(self.b[k])
+        j = int(np.searchsorted(pos, k, "right"))  # b's values at merged places <= k
+        return float(self.b[j - 1]) if j and pos[j - 1] == k else float(self.a[k - j])
 
 
 def _runs(seqs: list):
