@@ -11,8 +11,10 @@ adds beyond the rows. Then (unless ``--no-compact``) the store packs every proce
 maintenance does to processes quiet for ``--pack-after`` seconds), polls and collects the
 metrics again, and prints what it holds then: the packed rows are kept on disk in a
 :class:`~goodput_processor.serve.spill.Spill` (``goodput serve``'s default; ``--no-spill``:
-in memory, ``--spill-dir off``). Its last line says what the store's rows and the job's
-memos hold then, by kind (:func:`breakdown`).
+in memory, ``--spill-dir off``), and the kept steps of whole attempts and the finished
+ones' sorted step times are mapped from files there (``Spill.map``; the resident memory
+counts the pages of them that were read, ``RssFile``). Its last line says what the
+store's rows and the job's memos hold then, by kind (:func:`breakdown`).
 
     python benchmarks/recorded_job.py /tmp/job1m --steps 1000000   # the recorder's spool
     python benchmarks/bench_store_memory.py /tmp/job1m
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import mmap
 import os
 import sys
 import time
@@ -36,10 +39,22 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def rss_file_mb() -> float:
+    """The part of the resident memory that is pages of mapped files, in MiB (Linux
+    ``/proc/self/status`` ``RssFile``: the program's own code and libraries too)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def array_bytes(obj, seen: set) -> int:
     """Bytes of the numpy arrays and ``bytes`` reachable from ``obj`` (through tuples,
     lists, dicts and objects' attributes), each buffer counted once across calls sharing
-    ``seen``; broadcast views count nothing (their memory is one value)."""
+    ``seen``; broadcast views count nothing (their memory is one value), nor do views of a
+    memory-mapped file (``Spill.map``: their pages are resident only where read, and
+    counted in the RSS as the mapped files' share, :func:`rss_file_mb`)."""
     import numpy as np
 
     total, stack = 0, [obj]
@@ -54,7 +69,9 @@ def array_bytes(obj, seen: set) -> int:
                 base = base.base
             if base is o or id(base) not in seen:
                 seen.add(id(base))
-                total += 0 if 0 in base.strides else base.nbytes
+                mapped = isinstance(base.base, memoryview) and isinstance(base.base.obj,
+                                                                          mmap.mmap)
+                total += 0 if 0 in base.strides or mapped else base.nbytes
         elif isinstance(o, (bytes, bytearray)):
             total += len(o)
         elif isinstance(o, dict):
@@ -105,7 +122,7 @@ def main(argv=None) -> int:
     from goodput_processor.serve.tail import SpoolTailer
 
     gc.collect()
-    r0 = rss_mb()
+    r0, f0 = rss_mb(), rss_file_mb()
     from goodput_processor.serve.spill import Spill
 
     spill = None if args.no_spill else Spill()
@@ -121,6 +138,7 @@ def main(argv=None) -> int:
     gc.collect()
     r3 = rss_mb()
     steps = max(result.step_time.count, 1)
+    del result  # (its arrays are the memo's: mapped to files by the compaction below)
     print(f"job {name!r}: {steps:,} kept steps; taken in: RSS +{r1 - r0:.0f} MiB (rows "
           f"{rows1 / 2**20:.0f} MiB); after a poll: RSS +{r2 - r0:.0f} MiB (rows "
           f"{rows2 / 2**20:.0f} MiB), {(r2 - r0) * 2**20 / steps:.0f} bytes per step; "
@@ -140,7 +158,7 @@ def main(argv=None) -> int:
     store.snapshot_windows(name, DEFAULT_WINDOWS_S)  # (the first may read the last attempt
     t4 = time.perf_counter()  # once: its pieces looked at again with the same rows)
     gc.collect()
-    r4, rows4 = rss_mb(), store.memory_bytes()[name]
+    r4, rows4, f4 = rss_mb(), store.memory_bytes()[name], rss_file_mb()
     print(f"compacted ({packed:,} rows packed in {t1 - t0:.2f} s), then a poll "
           f"({(t2 - t1) * 1e3:.1f} ms) and two metrics collections ({(t3 - t2) * 1e3:.1f}, "
           f"{(t4 - t3) * 1e3:.1f} ms): "
@@ -148,7 +166,8 @@ def main(argv=None) -> int:
           f"(rows {rows4 / 2**20:.0f} MiB), {(r4 - r0) * 2**20 / steps:.0f} bytes per step"
           + ("" if spill is None else "; packed rows and segments on disk: "
              f"{spill.disk_bytes / 2**20:.0f} MiB, {spill.disk_bytes / steps:.0f} bytes per "
-             "step"))
+             f"step; kept steps in mapped files: {spill.mapped_bytes / 2**20:.0f} MiB, of "
+             f"which resident {f4 - f0:.0f} MiB (RssFile)"))
     # What reading a packed process costs (a memo dropped, a fresh accounting)
     big = max(store.snapshot(name).processes.values(), key=lambda p: p.rows_id[0]
               if isinstance(p, PackedProcessSpans) else -1)

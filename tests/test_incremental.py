@@ -29,7 +29,7 @@ from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.memo import AccountingMemo
 from goodput_processor.packed import PackedSegments
-from goodput_processor.serve.compaction import pack_segments, spill_segments
+from goodput_processor.serve.compaction import _mapped, pack_segments, spill_segments
 from goodput_processor.serve.spill import Spill
 from goodput_processor.serve.store import LiveStore
 from goodput_processor.timeline import (
@@ -244,8 +244,9 @@ def test_live_store_polled_after_every_batch_equals_fresh_accounting(pairs, seed
     """``goodput serve``'s store, fed through its three ingest paths in random batches and
     polled after each one (with its memo), gives what accounting the job afresh gives, with
     either definitions; ``pack``: every process's rows packed after each batch
-    (:meth:`LiveStore.compact`), kept in memory or in a spill file (``disk``), so that the
-    polls read packed rows and new rows land on packed ones."""
+    (:meth:`LiveStore.compact`), kept in memory or in a spill file (``disk``: and the kept
+    steps of whole attempts and the finished ones' sorted step times memory-mapped from
+    files), so that the polls read packed rows and new rows land on packed ones."""
     rng = random.Random(seed)
     reqs = _lines(_with_identity(pairs) if pack else pairs, rng)
     spill = Spill() if pack == "disk" else None
@@ -263,7 +264,14 @@ def _poll_after_every_batch(reqs, rng, pack, store) -> None:
         _feed(store, reqs[k : k + 2], rng)
         if pack:
             store.results(now_ns=NOW)  # (what the memo keeps, before the rows are packed)
-            store.compact(min_quiet_s=0, min_rows=0)
+            store.compact(min_quiet_s=0, min_rows=0, map_least=1)
+            if store.spill is not None:  # whole attempts' kept steps mapped from files
+                for memo in (store.memo(store.jobs()[0], windows=w) for w in (False, True)):
+                    with memo as m:
+                        assert all(_mapped(p[3][0]) for _, p in m.entries("attempt")
+                                   if len(p[3][0]))
+                        assert all(_mapped(r.per) for _, r in m.entries("sorted_steps")
+                                   if len(r.per))
             if k:  # and every painted segment the windows' memo keeps (read if reached)
                 with store.memo(store.jobs()[0], windows=True) as memo:
                     pack_segments(memo, NOW)

@@ -16,6 +16,9 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
   spill, written to disk with the rows (:func:`spill_segments`),
   and their memo shares the other memo's kept steps where they are equal
   (:func:`share_parts`);
+- with the spill, the kept steps of whole attempts and the sorted step times of the
+  finished ones are moved to memory-mapped files (:func:`map_steps`): a poll's binary
+  searches read a few pages of them;
 - then the C heap's free pages go back to the system (:func:`~goodput_processor.heap.trim_heap`).
 
 Only processes with an OS identity (``service.instance.id``, pid and start time: what the
@@ -26,6 +29,7 @@ it gets the same rows (``tests/test_serve_packing.py``, ``tests/test_incremental
 
 from __future__ import annotations
 
+import mmap
 import time
 from dataclasses import replace
 from types import SimpleNamespace
@@ -38,7 +42,12 @@ from ..memo import AccountingMemo, rows_key
 from ..packed import DerivedRows, PackedProcessSpans, PackedSegments
 from .rows import pack_rows
 
-__all__ = ["compact", "pack_runs", "pack_segments", "share_parts", "spill_segments"]
+__all__ = ["MAP_STEPS", "compact", "map_steps", "pack_runs", "pack_segments", "share_parts",
+           "spill_segments"]
+
+#: Kept steps at least this many (of one attempt, or in one sorted run) are mapped to a
+#: file by :func:`map_steps`; fewer stay in memory (one file, and one descriptor, each).
+MAP_STEPS = 1 << 16
 
 #: Where a painted part (``painting._Acc._part``'s tuple, as a memo keeps it) holds its
 #: kept-step arrays and its segments.
@@ -53,12 +62,14 @@ def _packable(store, job: str, key: tuple) -> bool:
                 and p.process_start_ns is not None)
 
 
-def compact(store, min_quiet_s: float, min_rows: int = 4096) -> int:
+def compact(store, min_quiet_s: float, min_rows: int = 4096,
+            map_least: int | None = None) -> int:
     """Compact ``store``'s processes (a :class:`~goodput_processor.serve.store.LiveStore`)
     that have taken no new row for ``min_quiet_s`` seconds and have at least ``min_rows``
     rows (see the module docstring). Deflating runs outside the store's lock (ingest goes
     on); what a job's memos keep is compacted under the job's memo lock (a poll of that
-    job waits). Returns the rows packed and let go (0 when nothing was new)."""
+    job waits); ``map_least``: :func:`map_steps`' least steps (default :data:`MAP_STEPS`).
+    Returns the rows packed and let go (0 when nothing was new)."""
     now, done, shared = time.monotonic(), 0, 0
     with store._lock:
         todo = [(job, key, r, r.view())
@@ -92,6 +103,11 @@ def compact(store, min_quiet_s: float, min_rows: int = 4096) -> int:
                     shared += spill_segments(memos[True], store.spill, job) > 0
             if False in memos and True in memos:  # one copy of the kept steps
                 shared += share_parts(memos[False], memos[True])
+            if store.spill is not None and map_steps(  # whole attempts' kept steps, to files
+                    list(memos.values()), store.spill.map, map_least):
+                shared += 1
+                with store._lock:  # (a finished job's result held the arrays: made anew)
+                    store._done.pop(job, None)
     if done or shared:
         trim_heap()
     return done
@@ -191,3 +207,52 @@ def share_parts(memo: AccountingMemo, windows: AccountingMemo) -> int:
                 windows.put(key, other)
                 done += 1
     return done
+
+
+def map_steps(memos: list[AccountingMemo], mapper, min_steps: int | None = None) -> int:
+    """Move what the ``memos`` of one job keep of whole attempts' kept steps (the painted
+    parts' five arrays) and the finished attempts' sorted step times
+    (:func:`~goodput_processor.steptimes.step_stats`' "sorted_steps" runs) to where
+    ``mapper`` puts them (:meth:`~goodput_processor.serve.spill.Spill.map`: memory-mapped
+    files), each once, when they hold at least ``min_steps`` (default :data:`MAP_STEPS`)
+    steps. A part shared by the memos (:func:`share_parts`) stays one copy. Returns the
+    steps moved."""
+    least = MAP_STEPS if min_steps is None else min_steps
+    moved, done = {}, 0  # id(kept arrays) -> (them, their mapped copy)
+    for memo in memos:
+        for key, part in memo.entries("attempt"):
+            kept = part[_KEPT]
+            if id(kept) in moved:
+                new = moved[id(kept)][1]
+            elif len(kept[0]) < least or _mapped(kept[0]):
+                continue
+            else:
+                new = _map_some(kept, mapper)
+                moved[id(kept)] = (kept, new)
+                done += len(kept[0]) if new is not kept else 0
+            if new is not kept:
+                memo.put(key, (*part[:_KEPT], new, *part[_KEPT + 1:]))
+        for _key, run in memo.entries("sorted_steps"):  # (in place: shared ones too)
+            if len(run.per) >= least and not _mapped(run.per) and run.spill(mapper):
+                done += len(run.per)
+    return done
+
+
+def _map_some(arrays: tuple, mapper) -> tuple:
+    """``arrays`` with those that hold a value per element mapped by ``mapper`` (a
+    broadcast view, one value, stays); ``arrays`` itself if none moved."""
+    which = [i for i, a in enumerate(arrays) if a.strides != (0,)]
+    got = mapper([arrays[i] for i in which]) if which else None
+    if got is None:
+        return arrays
+    out = list(arrays)
+    for i, a in zip(which, got, strict=True):
+        out[i] = a
+    return tuple(out)
+
+
+def _mapped(a: np.ndarray) -> bool:
+    """Whether ``a`` is a view of a memory map (:func:`map_steps` moved it)."""
+    while isinstance(a, np.ndarray):
+        a = a.base
+    return isinstance(a, memoryview) and isinstance(a.obj, mmap.mmap)

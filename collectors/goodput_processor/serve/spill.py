@@ -7,6 +7,12 @@ a poll needs is in them: a poll reads the memos, and only something that reads t
 process's rows again (a late span of it, a report of a memo let go) reads them back, one
 ``pread`` per column (:class:`~goodput_processor.packed.SpilledColumns`).
 
+Compaction also maps the kept steps of finished attempts and their sorted step times
+(:meth:`Spill.map`): each set of arrays is written to an unnamed file in the directory
+(``tempfile.TemporaryFile``) and read back through a read-only memory map, so that the
+pages a poll does not touch (a binary search touches a few) are not resident; the file's
+disk space goes when the last array of it is let go.
+
 The files are a cache, not a record: the write-ahead log or the spool is what a restart
 replays. One file per job (``<job slug>.rows``), appended to, removed when the job leaves
 (:meth:`Spill.forget`) or the spill is closed. A file that cannot be written leaves the
@@ -17,11 +23,14 @@ fail, and the job is reported failed (``JobResult.error``), the other jobs unaff
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import shutil
 import tempfile
 import threading
 import weakref
+
+import numpy as np
 
 from ..packed import PackedRows
 from .wal import job_slug
@@ -53,6 +62,8 @@ class Spill:
         #: Bytes written to the files (of the jobs still here).
         self.disk_bytes = 0
         self._sizes: dict[str, int] = {}
+        #: Bytes of the files of :meth:`map` still mapped.
+        self.mapped_bytes = 0
         self._failed = False
         self._finalizer = weakref.finalize(self, _remove, self.directory, self._paths,
                                            self._own)
@@ -85,6 +96,39 @@ class Spill:
             self.disk_bytes += n
         packed.spill(path, offset)
         return n
+
+    def map(self, arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+        """The same ``arrays`` (1-D, of 8-byte dtypes), read from now on from a file in the
+        directory through a read-only memory map: views of it, equal element by element,
+        not writable. The file has no name (``tempfile.TemporaryFile``); its disk space
+        goes when the last of the views is let go, and :attr:`mapped_bytes` drops with it.
+        Returns None when the file cannot be written or mapped (the caller keeps the
+        arrays in memory; logged once)."""
+        total = sum(a.nbytes for a in arrays)
+        if not total:
+            return None
+        try:
+            with tempfile.TemporaryFile(dir=self.directory, prefix="steps-") as f:
+                at = []
+                for a in arrays:
+                    at.append(f.tell())
+                    f.write(np.ascontiguousarray(a).data)
+                f.flush()
+                mm = mmap.mmap(f.fileno(), total, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            if not self._failed:
+                _log.error("goodput serve: cannot map kept steps to a file in %s (%s); "
+                           "they stay in memory", self.directory, getattr(e, "strerror", e) or e)
+            self._failed = True
+            return None
+        with self._lock:
+            self.mapped_bytes += total
+        weakref.finalize(mm, self._unmapped, total)
+        return [np.frombuffer(mm, a.dtype, len(a), off) for a, off in zip(arrays, at, strict=True)]
+
+    def _unmapped(self, n: int) -> None:
+        with self._lock:
+            self.mapped_bytes -= n
 
     def forget(self, job: str) -> None:
         """Remove ``job``'s file (the job has left: nothing reads its rows any more)."""

@@ -502,15 +502,17 @@ class LiveStore:
             out.append(result)
         return out
 
-    def compact(self, min_quiet_s: float | None = None, min_rows: int = 4096) -> int:
+    def compact(self, min_quiet_s: float | None = None, min_rows: int = 4096,
+                map_least: int | None = None) -> int:
         """Compact the processes that have taken no new row for ``min_quiet_s`` seconds
         (default ``pack_after_s``; None: nothing is packed) and have at least ``min_rows``
-        rows (:func:`goodput_processor.serve.compaction.compact`); returns the rows packed.
+        rows, and with a spill map the kept steps of at least ``map_least`` steps
+        (:func:`goodput_processor.serve.compaction.compact`); returns the rows packed.
         ``goodput serve`` calls it every maintenance round."""
         min_quiet_s = self.pack_after_s if min_quiet_s is None else min_quiet_s
         if min_quiet_s is None:
             return 0
-        return compaction.compact(self, min_quiet_s, min_rows)
+        return compaction.compact(self, min_quiet_s, min_rows, map_least)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held by each job's span rows: the reader's buffers (``sys.getsizeof``) and
