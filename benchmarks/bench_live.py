@@ -425,7 +425,9 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
         add_serve_command(ap.add_subparsers())
         args = ap.parse_args(["serve", "--grpc-port", "off", "--http-port", "0",
                               "--spool-dir", str(run_dir), "--wal-dir", "off"])
-        store = LiveStore(min_interval_s=0)
+        from goodput_processor.serve.spill import Spill
+
+        store = LiveStore(min_interval_s=0, spill=Spill() if pack else None)
         provider, registry, _prom = _metrics(args, store)
         windows = tuple(float(w) for w in args.windows.split(","))
 
@@ -572,7 +574,8 @@ def main(argv=None) -> int:
                     help="steps of the job the incumbent is measured on (default --steps)")
     ap.add_argument("--pack", action="store_true",
                     help="serve: pack every process's rows after the warm poll "
-                    "(LiveStore.compact, as a maintenance round does to quiet processes)")
+                    "(LiveStore.compact, as a maintenance round does to quiet processes), "
+                    "with a spill as goodput serve's default --spill-dir auto")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--defs", help=argparse.SUPPRESS)
     for a in ("--run-dir", "--meta", "--new", "--work", "--npz"):
