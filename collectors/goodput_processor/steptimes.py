@@ -348,12 +348,10 @@ def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
     if f < len(parts) - 1:
         runs.append(_sorted_parts(memo, "sorted_attempt", parts[f:-1], part_keys[f:-1], none))
     runs.append(_Sorted.of(parts[-1:], none))
-    diffs, last = [r.diffs for r in runs[:-1]], runs[0].last
-    gaps = []  # the differences across the runs' joins, between single steps either side
-    for r in runs[1:]:
-        if len(last) and len(r.first):
-            gaps.append(np.abs(last[:1] - r.first[:1]).astype(np.float64))
-        last = r.last if len(r.last) else last
+    diffs, prev, gaps = [r.diffs for r in runs[:-1]], runs[0], []
+    for r in runs[1:]:  # the differences across the joins, from the last run with singles
+        gaps.append(prev.boundary(r))
+        prev = r if len(r.last) else prev
     diffs.append(np.sort(np.concatenate((runs[-1].diffs, *gaps))))
 
     def above(thr):
