@@ -124,19 +124,20 @@ def _env() -> dict:
 
 
 def record(out_dir: Path, steps: int, restarts: int = 3, step_s: float = 0.5,
-           seed: int = 0) -> float:
+           seed: int = 0, slow_share: float = 0.0) -> float:
     """Record the job of ``recorded_job.py`` into ``out_dir`` with its last attempt killed
     (no end marker: it is running); returns the wall seconds the recording took.
 
     The kills are drawn as ``recorded_job.write_job`` draws them; the last attempt runs to
     ``steps`` and is killed right after its last flush (``state["steps"]`` is one more than
-    it reaches, so ``run_attempt`` takes its kill path).
+    it reaches, so ``run_attempt`` takes its kill path); ``slow_share`` of its steps take
+    twice as long.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     kill_at = sorted(rng.randrange(steps // 10, steps) for _ in range(restarts))
     state = {"kill_at": kill_at + [steps], "steps": steps + 1, "step_s": step_s,
-             "seed": seed, "t": 1_700_000_000 * SEC, "done": 0}
+             "seed": seed, "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share}
     t0 = time.perf_counter()
     for attempt in range(restarts + 1):
         out = subprocess.run(
@@ -212,11 +213,13 @@ def spool_bytes(run_dir: Path) -> int:
     return sum(p.stat().st_size for p in run_dir.iterdir() if p.is_file())
 
 
-def prepare(base: Path, steps: int) -> dict:
-    """The job of ``steps`` steps under ``base`` (recorded unless already there), cut;
-    returns its paths and facts (``rec_s``: recording seconds, None if reused)."""
-    run_dir, meta_path = base / f"job-{steps}", base / f"job-{steps}.json"
-    new_path = base / f"job-{steps}.new"
+def prepare(base: Path, steps: int, slow_share: float = 0.0) -> dict:
+    """The job of ``steps`` steps (``slow_share`` of them twice as long) under ``base``
+    (recorded unless already there), cut; returns its paths and facts (``rec_s``: recording
+    seconds, None if reused)."""
+    name = f"job-{steps}" + (f"-slow{slow_share:g}" if slow_share else "")
+    run_dir, meta_path = base / name, base / f"{name}.json"
+    new_path = base / f"{name}.new"
     rec_s = None
     if meta_path.exists() and new_path.exists():
         meta = json.loads(meta_path.read_text())
@@ -224,10 +227,10 @@ def prepare(base: Path, steps: int) -> dict:
     else:
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        rec_s = record(run_dir, steps)
+        rec_s = record(run_dir, steps, slow_share=slow_share)
         meta = split(run_dir, meta_path, new_path)
     return {"steps": steps, "run_dir": run_dir, "meta": meta, "meta_path": meta_path,
-            "new_path": new_path, "rec_s": rec_s, "npz": base / f"job-{steps}.mgm.npz",
+            "new_path": new_path, "rec_s": rec_s, "npz": base / f"{name}.mgm.npz",
             "spool": spool_bytes(run_dir) + meta["bytes"]}
 
 
@@ -572,6 +575,9 @@ def main(argv=None) -> int:
     ap.add_argument("--surfaces", nargs="+", choices=list(PLAN), default=list(PLAN))
     ap.add_argument("--incumbent-steps", type=int, default=None,
                     help="steps of the job the incumbent is measured on (default --steps)")
+    ap.add_argument("--slow-share", type=float, default=0.0,
+                    help="fraction of steps (0 to 1) that take twice as long, so that the "
+                    "job has anomalous steps to attribute to hosts (default 0)")
     ap.add_argument("--pack", action="store_true",
                     help="serve: pack every process's rows after the warm poll "
                     "(LiveStore.compact, as a maintenance round does to quiet processes), "
@@ -602,7 +608,7 @@ def main(argv=None) -> int:
     try:
         sizes = {args.steps} | ({inc_steps} if "incumbent" in args.surfaces else set())
         for steps in sorted(sizes):
-            jobs[steps] = job = prepare(base, steps)
+            jobs[steps] = job = prepare(base, steps, args.slow_share)
             m = job["meta"]
             print(f"job {steps:,} steps: spool {job['spool'] / 1e6:.1f} MB, "
                   + (f"recorded in {job['rec_s']:.1f} s" if job["rec_s"] is not None

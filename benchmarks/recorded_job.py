@@ -4,8 +4,9 @@ The recorder (``goodput.recorder.Recorder``, whichever version ``PYTHONPATH`` po
 at) records the job of ``benchmarks/synth.py``: 3 restarts that redo the steps after
 the last checkpoint, a data-loading phase before every step, a 2 s blocking checkpoint
 save every 1,000 steps and a 5 s ``eval`` every 5,000, steps of ``--step-s`` (0.5 s,
-jitter +-5 %). The clock the recorder reads is simulated, and its flush runs exactly as
-the background thread runs it (``_drain_and_write(heartbeat=True)`` under its lock) at
+jitter +-5 %), of which a share ``--slow-share`` (none by default) takes twice as
+long. The clock the recorder reads is simulated, and its flush runs exactly as the
+background thread runs it (``_drain_and_write(heartbeat=True)`` under its lock) at
 every flush interval (1 s, the default) of simulated time: the phases in flight at a
 flush get their ``goodput.open`` record, a flush with nothing to write a heartbeat, so
 the spool is what a real job of that length leaves. Each attempt is its own OS process;
@@ -60,6 +61,8 @@ def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
     from goodput import config, recorder, schema
 
     rng = random.Random(state["seed"] * 1000 + attempt)
+    slow = state.get("slow_share", 0.0)
+    slow_rng = random.Random(state["seed"] * 1000 + attempt + 7)  # the same steps otherwise
     t = state["t"]
     clock = _Clock(t)
     recorder.time = clock  # the recorder's clock reads (its thread does not run: see below)
@@ -98,8 +101,10 @@ def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
     step_ns = int(state["step_s"] * SEC)
     for n in range(done + 1, stop + 1):
         t = phase(schema.DATA_LOADING, t, t + step_ns // 50)
-        t = phase(schema.STEP, t, t + int(step_ns * rng.uniform(0.95, 1.05)),
-                  {schema.ATTR_STEP: n})
+        dur = step_ns * rng.uniform(0.95, 1.05)
+        if slow and slow_rng.random() < slow:
+            dur *= 2
+        t = phase(schema.STEP, t, t + int(dur), {schema.ATTR_STEP: n})
         if n % 1000 == 0:
             t = phase(schema.CHECKPOINT_SAVE, t, t + 2 * SEC,
                       {schema.ATTR_CHECKPOINT_STEP: n, schema.ATTR_BLOCKING: True})
@@ -116,8 +121,9 @@ def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
 
 
 def write_job(out_dir: str, steps: int, restarts: int = 3, step_s: float = 0.5,
-              seed: int = 0, env=None) -> dict:
-    """Record the job into ``out_dir``, one child process per attempt.
+              seed: int = 0, env=None, slow_share: float = 0.0) -> dict:
+    """Record the job into ``out_dir``, one child process per attempt; ``slow_share``
+    (a fraction, 0 to 1) of its steps take twice as long.
 
     Returns ``{"attempts": n, "seconds": wall time of the recording}``.
     """
@@ -125,7 +131,7 @@ def write_job(out_dir: str, steps: int, restarts: int = 3, step_s: float = 0.5,
     rng = random.Random(seed)  # the kills: as benchmarks/synth.py draws them
     kill_at = sorted(rng.randrange(steps // 10, steps) for _ in range(restarts))
     state = {"kill_at": kill_at, "steps": steps, "step_s": step_s, "seed": seed,
-             "t": 1_700_000_000 * SEC, "done": 0}
+             "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share}
     t0 = time.perf_counter()
     attempt = 0
     while True:
@@ -146,6 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--step-s", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slow-share", type=float, default=0.0,
+                    help="fraction of steps (0 to 1) that take twice as long (default 0)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--state", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -155,7 +163,10 @@ def main(argv=None) -> int:
         if not state["finished"]:
             os._exit(0)  # a kill: no exit hook, no end marker
         return 0
-    info = write_job(args.out_dir, args.steps, args.restarts, args.step_s, args.seed)
+    if not 0.0 <= args.slow_share <= 1.0:
+        ap.error(f"--slow-share must be a fraction from 0 to 1, got {args.slow_share}")
+    info = write_job(args.out_dir, args.steps, args.restarts, args.step_s, args.seed,
+                     slow_share=args.slow_share)
     print(json.dumps(info))
     return 0
 

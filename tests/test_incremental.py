@@ -24,7 +24,7 @@ from test_fast_paths import MS, T0, loop_jobs
 from test_properties import NOW, NS, _feed, _lines, jobs
 
 from goodput import schema
-from goodput_processor import pieces, to_json_dict
+from goodput_processor import attribution, pieces, to_json_dict
 from goodput_processor.accounting import account
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.memo import AccountingMemo
@@ -86,31 +86,36 @@ def _snapshot(job: JobSpans, seen: dict, identity: bool = False) -> JobSpans:
 
 
 @contextlib.contextmanager
-def _pieces_of(rows: int | None):
+def _pieces_of(rows: int | None, spare: int | None = None):
     """Running attempts cut into pieces of at least ``rows`` rows (None: the default), the
-    last rows of the attempt included, so that small jobs are cut too."""
-    saved = pieces.PIECE_ROWS, pieces._KEEP_LAST
+    last rows of the attempt included, so that small jobs are cut too; with ``spare``, the
+    slowdown attribution keeps that many spare candidate steps (0: a part's steps are read
+    again whenever the threshold falls below its slowest unkept step)."""
+    saved = pieces.PIECE_ROWS, pieces._KEEP_LAST, attribution.SPARE_CANDIDATES
     if rows is not None:
         pieces.PIECE_ROWS, pieces._KEEP_LAST = rows, 0
+    if spare is not None:
+        attribution.SPARE_CANDIDATES = spare
     try:
         yield
     finally:
-        pieces.PIECE_ROWS, pieces._KEEP_LAST = saved
+        pieces.PIECE_ROWS, pieces._KEEP_LAST, attribution.SPARE_CANDIDATES = saved
 
 
 @pytest.mark.parametrize("identity", [False, True])
 @SETTINGS
 @given(case=arrivals(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
-       piece_rows=st.sampled_from([None, 1, 3]))
+       piece_rows=st.sampled_from([None, 1, 3]), spare=st.sampled_from([None, 0, 1]))
 def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, piece_rows,
-                                                        identity):
+                                                        spare, identity):
     """... also with the running attempt cut into pieces of a few rows
-    (:mod:`goodput_processor.pieces`), with the rolling windows, with and without OS
+    (:mod:`goodput_processor.pieces`), with the slowdown attribution's candidate steps
+    read again as the threshold falls, with the rolling windows, with and without OS
     process identity."""
     job, batches = case
     memo, w_memo = AccountingMemo(), AccountingMemo()
     seen: dict = {}
-    with _pieces_of(piece_rows):
+    with _pieces_of(piece_rows, spare):
         for batch in batches:
             snap, now = _take(job, seen, batch, running, identity)
             fresh = account(snap, ideal, now)

@@ -52,6 +52,9 @@ __all__ = ["DEFAULT_TOP", "HostBadput", "host_badput", "slowdown_by_host"]
 
 #: Hosts listed in the report and the metric.
 DEFAULT_TOP = 10
+#: Candidates (:class:`_Candidates`) kept beyond twice the anomalous steps, so that the
+#: threshold can fall this far (in steps) before a part's steps are read again.
+SPARE_CANDIDATES = 1024
 _NS = 1_000_000_000
 
 
@@ -68,14 +71,15 @@ class HostBadput:
     badput_s: float
 
 
-def _arrivals(d: np.ndarray, key: np.ndarray, steps_wanted: np.ndarray):
-    """(process index, step number, arrival ns) of the blocking, completed step spans in rows
-    ``d`` (of processes ``key``) whose number is in ``steps_wanted``: the span's end minus the
-    collective wait recorded inside it (waits matched to the step of the same process whose
-    start is the latest at or before theirs)."""
+def _arrivals(d: np.ndarray, key: np.ndarray, steps_wanted: np.ndarray | None):
+    """(process index, step number, arrival ns) of the blocking, completed, numbered step
+    spans in rows ``d`` (of processes ``key``) whose number is in ``steps_wanted`` (None:
+    all): the span's end minus the collective wait recorded inside it (waits matched to the
+    step of the same process whose start is the latest at or before theirs, among all its
+    steps, so a step's arrival does not depend on which others are wanted)."""
     flags, kinds = d[:, C_FLAGS], d[:, C_KIND]
     ss = np.flatnonzero((kinds == K_STEP) & ((flags & (F_NONBLOCKING | F_ENDLESS)) == 0)
-                        & np.isin(d[:, C_IVAL], steps_wanted))
+                        & (d[:, C_IVAL] != NONE))
     ww = np.flatnonzero((kinds == K_COLLECTIVE_WAIT) & ((flags & F_NONBLOCKING) == 0))
     wait = np.zeros(len(ss), np.int64)
     if len(ss) and len(ww):
@@ -96,15 +100,19 @@ def _arrivals(d: np.ndarray, key: np.ndarray, steps_wanted: np.ndarray):
         wait = np.rint(np.bincount(si[ok], weights=dur, minlength=len(ss))).astype(np.int64)
     st = d[ss]
     arrival = st[:, C_END] - np.minimum(wait, st[:, C_END] - st[:, C_START])
-    return key[ss], st[:, C_IVAL], arrival
+    keep = slice(None) if steps_wanted is None else np.isin(st[:, C_IVAL], steps_wanted)
+    return key[ss][keep], st[keep, C_IVAL], arrival[keep]
 
 
 def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple, int], int]:
     """Attributed slowdown per host process, ``{(host, rank): ns}``, and the unattributed ns.
 
     ``result`` is the accounting's :class:`~goodput_processor.report.JobResult` (its kept
-    steps, anomalous flags and ideal step time). ``memo`` keeps each attempt's share under
-    its inputs (its steps' part, its processes' rows, the ideal step time and noise band).
+    steps, anomalous flags and ideal step time). ``memo`` keeps, per attempt and per piece
+    of the running one, the kept steps that can be anomalous (:class:`_Candidates`) and, for
+    a finished attempt of several processes, their arrivals' waterfall: neither depends on
+    the ideal step time, so a poll that moves it reads only the steps above the new
+    threshold. Each attempt's share is kept under its inputs and the ideal and noise band.
     """
     out: dict[tuple, int] = {}
     unattributed = 0
@@ -116,78 +124,175 @@ def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple,
             continue
         key = ("slow_by_host", tuple(pkeys), a is attempts[0], result.ideal_step_time_s,
                result.noise_tolerance_s, tuple(proc_key(p) for p in a.processes))
-
-        def compute(a=a, off=off, parts=parts):
-            part = parts[0] if len(parts) == 1 else tuple(
-                np.concatenate([p[i] for p in parts]) for i in range(5))
-            return _attempt_slowdown(a, a is attempts[0], result, off, part, memo)
-
-        got, lost = cached(memo if pkeys[0] is not None else None, key, compute)
+        got, lost = cached(memo if pkeys[0] is not None else None, key, lambda a=a, off=off,
+                           parts=parts, pkeys=pkeys: _attempt_slowdown(
+                               a, a is attempts[0], result, off, parts, pkeys, memo))
         for k, v in got.items():
             out[k] = out.get(k, 0) + v
         unattributed += lost
     return out, max(unattributed, 0)
 
 
-def _attempt_slowdown(a, first: bool, result, off: int, part: tuple,
+class _Candidates:
+    """The kept steps of one part (an attempt, or a piece of the running one) that can be
+    anomalous while the threshold (ideal step time + noise band, float ns per step) stays
+    at or above ``floor``: every step whose time per step is above ``floor``, at most
+    ``2 m +`` :data:`SPARE_CANDIDATES` of them for ``m`` anomalous when made. In canonical
+    order, slowest first (ties: earlier step first), with ``idx`` (the steps' indexes in
+    the part), ``ratio`` (time per step, float ns), ``nums`` (step numbers) and the running
+    sums ``ct``, ``cc`` (int64, a leading 0) of their time (ns) and count: 40 bytes per
+    candidate."""
+
+    __slots__ = ("cc", "ct", "floor", "idx", "nums", "ratio", "waterfall")
+
+    def __init__(self, part: tuple, thr: float):
+        snum, _att, _start, t, cnt = part
+        per = t / cnt
+        n, m = len(per), int(np.count_nonzero(per > thr))
+        k = 2 * m + SPARE_CANDIDATES
+        if k >= n:
+            self.floor, cand = -np.inf, np.arange(n)
+        else:  # the (n - k)-th smallest time per step: at or below the threshold
+            self.floor = float(np.partition(per, n - k - 1)[n - k - 1])
+            cand = np.flatnonzero(per > self.floor)
+        o = np.lexsort((cand, -per[cand]))
+        self.idx = cand[o]
+        self.ratio = per[self.idx]
+        self.nums = snum[self.idx]
+        self.ct = np.concatenate(([0], np.cumsum(t[self.idx])))
+        self.cc = np.concatenate(([0], np.cumsum(cnt[self.idx])))
+        self.waterfall = None
+
+    def above(self, thr: float) -> int:
+        """How many candidates are anomalous at threshold ``thr`` (>= ``floor``): the first
+        ones, time per step above ``thr``."""
+        return int(np.searchsorted(-self.ratio, -thr, "left"))
+
+
+def _candidates(memo, key, part: tuple, thr: float, procs: tuple | None = None) -> _Candidates:
+    """The :class:`_Candidates` of ``part`` for threshold ``thr``, kept in ``memo`` under
+    ``key`` (the part's memo key; None: not kept) while ``thr`` stays at or above their
+    floor; with ``procs`` (an attempt of several processes: ``(attempt, process keys)``),
+    with their arrivals' waterfall (:func:`_waterfall`) kept beside them."""
+    tag = ("slow_steps", key) if procs is None else ("slow_hosts", key, procs[1])
+    c = memo.peek(tag) if memo is not None and key is not None else None
+    if c is None or thr < c.floor:
+        c = _Candidates(part, thr)
+        if procs is not None:
+            c.waterfall = _waterfall(procs[0], c.nums)
+        if memo is not None and key is not None:
+            memo.put(tag, c)
+    return c
+
+
+def _waterfall(a, nums: np.ndarray) -> tuple:
+    """The arrivals' waterfall (module docstring) of attempt ``a``'s steps numbered
+    ``nums`` (one entry per kept step, in its order; NONE: no number), independent of the
+    ideal step time: ``(spread, bounds, who, blame)``: per step the spread of its arrivals
+    ``a1 - ak`` (float ns; 0 without arrivals), and ``bounds`` (``len(nums) + 1``
+    offsets) into ``who`` (process indexes into ``a``'s processes with rows) and
+    ``blame`` (float ns, unscaled), the step's blames latest arrival first. Each step's
+    blames are computed from its own arrivals alone, so the same step gets the same floats
+    whatever else is asked for."""
+    d, rowkey, _procs = stacked(a)
+    who, num, arr = _arrivals(d, rowkey, None)
+    o = np.lexsort((-arr, num))  # by number, latest arrival first
+    who, num, arr = who[o], num[o], arr[o]
+    starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1]))) if len(num) else \
+        np.zeros(0, np.int64)
+    size = np.diff(np.append(starts, len(num)))
+    g = np.searchsorted(num[starts], nums) if len(starts) else np.zeros(len(nums), np.int64)
+    g = np.minimum(g, max(len(starts) - 1, 0))
+    has = (nums != NONE) & (len(starts) > 0)
+    if len(starts):
+        has &= num[starts][g] == nums
+    cnt = np.where(has, size[g] if len(starts) else 0, 0)
+    bounds = np.concatenate(([0], np.cumsum(cnt)))
+    spread = np.zeros(len(nums))
+    blame = np.zeros(int(bounds[-1]))
+    sel = np.flatnonzero(has)
+    src = np.repeat(starts[g[sel]], cnt[sel]) + (np.arange(int(bounds[-1]))
+                                                  - np.repeat(bounds[sel], cnt[sel]))
+    if len(sel):
+        k = int(size.max())
+        # one row per step, arrivals latest first, the last padded with itself: row by row
+        # (whatever the other rows), c_j = (a_j - a_(j+1)) / j and blame_j = sum over i >= j
+        for lo in range(0, len(sel), max(1, (1 << 20) // k)):
+            rows = sel[lo : lo + max(1, (1 << 20) // k)]
+            r0, rn = starts[g[rows]], size[g[rows]]
+            col = np.minimum(np.arange(k), (rn - 1)[:, None])
+            m = arr[r0[:, None] + col].astype(float)
+            c = np.zeros_like(m)
+            c[:, :-1] = (m[:, :-1] - m[:, 1:]) / np.arange(1, k)
+            b = np.cumsum(c[:, ::-1], axis=1)[:, ::-1]
+            spread[rows] = m[:, 0] - m[:, -1]
+            into = np.arange(k) < rn[:, None]
+            blame[bounds[rows][:, None].repeat(k, 1)[into] + np.nonzero(into)[1]] = b[into]
+    return spread, bounds, who[src], blame
+
+
+def _attempt_slowdown(a, first: bool, result, off: int, parts: list, pkeys: list,
                       memo) -> tuple[dict[tuple, int], int]:
     """One attempt's share of :func:`slowdown_by_host`: ``({(host, rank): ns}, unattributed
-    ns)``; ``off``, ``part``: where its kept steps begin in ``result.steps`` and their
-    arrays."""
-    out: dict[tuple, int] = {}
-    unattributed = 0
-    ideal = result.ideal_step_time_s * _NS
-    snum, _att, _start, t, cnt = part
+    ns)``; ``off``, ``parts``, ``pkeys``: where its kept steps begin in ``result.steps``,
+    their parts and the parts' memo keys (:meth:`~.steptimes.StepSeries.of_attempt`).
+
+    The anomalous steps' excess is ``sum(t) - sum(count) * ideal`` from integer running
+    sums, the warm-up steps' share (:func:`~.recovery.warmup`, after a restart) taken out
+    step by step; with several processes, each step's excess scales its waterfall's blames
+    (by ``min(1, excess / spread)``), summed per process in the candidates' canonical
+    order, so that the result does not depend on how the steps were split into parts.
+    """
     st = result.steps
-    mine = np.flatnonzero(t / cnt > st.ideal_ns + st.tol_ns)
-    if not len(mine):
-        return out, 0
-    idx = mine + off
-    excess = t[mine] - cnt[mine] * ideal  # float ns per anomalous step
+    ideal = st.ideal_ns
+    thr = st.ideal_ns + st.tol_ns
+    multi = len(a.processes) > 1
+    procs = (a, tuple(proc_key(p) for p in a.processes)) if multi and len(parts) == 1 else None
+    cands, base = [], off
+    for p, k in zip(parts, pkeys, strict=True):
+        c = _candidates(memo, k, p, thr, procs)
+        cands.append((c, c.above(thr), base))
+        base += len(p[0])
+    t_sum = sum(int(c.ct[m]) for c, m, _ in cands)
+    c_sum = sum(int(c.cc[m]) for c, m, _ in cands)
+    if not c_sum:
+        return {}, 0
+    warm_idx, warm_ex = np.zeros(0, np.int64), np.zeros(0)
     if not first:  # its warm-up after a restart is the disruption's badput
         widx, wex, _ = warmup(result, a.attempt, memo)
-        pos = np.searchsorted(idx, widx)
-        ok = (pos < len(idx)) & (idx[np.minimum(pos, len(idx) - 1)] == widx)
-        excess[pos[ok]] -= wex[ok]
-        excess = np.maximum(excess, 0)
-    if len(a.processes) == 1:
-        return {(a.primary.host, a.primary.index): int(round(float(excess.sum())))}, 0
-    nums = snum[mine]
-    numbered = nums != NONE
-    unattributed += int(round(float(excess[~numbered].sum())))
-    nums, excess = nums[numbered], excess[numbered]
-    order = np.argsort(nums, kind="stable")
-    nums, excess = nums[order], excess[order]
-    d, rowkey, procs = stacked(a)
-    keys = [(p.host, p.index) for p in procs]
-    who, num, arr = _arrivals(d, rowkey, nums)
-    if not len(num):
-        return out, unattributed + int(round(float(excess.sum())))
-    # latest arrival first within each step number
-    o = np.lexsort((-arr, num))
-    who, num, arr = who[o], num[o], arr[o]
-    starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1])))
-    ends = np.append(starts[1:], len(num))
-    pos = np.arange(len(num)) - np.repeat(starts, ends - starts) + 1  # 1-based position
-    nxt = np.append(arr[1:], 0)
-    d = np.where(np.isin(np.arange(len(num)), ends - 1), 0, arr - nxt).astype(float)
-    c = d / pos
-    suffix = np.append(np.cumsum(c[::-1])[::-1], 0.0)
-    blame = suffix[:-1] - np.repeat(suffix[ends], ends - starts)
-    spread = (arr[starts] - arr[ends - 1]).astype(float)  # a1 - ak per step number
-    step_excess = excess[np.searchsorted(nums, num[starts])]
-    scale = np.where(spread > 0, np.minimum(1.0, np.maximum(step_excess, 0) / np.where(
+        if len(widx):
+            wt, wc = st.take("time_ns", widx), st.take("count", widx)
+            anom = wt / wc > thr
+            warm_idx, e = widx[anom], wt[anom] - wc[anom] * ideal
+            warm_ex = e - np.maximum(e - wex[anom], 0)  # what the warm-up takes of each
+    total = (t_sum - c_sum * ideal) - float(warm_ex.sum())
+    if not multi:
+        return {(a.primary.host, a.primary.index): int(round(total))}, 0
+    if procs is not None:  # a finished attempt: its waterfall kept with its candidates
+        c, m, _ = cands[0]
+        idx, ratio = c.idx[:m] + off, c.ratio[:m]
+        spread, bounds, who, blame = c.waterfall
+        ne = int(bounds[m])
+        spread, bounds, who, blame = spread[:m], bounds[: m + 1], who[:ne], blame[:ne]
+    else:  # the running attempt: its anomalous steps in canonical order, arrivals anew
+        idx = np.concatenate([c.idx[:m] + b for c, m, b in cands])
+        ratio = np.concatenate([c.ratio[:m] for c, m, _ in cands])
+        nums = np.concatenate([c.nums[:m] for c, m, _ in cands])
+        o = np.lexsort((idx, -ratio))
+        idx, ratio = idx[o], ratio[o]
+        spread, bounds, who, blame = _waterfall(a, nums[o])
+    excess = st.take("time_ns", idx) - st.take("count", idx) * ideal
+    if len(warm_idx):
+        o = np.argsort(idx)
+        at = o[np.searchsorted(idx[o], warm_idx)]
+        excess[at] -= warm_ex
+    scale = np.where(spread > 0, np.minimum(1.0, np.maximum(excess, 0) / np.where(
         spread > 0, spread, 1)), 0.0)
-    blame *= np.repeat(scale, ends - starts)
+    blame = blame * np.repeat(scale, np.diff(bounds))
+    keys = [(p.host, p.index) for p in a.processes if len(p.data)]
     got = np.bincount(who, weights=blame, minlength=len(keys))
-    for k, v in zip(keys, got, strict=True):
-        if v > 0:
-            out[k] = out.get(k, 0) + int(round(float(v)))
-    attributed = float(blame.sum())
-    seen = np.isin(nums, num[starts])
-    unattributed += int(round(float(excess[~seen].sum()) + float(step_excess.sum())
-                              - attributed))
-    return out, unattributed
+    out = {k: int(round(float(v))) for k, v in zip(keys, got, strict=True) if v > 0}
+    return out, int(round(total - float(blame.sum())))
 
 
 def host_badput(attempts: Sequence, result, recoveries: Sequence = (),
