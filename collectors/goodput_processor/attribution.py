@@ -244,8 +244,8 @@ def _attempt_slowdown(a, first: bool, result, off: int, parts: list, pkeys: list
     order, so that the result does not depend on how the steps were split into parts.
     """
     st = result.steps
-    ideal = st.ideal_ns
-    thr = st.ideal_ns + st.tol_ns
+    ideal = float(st.ideal_ns)  # (an int when the ideal step time was given)
+    thr = ideal + st.tol_ns
     multi = len(a.processes) > 1
     procs = (a, tuple(proc_key(p) for p in a.processes)) if multi and len(parts) == 1 else None
     cands, base = [], off
