@@ -71,12 +71,11 @@ class HostBadput:
     badput_s: float
 
 
-def _arrivals(d: np.ndarray, key: np.ndarray, steps_wanted: np.ndarray | None):
+def _arrivals(d: np.ndarray, key: np.ndarray):
     """(process index, step number, arrival ns) of the blocking, completed, numbered step
-    spans in rows ``d`` (of processes ``key``) whose number is in ``steps_wanted`` (None:
-    all): the span's end minus the collective wait recorded inside it (waits matched to the
-    step of the same process whose start is the latest at or before theirs, among all its
-    steps, so a step's arrival does not depend on which others are wanted)."""
+    spans in rows ``d`` (of processes ``key``): the span's end minus the collective wait
+    recorded inside it (waits matched to the step of the same process whose start is the
+    latest at or before theirs)."""
     flags, kinds = d[:, C_FLAGS], d[:, C_KIND]
     ss = np.flatnonzero((kinds == K_STEP) & ((flags & (F_NONBLOCKING | F_ENDLESS)) == 0)
                         & (d[:, C_IVAL] != NONE))
@@ -100,8 +99,7 @@ def _arrivals(d: np.ndarray, key: np.ndarray, steps_wanted: np.ndarray | None):
         wait = np.rint(np.bincount(si[ok], weights=dur, minlength=len(ss))).astype(np.int64)
     st = d[ss]
     arrival = st[:, C_END] - np.minimum(wait, st[:, C_END] - st[:, C_START])
-    keep = slice(None) if steps_wanted is None else np.isin(st[:, C_IVAL], steps_wanted)
-    return key[ss][keep], st[keep, C_IVAL], arrival[keep]
+    return key[ss], st[:, C_IVAL], arrival
 
 
 def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple, int], int]:
@@ -194,21 +192,18 @@ def _waterfall(a, nums: np.ndarray) -> tuple:
     ``blame`` (float ns, unscaled), the step's blames latest arrival first. Each step's
     blames are computed from its own arrivals alone, so the same step gets the same floats
     whatever else is asked for."""
-    d, rowkey, _procs = stacked(a)
-    who, num, arr = _arrivals(d, rowkey, None)
+    who, num, arr = _arrivals(*stacked(a)[:2])
+    spread = np.zeros(len(nums))
+    if not len(num):  # no arrivals: nothing to blame
+        return spread, np.zeros(len(nums) + 1, np.int64), who, spread[:0]
     o = np.lexsort((-arr, num))  # by number, latest arrival first
     who, num, arr = who[o], num[o], arr[o]
-    starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1]))) if len(num) else \
-        np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1])))
     size = np.diff(np.append(starts, len(num)))
-    g = np.searchsorted(num[starts], nums) if len(starts) else np.zeros(len(nums), np.int64)
-    g = np.minimum(g, max(len(starts) - 1, 0))
-    has = (nums != NONE) & (len(starts) > 0)
-    if len(starts):
-        has &= num[starts][g] == nums
-    cnt = np.where(has, size[g] if len(starts) else 0, 0)
+    g = np.minimum(np.searchsorted(num[starts], nums), len(starts) - 1)
+    has = (nums != NONE) & (num[starts][g] == nums)
+    cnt = np.where(has, size[g], 0)
     bounds = np.concatenate(([0], np.cumsum(cnt)))
-    spread = np.zeros(len(nums))
     blame = np.zeros(int(bounds[-1]))
     sel = np.flatnonzero(has)
     src = np.repeat(starts[g[sel]], cnt[sel]) + (np.arange(int(bounds[-1]))
@@ -270,7 +265,7 @@ def _attempt_slowdown(a, first: bool, result, off: int, parts: list, pkeys: list
         return {(a.primary.host, a.primary.index): int(round(total))}, 0
     if procs is not None:  # a finished attempt: its waterfall kept with its candidates
         c, m, _ = cands[0]
-        idx, ratio = c.idx[:m] + off, c.ratio[:m]
+        idx = c.idx[:m] + off
         spread, bounds, who, blame = c.waterfall
         ne = int(bounds[m])
         spread, bounds, who, blame = spread[:m], bounds[: m + 1], who[:ne], blame[:ne]
@@ -279,7 +274,7 @@ def _attempt_slowdown(a, first: bool, result, off: int, parts: list, pkeys: list
         ratio = np.concatenate([c.ratio[:m] for c, m, _ in cands])
         nums = np.concatenate([c.nums[:m] for c, m, _ in cands])
         o = np.lexsort((idx, -ratio))
-        idx, ratio = idx[o], ratio[o]
+        idx = idx[o]
         spread, bounds, who, blame = _waterfall(a, nums[o])
     excess = st.take("time_ns", idx) - st.take("count", idx) * ideal
     if len(warm_idx):
