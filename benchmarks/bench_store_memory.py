@@ -9,7 +9,10 @@ bytes per kept step. The accounting's memo (``goodput_processor.memo``) is what 
 adds beyond the rows. Then (unless ``--no-compact``) the store packs every process's rows
 (:meth:`~goodput_processor.serve.store.LiveStore.compact`, what ``goodput serve``'s
 maintenance does to processes quiet for ``--pack-after`` seconds), polls and collects the
-metrics again, and prints what it holds then: the packed rows are kept on disk in a
+metrics again, runs the next maintenance round (nothing left to pack; it gives the C heap's
+free pages back when the process has grown: ``heap.trim_heap_if_grown``, as
+``GoodputServer.maintain`` does), and prints what
+it holds then: the packed rows are kept on disk in a
 :class:`~goodput_processor.serve.spill.Spill` (``goodput serve``'s default; ``--no-spill``:
 in memory, ``--spill-dir off``), and the kept steps of whole attempts and the finished
 ones' sorted step times are mapped from files there (``Spill.map``; the resident memory
@@ -116,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-spill", action="store_true",
                     help="keep the packed rows in memory (goodput serve --spill-dir off)")
     args = ap.parse_args(argv)
+    from goodput_processor.heap import trim_heap_if_grown
     from goodput_processor.metrics import DEFAULT_WINDOWS_S
     from goodput_processor.serve.rows import PackedProcessSpans
     from goodput_processor.serve.store import LiveStore
@@ -158,16 +162,23 @@ def main(argv=None) -> int:
     store.snapshot_windows(name, DEFAULT_WINDOWS_S)  # (the first may read the last attempt
     t4 = time.perf_counter()  # once: its pieces looked at again with the same rows)
     gc.collect()
-    r4, rows4, f4 = rss_mb(), store.memory_bytes()[name], rss_file_mb()
+    r4, rows4 = rss_mb(), store.memory_bytes()[name]
+    t5 = time.perf_counter()
+    store.compact(min_quiet_s=0)  # the next maintenance round (GoodputServer.maintain):
+    trim_heap_if_grown()  # nothing left to pack; the heap the poll left behind given back
+    t6 = time.perf_counter()
+    gc.collect()
+    r5, f5 = rss_mb(), rss_file_mb()
     print(f"compacted ({packed:,} rows packed in {t1 - t0:.2f} s), then a poll "
           f"({(t2 - t1) * 1e3:.1f} ms) and two metrics collections ({(t3 - t2) * 1e3:.1f}, "
-          f"{(t4 - t3) * 1e3:.1f} ms): "
-          f"RSS +{r4 - r0:.0f} MiB "
-          f"(rows {rows4 / 2**20:.0f} MiB), {(r4 - r0) * 2**20 / steps:.0f} bytes per step"
+          f"{(t4 - t3) * 1e3:.1f} ms): RSS +{r4 - r0:.0f} MiB (rows {rows4 / 2**20:.0f} MiB), "
+          f"{(r4 - r0) * 2**20 / steps:.0f} bytes per step; then a maintenance round "
+          f"({(t6 - t5) * 1e3:.1f} ms): RSS +{r5 - r0:.0f} MiB, "
+          f"{(r5 - r0) * 2**20 / steps:.0f} bytes per step"
           + ("" if spill is None else "; packed rows and segments on disk: "
              f"{spill.disk_bytes / 2**20:.0f} MiB, {spill.disk_bytes / steps:.0f} bytes per "
              f"step; kept steps in mapped files: {spill.mapped_bytes / 2**20:.0f} MiB, of "
-             f"which resident {f4 - f0:.0f} MiB (RssFile)"))
+             f"which resident {f5 - f0:.0f} MiB (RssFile)"))
     # What reading a packed process costs (a memo dropped, a fresh accounting)
     big = max(store.snapshot(name).processes.values(), key=lambda p: p.rows_id[0]
               if isinstance(p, PackedProcessSpans) else -1)

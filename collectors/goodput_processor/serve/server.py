@@ -4,10 +4,10 @@
 front of one :class:`~goodput_processor.serve.store.LiveStore`: the receivers first (so
 ``/healthz`` answers; requests get the retryable status until the store is ready), then
 the replay of the store's write-ahead log, then the spool tailer. A maintenance thread
-retires idle jobs, re-probes a write-ahead log that failed and packs the rows of processes
-gone quiet. It stops gracefully: stop
-accepting, drain requests in flight, read the spools once more, then compute the final
-results, all within one ``timeout_s``.
+retires idle jobs, re-probes a write-ahead log that failed, packs the rows of processes
+gone quiet and gives back the C heap's free pages once the process has grown. It stops
+gracefully: stop accepting, drain requests in flight, read the spools once more, then
+compute the final results, all within one ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import replace
 
+from ..heap import trim_heap_if_grown
 from ..report import JobResult
 from .limits import ByteBudget, Limits
 from .receiver import Gate, GrpcReceiver, HttpReceiver
@@ -107,12 +108,18 @@ class GoodputServer:
     def maintain(self) -> list[JobResult]:
         """One maintenance round (the thread runs it every ``maintain_s``): retire idle
         jobs (returned, and given to ``on_retire``), re-probe a write-ahead log that
-        failed, pack the rows of quiet processes (:meth:`LiveStore.compact`)."""
+        failed, pack the rows of quiet processes (:meth:`LiveStore.compact`), and give the
+        C heap's free pages back once the process has grown by
+        :data:`~goodput_processor.heap.GROWTH_MARGIN_BYTES` since they last were
+        (:func:`~goodput_processor.heap.trim_heap_if_grown`: what a poll freed, such as
+        the sort of a finished job's last attempt, stays resident in glibc's heap until
+        then; ``docs/benchmarks.md``, "The heap a poll left behind")."""
         wal = self.store.wal
         if wal is not None and wal.error:
             wal.probe()
         retired = self.store.retire_idle()
         self.store.compact()
+        trim_heap_if_grown()
         for r in retired:
             if self.on_retire is not None:
                 self.on_retire(r)
