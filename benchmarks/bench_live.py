@@ -69,6 +69,8 @@ Commands::
     python benchmarks/bench_live.py --keep /tmp/bench_live_keep --surfaces serve-report compat
     python benchmarks/bench_live.py --incumbent-steps 100000   # incumbent on a smaller job
     python benchmarks/bench_live.py --keep DIR --surfaces serve-report serve-metrics --pack
+    python benchmarks/bench_live.py --keep DIR --surfaces serve-report --hosts 4 \
+        --steps 250000 --slow-share 0.01          # 4 processes in step: 10^6 host-steps
 
 Temporary data goes under ``/tmp/bench_live_*`` and is removed unless ``--keep DIR``
 (``DIR/job-N``: the spool, restored whole at the end, reused by later runs;
@@ -124,20 +126,21 @@ def _env() -> dict:
 
 
 def record(out_dir: Path, steps: int, restarts: int = 3, step_s: float = 0.5,
-           seed: int = 0, slow_share: float = 0.0) -> float:
+           seed: int = 0, slow_share: float = 0.0, hosts: int = 1) -> float:
     """Record the job of ``recorded_job.py`` into ``out_dir`` with its last attempt killed
     (no end marker: it is running); returns the wall seconds the recording took.
 
     The kills are drawn as ``recorded_job.write_job`` draws them; the last attempt runs to
     ``steps`` and is killed right after its last flush (``state["steps"]`` is one more than
     it reaches, so ``run_attempt`` takes its kill path); ``slow_share`` of its steps take
-    twice as long.
+    twice as long; ``hosts`` processes run each attempt (``recorded_job.py --hosts``).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     kill_at = sorted(rng.randrange(steps // 10, steps) for _ in range(restarts))
     state = {"kill_at": kill_at + [steps], "steps": steps + 1, "step_s": step_s,
-             "seed": seed, "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share}
+             "seed": seed, "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share,
+             "hosts": hosts}
     t0 = time.perf_counter()
     for attempt in range(restarts + 1):
         out = subprocess.run(
@@ -154,37 +157,45 @@ def _line_time(line: bytes) -> int:
 
 
 def split(run_dir: Path, meta_path: Path, new_path: Path) -> dict:
-    """Cut the last ``HOLD_S`` simulated seconds off the running attempt's journal.
+    """Cut the last ``HOLD_S`` simulated seconds off the running attempt's journals.
 
-    The journal is the ``*.jsonl`` whose last line is the latest; its lines flushed after
-    ``t_last - HOLD_S`` go to ``new_path`` and the file is truncated before them. Returns
-    (and writes to ``meta_path``) the file, the offset, the sizes, ``t_last`` (last line's
-    time), ``t_kept`` (last kept line's time), and counts of lines and spans held back.
+    A process's journal is its ``*.jsonl`` whose last line is the latest (one per process
+    index, ``spans-pNNNNN-*``); the lines each flushed after ``t_last - HOLD_S`` (``t_last``:
+    the latest line of all) go to ``new_path`` (the journals' in turn) and the journals are
+    truncated before them. Returns (and writes to ``meta_path``) the files (each its name,
+    offset, size and bytes held back), ``t_last``, ``t_kept`` (the latest kept line's
+    time), and counts of lines and spans held back.
 
     Raises:
-        SystemExit: the journal segment began less than ``HOLD_S`` s before the end.
+        SystemExit: a journal segment began less than ``HOLD_S`` s before the end.
     """
-    best = None
+    latest: dict[str, tuple[int, Path]] = {}
     for p in sorted(run_dir.glob("*.jsonl")):
         with open(p, "rb") as f:
             f.seek(max(0, p.stat().st_size - (1 << 20)))
             tail = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
-        t = _line_time(tail)
-        if best is None or t > best[0]:
-            best = (t, p)
-    t_last, path = best
-    data = path.read_bytes()
-    lines = data.splitlines(keepends=True)
+        t, proc = _line_time(tail), p.name.split("-")[1]
+        if proc not in latest or t > latest[proc][0]:
+            latest[proc] = (t, p)
+    t_last = max(t for t, _ in latest.values())
     cut = t_last - HOLD_S * SEC
-    i = len(lines)
-    while i > 0 and _line_time(lines[i - 1]) > cut:
-        i -= 1
-    if i == 0:
-        raise SystemExit(f"{path.name}: its segment began less than {HOLD_S} s before the "
-                         "job's end; try another --steps")
-    new = b"".join(lines[i:])
-    meta = {"file": path.name, "offset": len(data) - len(new), "size": len(data),
-            "t_last": t_last, "t_kept": _line_time(lines[i - 1]), "lines": len(lines) - i,
+    files, held, t_kept, n_lines = [], [], 0, 0
+    for _t, path in sorted(latest.values(), key=lambda tp: tp[1].name):
+        data = path.read_bytes()
+        lines = data.splitlines(keepends=True)
+        i = len(lines)
+        while i > 0 and _line_time(lines[i - 1]) > cut:
+            i -= 1
+        if i == 0:
+            raise SystemExit(f"{path.name}: its segment began less than {HOLD_S} s before "
+                             "the job's end; try another --steps")
+        new = b"".join(lines[i:])
+        files.append({"file": path.name, "offset": len(data) - len(new), "size": len(data),
+                      "bytes": len(new)})
+        held.append(new)
+        t_kept, n_lines = max(t_kept, _line_time(lines[i - 1])), n_lines + len(lines) - i
+    new = b"".join(held)
+    meta = {"files": files, "t_last": t_last, "t_kept": t_kept, "lines": n_lines,
             "spans": new.count(b'"name":"goodput.'), "bytes": len(new)}
     new_path.write_bytes(new)
     meta_path.write_text(json.dumps(meta))
@@ -192,20 +203,29 @@ def split(run_dir: Path, meta_path: Path, new_path: Path) -> dict:
     return meta
 
 
+def _files(meta: dict) -> list[dict]:
+    """The journals :func:`split` cut (a kept job's meta from before several hosts: one)."""
+    return meta.get("files") or [meta]
+
+
 def truncate(run_dir: Path, meta: dict) -> None:
-    """Put the journal in its state before the new data (cut at the offset)."""
-    path = run_dir / meta["file"]
-    size = path.stat().st_size
-    if size not in (meta["offset"], meta["size"]):
-        raise SystemExit(f"{path}: {size} bytes, expected {meta['offset']} or {meta['size']}"
-                         " (the kept job was changed; delete it)")
-    os.truncate(path, meta["offset"])
+    """Put the journals in their state before the new data (cut at the offsets)."""
+    for f in _files(meta):
+        path = run_dir / f["file"]
+        size = path.stat().st_size
+        if size not in (f["offset"], f["size"]):
+            raise SystemExit(f"{path}: {size} bytes, expected {f['offset']} or {f['size']}"
+                             " (the kept job was changed; delete it)")
+        os.truncate(path, f["offset"])
 
 
 def append_new(run_dir: Path, meta: dict, new_path: Path) -> None:
-    """Append the held-back lines to the journal, as the recorder's flushes would."""
-    with open(run_dir / meta["file"], "ab") as f:
-        f.write(new_path.read_bytes())
+    """Append the held-back lines to the journals, as the recorders' flushes would."""
+    new, at = new_path.read_bytes(), 0
+    for f in _files(meta):
+        with open(run_dir / f["file"], "ab") as out:
+            out.write(new[at : at + f["bytes"]])
+        at += f["bytes"]
 
 
 def spool_bytes(run_dir: Path) -> int:
@@ -213,11 +233,12 @@ def spool_bytes(run_dir: Path) -> int:
     return sum(p.stat().st_size for p in run_dir.iterdir() if p.is_file())
 
 
-def prepare(base: Path, steps: int, slow_share: float = 0.0) -> dict:
-    """The job of ``steps`` steps (``slow_share`` of them twice as long) under ``base``
-    (recorded unless already there), cut; returns its paths and facts (``rec_s``: recording
-    seconds, None if reused)."""
-    name = f"job-{steps}" + (f"-slow{slow_share:g}" if slow_share else "")
+def prepare(base: Path, steps: int, slow_share: float = 0.0, hosts: int = 1) -> dict:
+    """The job of ``steps`` steps (``slow_share`` of them twice as long) on ``hosts``
+    processes under ``base`` (recorded unless already there), cut; returns its paths and
+    facts (``rec_s``: recording seconds, None if reused)."""
+    name = (f"job-{steps}" + (f"-slow{slow_share:g}" if slow_share else "")
+            + (f"-hosts{hosts}" if hosts > 1 else ""))
     run_dir, meta_path = base / name, base / f"{name}.json"
     new_path = base / f"{name}.new"
     rec_s = None
@@ -227,7 +248,7 @@ def prepare(base: Path, steps: int, slow_share: float = 0.0) -> dict:
     else:
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        rec_s = record(run_dir, steps, slow_share=slow_share)
+        rec_s = record(run_dir, steps, slow_share=slow_share, hosts=hosts)
         meta = split(run_dir, meta_path, new_path)
     return {"steps": steps, "run_dir": run_dir, "meta": meta, "meta_path": meta_path,
             "new_path": new_path, "rec_s": rec_s, "npz": base / f"{name}.mgm.npz",
@@ -578,6 +599,9 @@ def main(argv=None) -> int:
     ap.add_argument("--slow-share", type=float, default=0.0,
                     help="fraction of steps (0 to 1) that take twice as long, so that the "
                     "job has anomalous steps to attribute to hosts (default 0)")
+    ap.add_argument("--hosts", type=int, default=1,
+                    help="processes per attempt, in step (recorded_job.py --hosts; the "
+                    "incumbent is measured on one: default 1)")
     ap.add_argument("--pack", action="store_true",
                     help="serve: pack every process's rows after the warm poll "
                     "(LiveStore.compact, as a maintenance round does to quiet processes), "
@@ -587,6 +611,8 @@ def main(argv=None) -> int:
     for a in ("--run-dir", "--meta", "--new", "--work", "--npz"):
         ap.add_argument(a, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.hosts < 1 or (args.hosts > 1 and "incumbent" in args.surfaces):
+        ap.error("--hosts must be at least 1, and 1 with the incumbent surface")
     if args.child == "incumbent-log":
         incumbent_entries(Path(args.run_dir), json.loads(Path(args.meta).read_text()),
                           Path(args.npz))
@@ -608,12 +634,13 @@ def main(argv=None) -> int:
     try:
         sizes = {args.steps} | ({inc_steps} if "incumbent" in args.surfaces else set())
         for steps in sorted(sizes):
-            jobs[steps] = job = prepare(base, steps, args.slow_share)
+            jobs[steps] = job = prepare(base, steps, args.slow_share, args.hosts)
             m = job["meta"]
             print(f"job {steps:,} steps: spool {job['spool'] / 1e6:.1f} MB, "
                   + (f"recorded in {job['rec_s']:.1f} s" if job["rec_s"] is not None
                      else "reused") + f"; new data: last {HOLD_S} s = {m['lines']} journal "
-                  f"lines, {m['spans']} spans, {m['bytes'] / 1e3:.0f} kB of {m['file']}",
+                  f"lines, {m['spans']} spans, {m['bytes'] / 1e3:.0f} kB of "
+                  + ", ".join(f["file"] for f in _files(m)),
                   flush=True)
         if "incumbent" in args.surfaces:
             job = jobs[inc_steps]

@@ -5,7 +5,11 @@ at) records the job of ``benchmarks/synth.py``: 3 restarts that redo the steps a
 the last checkpoint, a data-loading phase before every step, a 2 s blocking checkpoint
 save every 1,000 steps and a 5 s ``eval`` every 5,000, steps of ``--step-s`` (0.5 s,
 jitter +-5 %), of which a share ``--slow-share`` (none by default) takes twice as
-long. The clock the recorder reads is simulated, and its flush runs exactly as the
+long. With ``--hosts H`` (1 by default) each attempt is H processes in step, each with its
+own recorder and its own ``host.name``: a step ends at its all-reduce when the last host
+(drawn each step; a slow step is slow on it alone) reaches it, and the others record a
+``goodput.collective_wait`` from their arrival (90 to 99 % of a normal step) to then.
+The clock the recorder reads is simulated, and its flush runs exactly as the
 background thread runs it (``_drain_and_write(heartbeat=True)`` under its lock) at
 every flush interval (1 s, the default) of simulated time: the phases in flight at a
 flush get their ``goodput.open`` record, a flush with nothing to write a heartbeat, so
@@ -67,29 +71,51 @@ def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
     clock = _Clock(t)
     recorder.time = clock  # the recorder's clock reads (its thread does not run: see below)
     config.process_start_ns = lambda: state["t"]
-    rec = recorder.Recorder(job_name="recorded", run_dir=out_dir, process_index=0,
-                            process_count=1, flush_interval_s=1.0)
-    rec._run = lambda: None  # no background thread: flushes happen on the simulated clock
+    hosts = state.get("hosts", 1)
+    if hosts > 1:  # one OS process records them all: each its own host, as on a pod
+        from opentelemetry.sdk.resources import Resource
+
+        make = config.make_resource
+        config.make_resource = lambda job, att, index, *a, **kw: make(
+            job, att, index, *a, **kw).merge(Resource({schema.RES_HOST_NAME: f"host{index}"}))
+    recs = [recorder.Recorder(job_name="recorded", run_dir=out_dir, process_index=i,
+                              process_count=hosts, flush_interval_s=1.0)
+            for i in range(hosts)]
+    for rec in recs:
+        rec._run = lambda: None  # no background thread: flushes on the simulated clock
     interval = SEC
     nxt = [t - t % interval + interval]
 
     def advance(to: int) -> None:
         while nxt[0] <= to:
             clock.t = nxt[0]
-            with rec._lock:
-                rec._drain_and_write(heartbeat=True)
+            for rec in recs:
+                with rec._lock:
+                    rec._drain_and_write(heartbeat=True)
             nxt[0] += interval
 
+    def phases(spans):
+        """Record ``spans`` ``(host, name, start, end, attrs)``, begun and ended in time
+        order across the hosts (a span ending at the same time as another begins ends
+        first; an inner span begins after and ends before its outer one)."""
+        ev = []
+        for i, (h, name, a, b, attrs) in enumerate(spans):
+            e = _Entry(name, a, attrs)
+            ev += [(a, 1, i, h, e, None), (b, 0 if b > a else 2, -i, h, e, (name, a, b, attrs))]
+        for at, _o, _i, h, e, rec_args in sorted(ev, key=lambda x: x[:3]):
+            advance(at)
+            if rec_args is None:
+                recs[h].phase_begin(e)
+            else:
+                recs[h].phase_end(e)
+                recs[h].record(*rec_args)
+
     def phase(name, a, b, attrs=None):
-        advance(a)
-        e = _Entry(name, a, attrs)
-        rec.phase_begin(e)
-        advance(b)
-        rec.phase_end(e)
-        rec.record(name, a, b, attrs)
+        phases([(h, name, a, b, attrs) for h in range(hosts)])
         return b
 
-    rec.job_start(t)
+    for rec in recs:
+        rec.job_start(t)
     t = phase(schema.ACCELERATOR_INIT, t, t + 5 * SEC)
     t = phase(schema.TRAINING_PREP, t, t + 10 * SEC)
     done = state["done"]
@@ -101,10 +127,20 @@ def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
     step_ns = int(state["step_s"] * SEC)
     for n in range(done + 1, stop + 1):
         t = phase(schema.DATA_LOADING, t, t + step_ns // 50)
-        dur = step_ns * rng.uniform(0.95, 1.05)
+        dur = base = step_ns * rng.uniform(0.95, 1.05)
         if slow and slow_rng.random() < slow:
-            dur *= 2
-        t = phase(schema.STEP, t, t + int(dur), {schema.ATTR_STEP: n})
+            dur *= 2  # (with several hosts: on the last to arrive alone)
+        if hosts == 1:
+            t = phase(schema.STEP, t, t + int(dur), {schema.ATTR_STEP: n})
+        else:  # one host (drawn) takes ``dur``, the others reach the all-reduce earlier
+            last = rng.randrange(hosts)
+            ready = [t + int(dur if h == last else base * rng.uniform(0.9, 0.99))
+                     for h in range(hosts)]
+            end = t + int(dur)
+            phases([(h, schema.STEP, t, end, {schema.ATTR_STEP: n}) for h in range(hosts)]
+                   + [(h, schema.COLLECTIVE_WAIT, ready[h], end, None)
+                      for h in range(hosts) if ready[h] < end])
+            t = end
         if n % 1000 == 0:
             t = phase(schema.CHECKPOINT_SAVE, t, t + 2 * SEC,
                       {schema.ATTR_CHECKPOINT_STEP: n, schema.ATTR_BLOCKING: True})
@@ -114,16 +150,19 @@ def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
     if stop == state["steps"]:
         advance(t)
         clock.t = t
-        rec.shutdown()
+        for rec in recs:
+            rec.shutdown()
         return {**state, "t": t, "done": done, "finished": True}
     advance(t)  # killed right after this flush: what came later is lost
     return {**state, "t": t + 60 * SEC, "done": done, "finished": False}
 
 
 def write_job(out_dir: str, steps: int, restarts: int = 3, step_s: float = 0.5,
-              seed: int = 0, env=None, slow_share: float = 0.0) -> dict:
+              seed: int = 0, env=None, slow_share: float = 0.0, hosts: int = 1) -> dict:
     """Record the job into ``out_dir``, one child process per attempt; ``slow_share``
-    (a fraction, 0 to 1) of its steps take twice as long.
+    (a fraction, 0 to 1) of its steps take twice as long; ``hosts`` processes (each its
+    own recorder and spool files) run each attempt in step, a step ending at the
+    all-reduce when the last host reaches it (the others record a collective wait).
 
     Returns ``{"attempts": n, "seconds": wall time of the recording}``.
     """
@@ -131,7 +170,8 @@ def write_job(out_dir: str, steps: int, restarts: int = 3, step_s: float = 0.5,
     rng = random.Random(seed)  # the kills: as benchmarks/synth.py draws them
     kill_at = sorted(rng.randrange(steps // 10, steps) for _ in range(restarts))
     state = {"kill_at": kill_at, "steps": steps, "step_s": step_s, "seed": seed,
-             "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share}
+             "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share,
+             "hosts": hosts}
     t0 = time.perf_counter()
     attempt = 0
     while True:
@@ -154,6 +194,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slow-share", type=float, default=0.0,
                     help="fraction of steps (0 to 1) that take twice as long (default 0)")
+    ap.add_argument("--hosts", type=int, default=1,
+                    help="processes per attempt, each with its own recorder (default 1)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--state", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -165,8 +207,10 @@ def main(argv=None) -> int:
         return 0
     if not 0.0 <= args.slow_share <= 1.0:
         ap.error(f"--slow-share must be a fraction from 0 to 1, got {args.slow_share}")
+    if args.hosts < 1:
+        ap.error(f"--hosts must be at least 1, got {args.hosts}")
     info = write_job(args.out_dir, args.steps, args.restarts, args.step_s, args.seed,
-                     slow_share=args.slow_share)
+                     slow_share=args.slow_share, hosts=args.hosts)
     print(json.dumps(info))
     return 0
 
