@@ -20,18 +20,27 @@ data loading, a slow host thread) shows up in the start lag. Both are reported; 
 changes the goodput buckets.
 
 Everything is numpy-vectorised over all processes at once (one concatenation, a lexsort and
-a few ``reduceat``), so 4,096 hosts x thousands of steps cost tens of milliseconds.
+a few ``reduceat``), so 4,096 hosts x thousands of steps cost tens of milliseconds. Each
+attempt's share (its hosts' step times and start lags, sorted:
+:class:`~goodput_processor.keyed_runs.KeyedRun`) is kept in the accounting's memo under its
+processes' rows and kept-step bound, the finished attempts' merged into one; the medians
+are read from the runs without merging them (:func:`~goodput_processor.keyed_runs.
+union_median`), so a live poll sorts the running attempt's steps alone, and a poll with
+nothing new reads the report kept. Attempts run disjoint step numbers (a later attempt
+resumes above the earlier ones' bound); where some do not, they are taken together, so a
+step number's median start is over every process that ran it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from .keyed_runs import KeyedRun, loc_of, union_median
 from .memo import cached, data_key, proc_key
-from .packed import PackedProcessSpans
 from .timeline import C_AUX, C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
 
 __all__ = ["DEFAULT_TOP", "StragglerHost", "StragglerReport", "straggler_report"]
@@ -104,9 +113,10 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
         bounds: per attempt, the highest kept step number (None = all kept), as the
             accounting uses (the lowest resume step of the later attempts).
         top: how many of the slowest hosts to list (>= 1).
-        memo: an :class:`~goodput_processor.memo.AccountingMemo`: the steps of processes
-            whose rows are packed (:mod:`goodput_processor.packed`) are kept in it, so a
-            poll does not inflate them again.
+        memo: an :class:`~goodput_processor.memo.AccountingMemo`: each attempt's sorted
+            step times and start lags are kept in it under its processes' rows and bound
+            (:func:`_part`), and the finished attempts' merged, so that a poll sorts only
+            the running attempt's steps again, and nothing when nothing is new.
 
     Returns:
         A :class:`StragglerReport`, or None when fewer than two host processes have kept
@@ -120,23 +130,48 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
     if len(bounds) != len(attempts):
         raise ValueError(f"{len(bounds)} bounds for {len(attempts)} attempts")
     ident: dict[tuple, int] = {}  # (host, process index) -> key
-    procs, keys = [], []
+    groups = []  # per attempt with rows: its (process, bound) pairs
     for a, bound in zip(attempts, bounds, strict=True):
-        for p in a.processes:
-            if not data_key(p)[0]:
-                continue
-            procs.append((p, NONE if bound is None else bound))  # NONE: no bound
-            keys.append(ident.setdefault((p.host, p.index), len(ident)))
+        pairs = [(p, NONE if bound is None else bound) for p in a.processes  # NONE: no bound
+                 if data_key(p)[0]]
+        for p, _ in pairs:
+            ident.setdefault((p.host, p.index), len(ident))
+        if pairs:
+            groups.append(pairs)
     if len(ident) < 2:
         return None
-    parts = [cached(memo, ("straggler_steps", proc_key(p), cap), lambda p=p, cap=cap:
-                    _steps(p.data, cap)) if isinstance(p, PackedProcessSpans)
-             else _steps(p.data, cap) for p, cap in procs]
-    lengths = np.fromiter((len(x[0]) for x in parts), np.int64, len(parts))
-    key = np.repeat(np.asarray(keys, np.int64), lengths)
-    snum, start, t = (np.concatenate([x[i] for x in parts]) for i in range(3))
+    # (each looked up at every poll, so that the memo keeps them while they are used)
+    parts = [cached(memo, _part_key(g), lambda g=g: _part(g)) for g in groups]
+    comps = _components([(pt.lo, pt.hi) for pt in parts])
+    if len(comps) < len(groups):  # step numbers shared by attempts: those taken together
+        groups = [[x for i in c for x in groups[i]] for c in comps]
+        parts = [parts[c[0]] if len(c) == 1 else
+                 cached(memo, _part_key(g), lambda g=g: _part(g)) for c, g in zip(
+                     comps, groups, strict=True)]
     nkeys = len(ident)
-    med, n = _group_median(key, t, nkeys)
+    locs = [_loc(pt.names, ident) for pt in parts]
+    if len(parts) > 2:  # the finished attempts' runs merged (the last one's change)
+        done = tuple(_part_key(g) for g in groups[:-1])
+        merged = cached(memo, ("straggler_merged", done, nkeys), lambda: _merge(
+            parts[:-1], locs[:-1], nkeys))
+        runs_t = [(merged[0], np.arange(nkeys)), (parts[-1].times, locs[-1])]
+        runs_l = [(merged[1], np.arange(nkeys)), (parts[-1].lags, locs[-1])]
+    else:
+        runs_t = [(pt.times, loc) for pt, loc in zip(parts, locs, strict=True)]
+        runs_l = [(pt.lags, loc) for pt, loc in zip(parts, locs, strict=True)]
+    key = ("stragglers", tuple(_part_key(g) for g in groups), top)
+    return cached(memo, key, lambda: _report(runs_t, runs_l, ident, top))
+
+
+def _part_key(pairs) -> tuple:
+    return ("straggler_part", tuple((proc_key(p), cap) for p, cap in pairs))
+
+
+def _report(runs_t: list, runs_l: list, ident: dict, top: int) -> StragglerReport | None:
+    """:func:`straggler_report` from the runs of step times and start lags (each with its
+    keys of ``ident``'s host processes)."""
+    nkeys = len(ident)
+    med, n = union_median(runs_t, nkeys)
     has = n > 0
     if int(has.sum()) < 2:
         return None
@@ -146,7 +181,7 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
         ratio[has] = med[has] / overall
     else:  # every host's median step is 0 ns: no host is slower than another
         ratio[has] = 1.0
-    lag = _start_lag(key, snum, start, nkeys)
+    lag, _ = union_median(runs_l, nkeys)
     # slowest first; ties by process index then host (stable)
     names = list(ident)
     idx = np.flatnonzero(has)
@@ -160,6 +195,71 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
     )
     return StragglerReport(hosts=int(has.sum()), median_step_time_s=overall / _NS,
                            max_ratio=float(ratio[order[0]]), slowest=slowest)
+
+
+class _Part(NamedTuple):
+    """One attempt's (or several attempts sharing step numbers) share of the report:
+    ``names`` its host processes ``(host, process index)`` (the runs' keys), ``times``
+    their step times (ns per step), ``lags`` their start lags (ns, one per step number run
+    by at least two of them) as :class:`~goodput_processor.keyed_runs.KeyedRun`, and
+    ``lo``/``hi`` the lowest and highest step number (None without numbers)."""
+
+    names: tuple
+    times: KeyedRun
+    lags: KeyedRun
+    lo: int | None
+    hi: int | None
+
+
+def _part(pairs: list) -> _Part:
+    """:class:`_Part` of ``(process, bound)`` pairs (their kept steps, :func:`_steps`)."""
+    own: dict[tuple, int] = {}
+    keys = [own.setdefault((p.host, p.index), len(own)) for p, _ in pairs]
+    parts = [_steps(p.data, cap) for p, cap in pairs]
+    lengths = np.fromiter((len(x[0]) for x in parts), np.int64, len(parts))
+    key = np.repeat(np.asarray(keys, np.int64), lengths)
+    snum, start, t = (np.concatenate([x[i] for x in parts]) for i in range(3))
+    numbered = snum[snum != NONE]
+    lk, lag = _start_lag(key, snum, start)
+    return _Part(tuple(own), KeyedRun(key, t, len(own)), KeyedRun(lk, lag, len(own)),
+                 int(numbered.min()) if len(numbered) else None,
+                 int(numbered.max()) if len(numbered) else None)
+
+
+def _components(ranges: list) -> list[list[int]]:
+    """The parts (indexes, in order) whose step-number ranges ``(lo, hi)`` overlap,
+    grouped (transitively); a part without numbers is its own. One group per part when
+    none overlap, as attempts' kept steps do (a later attempt resumes above the bound)."""
+    spans = sorted((lo, hi, i) for i, (lo, hi) in enumerate(ranges) if lo is not None)
+    groups, reach = [], None
+    for lo, hi, i in spans:
+        if reach is not None and lo <= reach:
+            groups[-1].append(i)
+            reach = max(reach, hi)
+        else:
+            groups.append([i])
+            reach = hi
+    groups += [[i] for i, (lo, _) in enumerate(ranges) if lo is None]
+    return sorted(sorted(g) for g in groups)
+
+
+def _loc(names: tuple, ident: dict) -> np.ndarray:
+    """Per job-wide key (``ident``'s), its key in a part of host processes ``names`` (-1:
+    not in it)."""
+    loc = np.full(len(ident), -1, np.int64)
+    loc[[ident[n] for n in names]] = np.arange(len(names))
+    return loc
+
+
+def _merge(parts: list, locs: list, nkeys: int) -> tuple[KeyedRun, KeyedRun]:
+    """The runs of step times and of start lags of ``parts`` as one of each, by job-wide
+    key."""
+    out = []
+    for what in ("times", "lags"):
+        runs = [(getattr(pt, what), loc) for pt, loc in zip(parts, locs, strict=True)]
+        keys = np.concatenate([loc_of(r, loc) for r, loc in runs])
+        out.append(KeyedRun(keys, np.concatenate([r.values() for r, _ in runs]), nkeys))
+    return out[0], out[1]
 
 
 def _steps(d: np.ndarray, cap: int) -> tuple:
@@ -176,12 +276,15 @@ def _steps(d: np.ndarray, cap: int) -> tuple:
             (rows[:, C_END] - rows[:, C_START]) // count)
 
 
-def _start_lag(key, snum, start, nkeys) -> np.ndarray:
-    """Per key: median over its step numbers of (its start - median start of that step)."""
+def _start_lag(key, snum, start) -> tuple[np.ndarray, np.ndarray]:
+    """Of one part's numbered steps (``key`` per step: its host process): ``(keys, lags)``,
+    one per step number a process ran, for the step numbers at least two ran: its start
+    minus the median start of that step number over the processes (whole ns, the median
+    rounded down; starts taken from the part's earliest, so exact below 104 days)."""
     ok = snum != NONE
-    if not ok.any():
-        return np.full(nkeys, np.nan)
     key, snum, start = key[ok], snum[ok], start[ok]
+    if not len(key):
+        return key, start
     # A step number run twice by a process (a restart redid it) keeps its latest start.
     order = np.lexsort((start, snum, key))
     key, snum, start = key[order], snum[order], start[order]
@@ -195,6 +298,4 @@ def _start_lag(key, snum, start, nkeys) -> np.ndarray:
     step_med, step_n = _group_median(step_id, rel, nsteps)
     # Only steps run by at least two processes compare anything (lags in whole ns).
     shared = step_n[step_id] >= 2
-    lag = rel[shared] - np.floor(step_med[step_id][shared]).astype(np.int64)
-    lag_med, _ = _group_median(key[shared], lag, nkeys)
-    return lag_med
+    return key[shared], rel[shared] - np.floor(step_med[step_id][shared]).astype(np.int64)
