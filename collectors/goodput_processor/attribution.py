@@ -120,8 +120,11 @@ def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple,
         off, parts, pkeys = result.steps.of_attempt(a.attempt)
         if not parts:
             continue
+        procs = tuple(proc_key(p) for p in a.processes)
         key = ("slow_by_host", tuple(pkeys), a is attempts[0], result.ideal_step_time_s,
-               result.noise_tolerance_s, tuple(proc_key(p) for p in a.processes))
+               result.noise_tolerance_s, procs)
+        if memo is not None and len(procs) > 1 and len(parts) > 1:  # the running attempt's
+            memo.peek(("arrivals", procs))  # arrivals, kept while its rows are the same
         got, lost = cached(memo if pkeys[0] is not None else None, key, lambda a=a, off=off,
                            parts=parts, pkeys=pkeys: _attempt_slowdown(
                                a, a is attempts[0], result, off, parts, pkeys, memo))
@@ -183,7 +186,18 @@ def _candidates(memo, key, part: tuple, thr: float, procs: tuple | None = None) 
     return c
 
 
-def _waterfall(a, nums: np.ndarray) -> tuple:
+def _sorted_arrivals(a) -> tuple:
+    """Attempt ``a``'s arrivals (:func:`_arrivals`) by step number, latest arrival first:
+    ``(who, num, arr, starts, size)``, with each number's first entry and count."""
+    who, num, arr = _arrivals(*stacked(a)[:2])
+    o = np.lexsort((-arr, num))  # by number, latest arrival first
+    who, num, arr = who[o], num[o], arr[o]
+    starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1]))) if len(num) \
+        else np.zeros(0, np.int64)
+    return who, num, arr, starts, np.diff(np.append(starts, len(num)))
+
+
+def _waterfall(a, nums: np.ndarray, memo=None) -> tuple:
     """The arrivals' waterfall (module docstring) of attempt ``a``'s steps numbered
     ``nums`` (one entry per kept step, in its order; NONE: no number), independent of the
     ideal step time: ``(spread, bounds, who, blame)``: per step the spread of its arrivals
@@ -191,15 +205,13 @@ def _waterfall(a, nums: np.ndarray) -> tuple:
     offsets) into ``who`` (process indexes into ``a``'s processes with rows) and
     ``blame`` (float ns, unscaled), the step's blames latest arrival first. Each step's
     blames are computed from its own arrivals alone, so the same step gets the same floats
-    whatever else is asked for."""
-    who, num, arr = _arrivals(*stacked(a)[:2])
+    whatever else is asked for. ``memo`` keeps the sorted arrivals under the processes'
+    rows (:func:`_sorted_arrivals`: a poll with nothing new reads no row of them)."""
+    who, num, arr, starts, size = cached(memo, ("arrivals", tuple(
+        proc_key(p) for p in a.processes)), lambda: _sorted_arrivals(a))
     spread = np.zeros(len(nums))
     if not len(num):  # no arrivals: nothing to blame
         return spread, np.zeros(len(nums) + 1, np.int64), who, spread[:0]
-    o = np.lexsort((-arr, num))  # by number, latest arrival first
-    who, num, arr = who[o], num[o], arr[o]
-    starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1])))
-    size = np.diff(np.append(starts, len(num)))
     g = np.minimum(np.searchsorted(num[starts], nums), len(starts) - 1)
     has = (nums != NONE) & (num[starts][g] == nums)
     cnt = np.where(has, size[g], 0)
@@ -275,7 +287,7 @@ def _attempt_slowdown(a, first: bool, result, off: int, parts: list, pkeys: list
         nums = np.concatenate([c.nums[:m] for c, m, _ in cands])
         o = np.lexsort((idx, -ratio))
         idx = idx[o]
-        spread, bounds, who, blame = _waterfall(a, nums[o])
+        spread, bounds, who, blame = _waterfall(a, nums[o], memo)
     excess = st.take("time_ns", idx) - st.take("count", idx) * ideal
     if len(warm_idx):
         o = np.argsort(idx)
