@@ -7,11 +7,11 @@ today's figures, and ml-goodput-measurement 0.2.3's on the same timeline.
 
 **The job.** The real recorder records the job of ``benchmarks/recorded_job.py`` (its
 child processes, one per attempt, on a simulated clock flushing every simulated second:
-3 restarts that redo steps, 0.5 s steps with a data-loading phase before each, a 2 s
-checkpoint every 1,000 steps, a 5 s ``eval`` every 5,000), except that the *last* attempt
-is killed too (``os._exit`` right after a flush): it leaves no end marker, as a job still
-running. The journal lines of its last 60 simulated seconds are cut off the end of its
-journal and kept aside ("new data").
+3 restarts (``--restarts``) that redo steps, 0.5 s steps with a data-loading phase before
+each, a 2 s checkpoint every 1,000 steps, a 5 s ``eval`` every 5,000), except that the
+*last* attempt is killed too (``os._exit`` right after a flush): it leaves no end marker,
+as a job still running. The journal lines of its last 60 simulated seconds are cut off the
+end of its journal and kept aside ("new data").
 
 **"Now".** A running attempt is one seen alive within ``RUNNING_INTERVALS`` (3) heartbeat
 intervals (1 s) of now (``goodput_processor.attempts.build_attempts``), and the polls of a
@@ -233,12 +233,14 @@ def spool_bytes(run_dir: Path) -> int:
     return sum(p.stat().st_size for p in run_dir.iterdir() if p.is_file())
 
 
-def prepare(base: Path, steps: int, slow_share: float = 0.0, hosts: int = 1) -> dict:
+def prepare(base: Path, steps: int, slow_share: float = 0.0, hosts: int = 1,
+            restarts: int = 3) -> dict:
     """The job of ``steps`` steps (``slow_share`` of them twice as long) on ``hosts``
-    processes under ``base`` (recorded unless already there), cut; returns its paths and
-    facts (``rec_s``: recording seconds, None if reused)."""
+    processes with ``restarts`` restarts under ``base`` (recorded unless already there),
+    cut; returns its paths and facts (``rec_s``: recording seconds, None if reused)."""
     name = (f"job-{steps}" + (f"-slow{slow_share:g}" if slow_share else "")
-            + (f"-hosts{hosts}" if hosts > 1 else ""))
+            + (f"-hosts{hosts}" if hosts > 1 else "")
+            + (f"-restarts{restarts}" if restarts != 3 else ""))
     run_dir, meta_path = base / name, base / f"{name}.json"
     new_path = base / f"{name}.new"
     rec_s = None
@@ -248,7 +250,7 @@ def prepare(base: Path, steps: int, slow_share: float = 0.0, hosts: int = 1) -> 
     else:
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        rec_s = record(run_dir, steps, slow_share=slow_share, hosts=hosts)
+        rec_s = record(run_dir, steps, restarts, slow_share=slow_share, hosts=hosts)
         meta = split(run_dir, meta_path, new_path)
     return {"steps": steps, "run_dir": run_dir, "meta": meta, "meta_path": meta_path,
             "new_path": new_path, "rec_s": rec_s, "npz": base / f"{name}.mgm.npz",
@@ -602,6 +604,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hosts", type=int, default=1,
                     help="processes per attempt, in step (recorded_job.py --hosts; the "
                     "incumbent is measured on one: default 1)")
+    ap.add_argument("--restarts", type=int, default=3,
+                    help="restarts of the job (default 3; 0: one attempt, running all along)")
     ap.add_argument("--pack", action="store_true",
                     help="serve: pack every process's rows after the warm poll "
                     "(LiveStore.compact, as a maintenance round does to quiet processes), "
@@ -613,6 +617,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.hosts < 1 or (args.hosts > 1 and "incumbent" in args.surfaces):
         ap.error("--hosts must be at least 1, and 1 with the incumbent surface")
+    if args.restarts < 0:
+        ap.error(f"--restarts must be at least 0, got {args.restarts}")
     if args.child == "incumbent-log":
         incumbent_entries(Path(args.run_dir), json.loads(Path(args.meta).read_text()),
                           Path(args.npz))
@@ -634,7 +640,8 @@ def main(argv=None) -> int:
     try:
         sizes = {args.steps} | ({inc_steps} if "incumbent" in args.surfaces else set())
         for steps in sorted(sizes):
-            jobs[steps] = job = prepare(base, steps, args.slow_share, args.hosts)
+            jobs[steps] = job = prepare(base, steps, args.slow_share, args.hosts,
+                                        args.restarts)
             m = job["meta"]
             print(f"job {steps:,} steps: spool {job['spool'] / 1e6:.1f} MB, "
                   + (f"recorded in {job['rec_s']:.1f} s" if job["rec_s"] is not None
