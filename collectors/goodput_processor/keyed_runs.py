@@ -46,6 +46,11 @@ class KeyedRun:
             self.vals = values[np.lexsort((values, keys))]
 
     @property
+    def size(self) -> int:
+        """How many values."""
+        return int(self.counts.sum())
+
+    @property
     def nkeys(self) -> int:
         """Keys the run was made for (a key from there on has no values in it)."""
         return len(self.counts)

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .keyed_runs import KeyedRun, loc_of, union_median
-from .memo import cached, data_key, proc_key
+from .memo import cached, data_key, proc_key, rows_key
 from .timeline import C_AUX, C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
 
 __all__ = ["DEFAULT_TOP", "StragglerHost", "StragglerReport", "straggler_report"]
@@ -141,24 +141,28 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
     if len(ident) < 2:
         return None
     # (each looked up at every poll, so that the memo keeps them while they are used)
-    parts = [cached(memo, _part_key(g), lambda g=g: _part(g)) for g in groups]
+    parts = [cached(memo, _part_key(g), lambda g=g: _part(g)) for g in groups[:-1]]
+    last = groups[-1]
+    parts.append(_running(last, memo) if memo is not None and all(
+        cap == NONE for _, cap in last) else cached(memo, _part_key(last), lambda: _part(last)))
     comps = _components([(pt.lo, pt.hi) for pt in parts])
     if len(comps) < len(groups):  # step numbers shared by attempts: those taken together
         groups = [[x for i in c for x in groups[i]] for c in comps]
         parts = [parts[c[0]] if len(c) == 1 else
                  cached(memo, _part_key(g), lambda g=g: _part(g)) for c, g in zip(
                      comps, groups, strict=True)]
+        parts[-1] = parts[-1] if len(comps[-1]) == 1 else _part(groups[-1])
     nkeys = len(ident)
     locs = [_loc(pt.names, ident) for pt in parts]
     if len(parts) > 2:  # the finished attempts' runs merged (the last one's change)
         done = tuple(_part_key(g) for g in groups[:-1])
         merged = cached(memo, ("straggler_merged", done, nkeys), lambda: _merge(
             parts[:-1], locs[:-1], nkeys))
-        runs_t = [(merged[0], np.arange(nkeys)), (parts[-1].times, locs[-1])]
-        runs_l = [(merged[1], np.arange(nkeys)), (parts[-1].lags, locs[-1])]
+        runs_t = [(merged[0], np.arange(nkeys)), *((r, locs[-1]) for r in parts[-1].times)]
+        runs_l = [(merged[1], np.arange(nkeys)), *((r, locs[-1]) for r in parts[-1].lags)]
     else:
-        runs_t = [(pt.times, loc) for pt, loc in zip(parts, locs, strict=True)]
-        runs_l = [(pt.lags, loc) for pt, loc in zip(parts, locs, strict=True)]
+        runs_t = [(r, loc) for pt, loc in zip(parts, locs, strict=True) for r in pt.times]
+        runs_l = [(r, loc) for pt, loc in zip(parts, locs, strict=True) for r in pt.lags]
     key = ("stragglers", tuple(_part_key(g) for g in groups), top)
     return cached(memo, key, lambda: _report(runs_t, runs_l, ident, top))
 
@@ -201,12 +205,13 @@ class _Part(NamedTuple):
     """One attempt's (or several attempts sharing step numbers) share of the report:
     ``names`` its host processes ``(host, process index)`` (the runs' keys), ``times``
     their step times (ns per step), ``lags`` their start lags (ns, one per step number run
-    by at least two of them) as :class:`~goodput_processor.keyed_runs.KeyedRun`, and
-    ``lo``/``hi`` the lowest and highest step number (None without numbers)."""
+    by at least two of them), each as runs (:class:`~goodput_processor.keyed_runs.KeyedRun`:
+    one, or the running attempt's several, :func:`_running`), and ``lo``/``hi`` the lowest
+    and highest step number (None without numbers)."""
 
     names: tuple
-    times: KeyedRun
-    lags: KeyedRun
+    times: tuple
+    lags: tuple
     lo: int | None
     hi: int | None
 
@@ -221,9 +226,134 @@ def _part(pairs: list) -> _Part:
     snum, start, t = (np.concatenate([x[i] for x in parts]) for i in range(3))
     numbered = snum[snum != NONE]
     lk, lag = _start_lag(key, snum, start)
-    return _Part(tuple(own), KeyedRun(key, t, len(own)), KeyedRun(lk, lag, len(own)),
+    return _Part(tuple(own), (KeyedRun(key, t, len(own)),), (KeyedRun(lk, lag, len(own)),),
                  int(numbered.min()) if len(numbered) else None,
                  int(numbered.max()) if len(numbered) else None)
+
+
+class _Running(NamedTuple):
+    """What :func:`_running` keeps of a running attempt: per process its identity, the
+    rows taken (``n``) and their :func:`~goodput_processor.memo.rows_key`; the runs of the
+    step times of those rows and of the start lags of the step numbers settled (at most
+    ``sealed``: every process has gone past it); the numbered steps above it
+    (``pending``: key, number, start); each process's highest number, and the lowest."""
+
+    ids: tuple
+    n: tuple
+    rk: tuple
+    times: tuple
+    lags: tuple
+    sealed: int | None
+    pending: tuple
+    top: tuple
+    lo: int | None
+
+
+def _running(pairs: list, memo) -> _Part:
+    """:func:`_part` of the running attempt's processes ``pairs`` (no bound), from what the
+    last poll kept (``memo``): the rows that only grow (``p.settled`` of an attempt's
+    process, else all) are read from where the last poll stopped; their steps' times
+    become a new run (runs merged as they double), and a step number's start lags are
+    made once every process has gone past it. The rest (open records resolved) is read
+    anew. A new row numbered at or below a settled number starts again from the first row;
+    such a row among the rest is read with every step of the attempt (:func:`_part`)."""
+    own: dict[tuple, int] = {}
+    keys = [own.setdefault((p.host, p.index), len(own)) for p, _ in pairs]
+    nk = len(own)
+    ids = tuple((o[0], o[2]) if (o := getattr(p, "origin", None)) is not None
+                else (p.host, p.index, getattr(p, "attempt", None)) for p, _ in pairs)
+    settled = [len(p.data) if getattr(p, "origin", None) is None or p.settled is None
+               else p.settled for p, _ in pairs]
+    skey = ("straggler_running", ids)
+    st = memo.peek(skey)
+    if st is None or st.ids != ids or not _prefix_ok(pairs, settled, st):
+        st = _Running(ids, (0,) * len(pairs), tuple(rows_key(p.data[:0]) for p, _ in pairs),
+                      (), (), None, _no_steps(), (None,) * len(pairs), None)
+    new = [_steps(p.data[n:m], NONE) for (p, _), n, m in zip(pairs, st.n, settled,
+                                                              strict=True)]
+    fresh = _fold(st, keys, new, nk, ids, pairs, settled)
+    if fresh is None:  # a late row below a settled number: from the first row again
+        st = _Running(ids, (0,) * len(pairs), tuple(rows_key(p.data[:0]) for p, _ in pairs),
+                      (), (), None, _no_steps(), (None,) * len(pairs), None)
+        fresh = _fold(st, keys, [_steps(p.data[:m], NONE) for (p, _), m in zip(
+            pairs, settled, strict=True)], nk, ids, pairs, settled)
+    memo.put(skey, fresh)
+    tail = [_steps(p.data[m:], NONE) for (p, _), m in zip(pairs, settled, strict=True)]
+    tk, tnum, tstart, tt = _flat(keys, tail)
+    tn = tnum[tnum != NONE]
+    if fresh.sealed is not None and len(tn) and int(tn.min()) <= fresh.sealed:
+        return _part(pairs)
+    pk, pnum, pstart = fresh.pending
+    lk, lag = _start_lag(np.concatenate((pk, tk)), np.concatenate((pnum, tnum)),
+                         np.concatenate((pstart, tstart)))
+    lo = min([x for x in (fresh.lo, int(tn.min()) if len(tn) else None) if x is not None],
+             default=None)
+    hi = max([x for x in (*fresh.top, int(tn.max()) if len(tn) else None) if x is not None],
+             default=None)
+    return _Part(tuple(own), (*fresh.times, KeyedRun(tk, tt, nk)),
+                 (*fresh.lags, KeyedRun(lk, lag, nk)), lo, hi)
+
+
+def _prefix_ok(pairs, settled, st) -> bool:
+    """Whether the rows ``st`` took of each process are still the first rows it has."""
+    return all(n <= m and rows_key(p.data[:n]) == rk for (p, _), m, n, rk in zip(
+        pairs, settled, st.n, st.rk, strict=True))
+
+
+def _no_steps() -> tuple:
+    z = np.zeros(0, np.int64)
+    return z, z, z
+
+
+def _flat(keys: list, steps: list) -> tuple:
+    """``(key, number, start, time)`` of the processes' ``steps`` (:func:`_steps`)."""
+    lengths = np.fromiter((len(x[0]) for x in steps), np.int64, len(steps))
+    key = np.repeat(np.asarray(keys, np.int64), lengths)
+    return (key, *(np.concatenate([x[i] for x in steps]) for i in range(3)))
+
+
+def _fold(st: _Running, keys, new, nk, ids, pairs, settled) -> _Running | None:
+    """``st`` with the processes' ``new`` steps taken in (None: one is numbered at or
+    below the settled number)."""
+    k, num, start, t = _flat(keys, new)
+    numbered = num != NONE
+    if st.sealed is not None and numbered.any() and int(num[numbered].min()) <= st.sealed:
+        return None
+    times = _grow(st.times, KeyedRun(k, t, nk), nk) if len(k) else st.times
+    top = list(st.top)
+    for i, (sn, *_rest) in enumerate(new):
+        sn = sn[sn != NONE]
+        if len(sn):
+            top[i] = int(sn.max()) if top[i] is None else max(top[i], int(sn.max()))
+    pk, pnum, pstart = (np.concatenate((a, b)) for a, b in zip(
+        st.pending, (k[numbered], num[numbered], start[numbered]), strict=True))
+    sealed, lags = st.sealed, st.lags
+    reach = None if any(x is None for x in top) else min(top)
+    if reach is not None and (sealed is None or reach > sealed):
+        done = pnum <= reach
+        if done.any():
+            lk, lag = _start_lag(pk[done], pnum[done], pstart[done])
+            lags = _grow(lags, KeyedRun(lk, lag, nk), nk)
+            pk, pnum, pstart = pk[~done], pnum[~done], pstart[~done]
+        sealed = reach
+    lo = st.lo
+    if numbered.any():
+        m = int(num[numbered].min())
+        lo = m if lo is None else min(lo, m)
+    return _Running(ids, tuple(settled), tuple(rows_key(p.data[:m]) for (p, _), m in zip(
+        pairs, settled, strict=True)), times, lags, sealed, (pk, pnum, pstart), tuple(top),
+        lo)
+
+
+def _grow(runs: tuple, run: KeyedRun, nk: int) -> tuple:
+    """``runs`` and ``run``, the last two merged while the one before is under twice the
+    last's size (so there are O(log n) runs)."""
+    out = [*runs, run]
+    while len(out) > 1 and out[-2].size < 2 * out[-1].size:
+        b, a = out.pop(), out.pop()
+        out.append(KeyedRun(np.concatenate((a.keys(), b.keys())),
+                            np.concatenate((a.values(), b.values())), nk))
+    return tuple(out)
 
 
 def _components(ranges: list) -> list[list[int]]:
@@ -256,7 +386,8 @@ def _merge(parts: list, locs: list, nkeys: int) -> tuple[KeyedRun, KeyedRun]:
     key."""
     out = []
     for what in ("times", "lags"):
-        runs = [(getattr(pt, what), loc) for pt, loc in zip(parts, locs, strict=True)]
+        runs = [(r, loc) for pt, loc in zip(parts, locs, strict=True)
+                for r in getattr(pt, what)]
         keys = np.concatenate([loc_of(r, loc) for r, loc in runs])
         out.append(KeyedRun(keys, np.concatenate([r.values() for r, _ in runs]), nkeys))
     return out[0], out[1]
