@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .memo import cached, proc_key
+from .memo import cached, proc_key, rows_key
 from .recovery import stacked, warmup
 from .timeline import (
     C_END,
@@ -71,11 +71,11 @@ class HostBadput:
     badput_s: float
 
 
-def _arrivals(d: np.ndarray, key: np.ndarray):
+def _arrivals(d: np.ndarray, key: np.ndarray, rows: bool = False):
     """(process index, step number, arrival ns) of the blocking, completed, numbered step
     spans in rows ``d`` (of processes ``key``): the span's end minus the collective wait
     recorded inside it (waits matched to the step of the same process whose start is the
-    latest at or before theirs)."""
+    latest at or before theirs). ``rows``: also the step spans' indexes in ``d``."""
     flags, kinds = d[:, C_FLAGS], d[:, C_KIND]
     ss = np.flatnonzero((kinds == K_STEP) & ((flags & (F_NONBLOCKING | F_ENDLESS)) == 0)
                         & (d[:, C_IVAL] != NONE))
@@ -99,7 +99,14 @@ def _arrivals(d: np.ndarray, key: np.ndarray):
         wait = np.rint(np.bincount(si[ok], weights=dur, minlength=len(ss))).astype(np.int64)
     st = d[ss]
     arrival = st[:, C_END] - np.minimum(wait, st[:, C_END] - st[:, C_START])
-    return key[ss], st[:, C_IVAL], arrival
+    return (key[ss], st[:, C_IVAL], arrival) + ((ss,) if rows else ())
+
+
+def _relevant(d: np.ndarray) -> np.ndarray:
+    """Whether each row of ``d`` can change an arrival (:func:`_arrivals`): a blocking
+    step span or a blocking collective wait."""
+    kinds, flags = d[:, C_KIND], d[:, C_FLAGS]
+    return ((kinds == K_STEP) | (kinds == K_COLLECTIVE_WAIT)) & ((flags & F_NONBLOCKING) == 0)
 
 
 def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple, int], int]:
@@ -124,7 +131,7 @@ def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple,
         key = ("slow_by_host", tuple(pkeys), a is attempts[0], result.ideal_step_time_s,
                result.noise_tolerance_s, procs)
         if memo is not None and len(procs) > 1 and len(parts) > 1:  # the running attempt's
-            memo.peek(("arrivals", procs))  # arrivals, kept while its rows are the same
+            memo.peek(_running_key(a))  # arrivals, folded as its rows arrive
         got, lost = cached(memo if pkeys[0] is not None else None, key, lambda a=a, off=off,
                            parts=parts, pkeys=pkeys: _attempt_slowdown(
                                a, a is attempts[0], result, off, parts, pkeys, memo))
@@ -187,11 +194,32 @@ def _candidates(memo, key, part: tuple, thr: float, procs: tuple | None = None) 
 
 
 def _sorted_arrivals(a) -> tuple:
-    """Attempt ``a``'s arrivals (:func:`_arrivals`) by step number, latest arrival first:
-    ``(who, num, arr, starts, size)``, with each number's first entry and count."""
-    who, num, arr = _arrivals(*stacked(a)[:2])
-    o = np.lexsort((-arr, num))  # by number, latest arrival first
-    who, num, arr = who[o], num[o], arr[o]
+    """Attempt ``a``'s arrivals (:func:`_arrivals`) as one run sorted by step number,
+    latest arrival first (ties: process order): ``(who, num, arr)``."""
+    return _sort_run(*_arrivals(*stacked(a)[:2]))
+
+
+def _sort_run(who, num, arr) -> tuple:
+    o = np.lexsort((who, -arr, num))
+    return who[o], num[o], arr[o]
+
+
+def _gather(runs: list, nums: np.ndarray) -> tuple:
+    """The arrivals of step numbers ``nums`` from sorted ``runs`` (:func:`_sort_run`), as
+    one sorted run with each number's first entry and count: ``(who, num, arr, starts,
+    size)``."""
+    want = np.unique(nums[nums != NONE])
+    if len(runs) == 1:
+        who, num, arr = runs[0]
+    else:
+        got = []
+        for w, n, r in runs:
+            lo, hi = np.searchsorted(n, want, "left"), np.searchsorted(n, want, "right")
+            take = np.repeat(lo, hi - lo) + (np.arange(int((hi - lo).sum()))
+                                              - np.repeat(np.cumsum(hi - lo) - (hi - lo),
+                                                          hi - lo))
+            got.append((w[take], n[take], r[take]))
+        who, num, arr = _sort_run(*(np.concatenate([g[i] for g in got]) for i in range(3)))
     starts = np.flatnonzero(np.concatenate(([True], num[1:] != num[:-1]))) if len(num) \
         else np.zeros(0, np.int64)
     return who, num, arr, starts, np.diff(np.append(starts, len(num)))
@@ -205,10 +233,10 @@ def _waterfall(a, nums: np.ndarray, memo=None) -> tuple:
     offsets) into ``who`` (process indexes into ``a``'s processes with rows) and
     ``blame`` (float ns, unscaled), the step's blames latest arrival first. Each step's
     blames are computed from its own arrivals alone, so the same step gets the same floats
-    whatever else is asked for. ``memo`` keeps the sorted arrivals under the processes'
-    rows (:func:`_sorted_arrivals`: a poll with nothing new reads no row of them)."""
-    who, num, arr, starts, size = cached(memo, ("arrivals", tuple(
-        proc_key(p) for p in a.processes)), lambda: _sorted_arrivals(a))
+    whatever else is asked for. With ``memo`` (the running attempt), the arrivals are
+    folded as its rows arrive (:func:`_running_arrivals`)."""
+    runs = [_sorted_arrivals(a)] if memo is None else _running_arrivals(a, memo)
+    who, num, arr, starts, size = _gather(runs, nums)
     spread = np.zeros(len(nums))
     if not len(num):  # no arrivals: nothing to blame
         return spread, np.zeros(len(nums) + 1, np.int64), who, spread[:0]
@@ -236,6 +264,92 @@ def _waterfall(a, nums: np.ndarray, memo=None) -> tuple:
             into = np.arange(k) < rn[:, None]
             blame[bounds[rows][:, None].repeat(k, 1)[into] + np.nonzero(into)[1]] = b[into]
     return spread, bounds, who[src], blame
+
+
+def _running_key(a) -> tuple:
+    return ("arrivals_running", tuple(
+        (o[0], o[2]) if (o := getattr(p, "origin", None)) is not None
+        else (p.host, p.index, getattr(p, "attempt", None)) for p in a.processes
+        if len(p.data)))
+
+
+def _running_arrivals(a, memo) -> list:
+    """The running attempt ``a``'s arrivals as sorted runs (:func:`_sort_run`), folded as
+    its rows arrive: per process, the rows that only grow (``p.settled`` of an attempt's
+    process, else all) are read from where the last poll stopped. A step's arrival is
+    final once a later step of its process has started (a wait belongs to the latest step
+    of its process that started at or before it); the latest steps and the waits from
+    their start are kept as rows and read again with the new ones. A new step or wait that
+    starts before the latest step taken starts again from the first row; one among the
+    other rows (open records resolved) reads every row of the attempt (one run)."""
+    procs = [p for p in a.processes if len(p.data)]
+    skey = _running_key(a)
+    settled = [len(p.data) if getattr(p, "origin", None) is None or p.settled is None
+               else p.settled for p in procs]
+    st = memo.peek(skey)
+    if st is None or not all(n <= m and rows_key(p.data[:n]) == rk for p, m, (n, rk) in zip(
+            procs, settled, st["taken"], strict=True)):
+        st = None
+    got = None if st is None else _fold_arrivals(st, procs, settled)
+    if got is None:
+        st = {"taken": [(0, rows_key(p.data[:0])) for p in procs], "latest": [None] * len(
+            procs), "pending": [p.data[:0] for p in procs], "runs": ()}
+        got = _fold_arrivals(st, procs, settled)
+    memo.put(skey, got)
+    rest = []
+    for i, (p, m) in enumerate(zip(procs, settled, strict=True)):
+        tail = p.data[m:]
+        tail = tail[_relevant(tail)]
+        t0 = got["latest"][i]
+        if t0 is not None and len(tail) and int(tail[:, C_START].min()) < t0:
+            return [_sorted_arrivals(a)]
+        d = np.concatenate((got["pending"][i], tail))
+        if len(d):
+            w, n, r = _arrivals(d, np.zeros(len(d), np.int64))
+            rest.append((w + i, n, r))
+    if rest:
+        return [*got["runs"], _sort_run(*(np.concatenate([x[j] for x in rest])
+                                          for j in range(3)))]
+    return list(got["runs"])
+
+
+def _fold_arrivals(st: dict, procs: list, settled: list) -> dict | None:
+    """``st`` (:func:`_running_arrivals`' state) with each process's rows up to
+    ``settled`` taken in; None when a new row starts before its process's latest step."""
+    taken, latest, pending, sealed = [], [], [], []
+    for i, (p, m) in enumerate(zip(procs, settled, strict=True)):
+        n = st["taken"][i][0]
+        new = p.data[n:m]
+        new = new[_relevant(new)]
+        t0 = st["latest"][i]
+        if t0 is not None and len(new) and int(new[:, C_START].min()) < t0:
+            return None
+        d = np.concatenate((st["pending"][i], new))
+        w, num, arr, ss = _arrivals(d, np.zeros(len(d), np.int64), rows=True)
+        if len(ss):
+            t0 = int(d[ss, C_START].max())
+            done = d[ss, C_START] < t0
+            sealed.append((w[done] + i, num[done], arr[done]))
+        keep = d[:, C_START] >= t0 if t0 is not None else np.ones(len(d), bool)
+        pending.append(d[keep])
+        latest.append(t0)
+        taken.append((m, rows_key(p.data[:m])))
+    runs = st["runs"]
+    if sealed:
+        run = _sort_run(*(np.concatenate([x[j] for x in sealed]) for j in range(3)))
+        if len(run[0]):
+            runs = _grow_runs(runs, run)
+    return {"taken": taken, "latest": latest, "pending": pending, "runs": runs}
+
+
+def _grow_runs(runs: tuple, run: tuple) -> tuple:
+    """``runs`` and ``run``, the last two merged while the one before is under twice the
+    last's size (so there are O(log n) runs)."""
+    out = [*runs, run]
+    while len(out) > 1 and len(out[-2][0]) < 2 * len(out[-1][0]):
+        b, a = out.pop(), out.pop()
+        out.append(_sort_run(*(np.concatenate((a[j], b[j])) for j in range(3))))
+    return tuple(out)
 
 
 def _attempt_slowdown(a, first: bool, result, off: int, parts: list, pkeys: list,
