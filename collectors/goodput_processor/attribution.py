@@ -209,6 +209,9 @@ def _gather(runs: list, nums: np.ndarray) -> tuple:
     one sorted run with each number's first entry and count: ``(who, num, arr, starts,
     size)``."""
     want = np.unique(nums[nums != NONE])
+    if not runs:  # (no numbered step yet)
+        z = np.zeros(0, np.int64)
+        return z, z, z, z, z
     if len(runs) == 1:
         who, num, arr = runs[0]
     else:

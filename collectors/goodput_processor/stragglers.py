@@ -25,10 +25,11 @@ attempt's share (its hosts' step times and start lags, sorted:
 :class:`~goodput_processor.keyed_runs.KeyedRun`) is kept in the accounting's memo under its
 processes' rows and kept-step bound, the finished attempts' merged into one; the medians
 are read from the runs without merging them (:func:`~goodput_processor.keyed_runs.
-union_median`), so a live poll sorts the running attempt's steps alone, and a poll with
-nothing new reads the report kept. Attempts run disjoint step numbers (a later attempt
-resumes above the earlier ones' bound); where some do not, they are taken together, so a
-step number's median start is over every process that ran it.
+union_median`); the running attempt's share is folded as its rows arrive (:func:`_running`),
+so a live poll sorts only its new steps, and a poll with nothing new reads the report
+kept. Attempts run disjoint step numbers (a later attempt resumes above the earlier ones'
+bound); where some do not, they are taken together, so a step number's median start is
+over every process that ran it.
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
         top: how many of the slowest hosts to list (>= 1).
         memo: an :class:`~goodput_processor.memo.AccountingMemo`: each attempt's sorted
             step times and start lags are kept in it under its processes' rows and bound
-            (:func:`_part`), and the finished attempts' merged, so that a poll sorts only
-            the running attempt's steps again, and nothing when nothing is new.
+            (:func:`_part`), the finished attempts' merged, and the running attempt's
+            folded as its rows arrive (:func:`_running`), so that a poll sorts only its
+            new steps, and nothing when nothing is new.
 
     Returns:
         A :class:`StragglerReport`, or None when fewer than two host processes have kept
