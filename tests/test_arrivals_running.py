@@ -17,21 +17,30 @@ from types import SimpleNamespace
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_incremental import _pieces_of, _snapshot, _state
 
+from goodput_processor.accounting import account
 from goodput_processor.attribution import _waterfall
 from goodput_processor.memo import AccountingMemo
 from goodput_processor.timeline import (
+    C_AUX,
     C_END,
     C_FLAGS,
     C_IVAL,
     C_KIND,
+    C_SID,
+    C_SIDX,
     C_START,
+    C_TIDX,
     F_NONBLOCKING,
     K_COLLECTIVE_WAIT,
     K_DATA_LOADING,
+    K_JOB_START,
     K_STEP,
     NCOLS,
     NONE,
+    JobSpans,
+    ProcessSpans,
 )
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
@@ -99,3 +108,50 @@ def test_running_arrivals_equal_all_rows_at_once_after_every_poll(job, data):
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)
         memo.end_round()
+
+
+def _job_of(rows_per_proc: list) -> JobSpans:
+    """One attempt of the processes' rows (:func:`attempts`), each after a job-start row
+    (heartbeat interval 10 s, so that it stays running), as the store holds them."""
+    job = JobSpans("hosts")
+    sid = 0
+    for i, d in enumerate(rows_per_proc):
+        t0 = int(d[:, C_START].min()) - 5 * MS
+        rows = np.concatenate((_row(K_JOB_START, t0, t0, 10_000)[None], d))
+        rows[:, C_AUX] = NONE
+        rows[:, C_SIDX] = -1
+        rows[:, C_TIDX] = 0
+        rows[:, C_SID] = np.arange(sid, sid + len(rows))
+        sid += len(rows)
+        job.processes[(0, i, "")] = ProcessSpans("hosts", 0, i, host=f"h{i}",
+                                                 process_count=len(rows_per_proc), data=rows)
+    return job
+
+
+@given(attempts(), st.sampled_from([None, 0.5]), st.sampled_from([1, 3]), st.data())
+@SETTINGS
+def test_slowdown_by_host_of_a_running_attempt_equals_fresh_poll_after_poll(job, ideal,
+                                                                          piece_rows, data):
+    """The whole accounting of a running attempt of several hosts, with slow steps, its rows
+    arriving in time order batch by batch and cut into pieces of a few rows: after every
+    batch, and again with nothing new at a later now (then with a lower ideal step time:
+    other steps slow), the memo's result (slowdown by host, its waterfall kept for the same
+    steps of the same rows) equals accounting afresh."""
+    full = _job_of(job[0])
+    order = [(k, i) for k, p in full.processes.items()
+             for i in np.argsort(p.data[:, C_END], kind="stable").tolist()]
+    order.sort(key=lambda ki: int(full.processes[ki[0]].data[ki[1], C_END]))
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(order)), max_size=12)))
+    memo = AccountingMemo()
+    seen: dict = {}
+    with _pieces_of(piece_rows):
+        for lo, hi in zip([0, *cuts], [*cuts, len(order)], strict=True):
+            for k, i in order[lo:hi]:
+                seen.setdefault(k, []).append(i)
+            snap = _snapshot(full, seen)
+            last = max(int(p.data[:, C_END].max()) for p in snap.processes.values())
+            # new rows; then nothing new; then nothing new, other steps slow (a lower ideal)
+            for now, ide in ((last + MS, ideal), (last + 2 * MS, ideal), (last + 3 * MS, 0.45)):
+                got = account(snap, ide, now, memo=memo)
+                assert _state(got) == _state(account(snap, ide, now))
+                assert got.attempts[-1].end_reason == "running"

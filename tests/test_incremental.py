@@ -111,7 +111,7 @@ def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, pi
     """... also with the running attempt cut into pieces of a few rows
     (:mod:`goodput_processor.pieces`), with the slowdown attribution's candidate steps
     read again as the threshold falls, with the rolling windows, with and without OS
-    process identity."""
+    process identity, and again with nothing new at a later now."""
     job, batches = case
     memo, w_memo = AccountingMemo(), AccountingMemo()
     seen: dict = {}
@@ -121,6 +121,10 @@ def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, pi
             fresh = account(snap, ideal, now)
             again = account(snap, ideal, now, memo=memo)
             assert _state(again) == _state(fresh)
+            if running:  # a poll with nothing new, only a later now (still running)
+                later = now + MS // 2
+                assert _state(account(snap, ideal, later, memo=memo)) == _state(
+                    account(snap, ideal, later))
             rows = sum(len(p.data) for p in snap.processes.values())
             assert len(memo) < 40 * (len(snap.processes) + 1) + 4 * rows  # one poll's worth
             _same_windows(snap, ideal, now, w_memo)
