@@ -403,13 +403,8 @@ def _attempt_slowdown(a, first: bool, result, off: int, parts: list, pkeys: list
         ratio = np.concatenate([c.ratio[:m] for c, m, _ in cands])
         nums = np.concatenate([c.nums[:m] for c, m, _ in cands])
         o = np.lexsort((idx, -ratio))
-        idx, nums = idx[o], nums[o]
-        # (kept under the attempt's rows and the steps asked for: a poll with nothing new,
-        # only a later now, asks for the same steps of the same rows)
-        spread, bounds, who, blame = cached(
-            memo, ("waterfall_running", tuple(proc_key(p) for p in a.processes),
-                   nums.tobytes()),
-            lambda: _waterfall(a, nums, memo))
+        idx = idx[o]
+        spread, bounds, who, blame = _waterfall(a, nums[o], memo)
     excess = st.take("time_ns", idx) - st.take("count", idx) * ideal
     if len(warm_idx):
         o = np.argsort(idx)

@@ -11,6 +11,8 @@ a result. Integer nanoseconds throughout.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from goodput import schema
@@ -266,9 +268,12 @@ class _Acc:
             kept, wasted = kept + k, wasted + w
             n0, c0 = n1, c1
         key = ("tail", a.attempt, c0, a.end_ns, n0, proc_key(a.primary), names, seg)
-        k, w = self._add(cached(self.memo, key, lambda: self._part(
-            a.primary.data[n0:], c0, a.end_ns, a.attempt, None, False, lead=False)),
-            key, a1=a.end_ns)
+        part = cached(self.memo, key, lambda: self._part(
+            a.primary.data[n0:], c0, a.end_ns, a.attempt, None, False, lead=False))
+        # Its kept steps are named by what they are, not by the attempt's end (now, while
+        # it runs): a poll with nothing new, only a later now, finds what was made of them.
+        k, w = self._add(part, ("tail_steps", a.attempt, c0, n0, proc_key(a.primary),
+                                steps_digest(part[3])), a1=a.end_ns)
         return kept + k, wasted + w
 
     def _add(self, part: tuple, key, a1) -> tuple[int, int]:
@@ -441,6 +446,16 @@ class _Acc:
         # column: read-only broadcast views, no memory per step)
         kept_arrays = (snum, np.broadcast_to(np.int64(attempt), (nkept,)), ss, net, scount)
         return (level_ns, async_ns, elastic, kept_arrays, wasted_start, counts, segments)
+
+
+def steps_digest(kept: tuple) -> bytes:
+    """A 16-byte BLAKE2b digest of a part's kept-step arrays (:meth:`_Acc._part`: step
+    numbers, attempt, starts, times, counts; int64), naming them in memo keys."""
+    h = hashlib.blake2b(digest_size=16)
+    for x in kept:
+        h.update(len(x).to_bytes(8, "little"))
+        h.update(np.ascontiguousarray(x, np.int64).tobytes())
+    return h.digest()
 
 
 def _kept_segments(b, owner, step_level, ss, se, kept) -> tuple:

@@ -336,12 +336,21 @@ def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
     attempt`'s: a whole attempt's begins with "attempt"); the whole attempts before the
     last part are sorted once and kept (until an attempt is added), and so are a running
     attempt's pieces before its last (under the key :func:`runs_median` keeps them by: one
-    copy), so that a new piece sorts that attempt's steps again, not the job's."""
+    copy), so that a new piece sorts that attempt's steps again, not the job's; the
+    statistics are kept under the parts' keys and the given ideal step time."""
     if memo is None or len(parts) < 2:
         return _fresh(parts, ideal_given_ns, none)
     f = 0
     while f < len(parts) - 1 and part_keys[f][0] == "attempt":
         f += 1
+    heads = [(t, tuple(ks)) for t, ks in (("sorted_steps", part_keys[:f]),
+                                          ("sorted_attempt", part_keys[f:-1])) if ks]
+    key = ("step_stats", tuple(part_keys), ideal_given_ns, none)
+    kept = memo.peek(key)  # the same parts (a poll with nothing new): the same statistics
+    if kept is not None:
+        for h in heads:  # (what the next poll extends stays kept)
+            memo.peek(h)
+        return kept
     runs = []
     if f:
         runs.append(_sorted_parts(memo, "sorted_steps", parts[:f], part_keys[:f], none))
@@ -360,11 +369,13 @@ def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
 
     maxes = [r.max_step for r in runs if r.max_step is not None]
     pers = [r.per for r in runs]
-    return _finish(ideal_given_ns, sum(len(x) for x in pers),
-                   lambda ks: _kth_runs(pers, ks), sum(len(x) for x in diffs),
-                   lambda ks: _kth_runs(diffs, ks), above,
-                   sum(r.total_cnt for r in runs), sum(r.total_t for r in runs),
-                   max(maxes) if maxes else None)
+    stats = _finish(ideal_given_ns, sum(len(x) for x in pers),
+                    lambda ks: _kth_runs(pers, ks), sum(len(x) for x in diffs),
+                    lambda ks: _kth_runs(diffs, ks), above,
+                    sum(r.total_cnt for r in runs), sum(r.total_t for r in runs),
+                    max(maxes) if maxes else None)
+    memo.put(key, stats)
+    return stats
 
 
 def _fresh(parts, ideal_given_ns, none: int) -> StepStats:
