@@ -135,8 +135,8 @@ def test_slowdown_by_host_of_a_running_attempt_equals_fresh_poll_after_poll(job,
     """The whole accounting of a running attempt of several hosts, with slow steps, its rows
     arriving in time order batch by batch and cut into pieces of a few rows: after every
     batch, and again with nothing new at a later now (then with a lower ideal step time:
-    other steps slow), the memo's result (slowdown by host, its waterfall kept for the same
-    steps of the same rows) equals accounting afresh."""
+    other steps slow), the memo's result (slowdown by host, the step statistics and the
+    warm-up kept for the same kept steps) equals accounting afresh."""
     full = _job_of(job[0])
     order = [(k, i) for k, p in full.processes.items()
              for i in np.argsort(p.data[:, C_END], kind="stable").tolist()]

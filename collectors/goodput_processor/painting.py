@@ -272,6 +272,8 @@ class _Acc:
             a.primary.data[n0:], c0, a.end_ns, a.attempt, None, False, lead=False))
         # Its kept steps are named by what they are, not by the attempt's end (now, while
         # it runs): a poll with nothing new, only a later now, finds what was made of them.
+        # (Not by the rows alone: the end clips the phases, and an attempt that stops
+        # running can end before a row of its primary that gave an earlier end marker.)
         k, w = self._add(part, ("tail_steps", a.attempt, c0, n0, proc_key(a.primary),
                                 steps_digest(part[3])), a1=a.end_ns)
         return kept + k, wasted + w
