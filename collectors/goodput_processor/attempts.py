@@ -38,7 +38,7 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import AccountingMemo, cached, data_key, folded, process_state
+from .memo import AccountingMemo, cached, data_key, folded, proc_key, process_state
 from .open_records import OpenResolver
 from .packed import PackedProcessSpans, replace_rows
 from .report import ReportWarning
@@ -429,12 +429,12 @@ def build_attempts(job: JobSpans, now_ns: int | None = None,
                         f"{numbers[i + 1]} started (workers of a killed launcher?); their "
                         "work after that start is not counted", number))
                 end, cut = nxt, True
-        attempts.append(_attempt(g, number, start, end, reason, cut, interval, warnings))
+        attempts.append(_attempt(g, number, start, end, reason, cut, interval, warnings, memo))
     return attempts
 
 
 def _attempt(g: list[_Run], number: int, start: int, end: int, reason: str, cut: bool,
-             interval: int, warnings: list) -> Attempt:
+             interval: int, warnings: list, memo=None) -> Attempt:
     by_slot: dict[int, list[_Run]] = {}
     for r in g:
         by_slot.setdefault(r.slot, []).append(r)
@@ -446,8 +446,11 @@ def _attempt(g: list[_Run], number: int, start: int, end: int, reason: str, cut:
             "evidence (no rank variable, no torch.distributed/JAX rank recorded): the "
             "attempt is accounted on one of them", number, s))
     order = sorted(g, key=lambda r: (r.slot, -data_key(r.proc)[0]))
-    procs = tuple(replace_rows(r.proc, attempt=number, index=r.slot, process_count=r.count)
-                  for r in order)
+    # (the runs' processes are the memo's own for the same rows: their copies kept with them)
+    procs = cached(memo, ("attempt_processes", number, tuple(
+        (proc_key(r.proc), r.slot, r.count) for r in order)), lambda: tuple(
+        replace_rows(r.proc, attempt=number, index=r.slot, process_count=r.count)
+        for r in order))
     counts = [r.count for r in g if r.count is not None]
     return Attempt(
         attempt=number,

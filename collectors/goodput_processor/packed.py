@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import zlib
-from dataclasses import replace
 
 import numpy as np
 
@@ -169,7 +168,7 @@ def replace_rows(proc: ProcessSpans, **changes) -> ProcessSpans:
     not inflated)."""
     packed = proc.__dict__.get("_packed") if isinstance(proc, PackedProcessSpans) else None
     if packed is None or "data" in changes:
-        return replace(proc, **changes)
+        return proc.copy(**changes)
     return PackedProcessSpans.of(proc, packed, **changes)
 
 

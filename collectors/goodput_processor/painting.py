@@ -45,6 +45,7 @@ from .timeline import (
     KIND_NAMES,
     NONE,
     JobSpans,
+    clip_ns,
     is_phase,
 )
 
@@ -335,21 +336,21 @@ class _Acc:
         blocking = (d[:, C_FLAGS] & F_NONBLOCKING) == 0
         for r in np.flatnonzero(phase & ~blocking):  # asynchronous work: reported, not badput
             key = _row_bucket(job, int(kinds[r]), int(d[r, C_SIDX]))
-            s_r, e_r = np.clip(d[r, C_START], a0, a1), np.clip(d[r, C_END], a0, a1)
-            async_ns[key] = async_ns.get(key, 0) + int(e_r - s_r)
+            s_r, e_r = min(max(int(d[r, C_START]), a0), a1), min(max(int(d[r, C_END]), a0), a1)
+            async_ns[key] = async_ns.get(key, 0) + e_r - s_r
         elastic = bool(((kinds == K_ELASTIC_WAIT) | (kinds == K_ELASTIC_REINIT)).any())
         # (clipping is monotone: the earliest clipped start is the earliest start clipped)
-        first_phase = int(np.clip(np.min(d[:, C_START], where=phase, initial=_HIGH), a0, a1)
+        first_phase = min(max(int(np.min(d[:, C_START], where=phase, initial=_HIGH)), a0), a1
                           ) if phase.any() else None
-        save_ends = np.clip(d[(kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound),
+        save_ends = clip_ns(d[(kinds == K_CHECKPOINT_SAVE) & blocking & (d[:, C_IVAL] == bound),
                               C_END], a0, a1) if has_next and bound is not None else None
         # The blocking phases with time in [a0, a1), clipped to it: one column at a time
         # (the rows' columns are most of an attempt's memory; no clipped copy of them)
         use = phase & blocking
         del phase, blocking
         ps, pe = d[use, C_START], d[use, C_END]
-        np.clip(ps, a0, a1, out=ps)
-        np.clip(pe, a0, a1, out=pe)
+        clip_ns(ps, a0, a1, out=ps)
+        clip_ns(pe, a0, a1, out=pe)
         some = pe > ps
         if not some.all():
             use[use] = some

@@ -345,16 +345,21 @@ def warmup(result, attempt: int, memo=None) -> tuple[np.ndarray, np.ndarray, np.
         median = runs_median(parts, keys, NONE, memo)
     level = max(result.ideal_step_time_s * _NS, median)
     thr = level + (result.noise_tolerance_s or 0.0) * _NS
-    excess, starts = [], []
-    for p in parts:  # in time order, as the accounting makes them
-        t, cnt = p[3], p[4]
-        lead = _leading_above(t, cnt, thr)
-        excess.append((t[:lead] / cnt[:lead] - level) * cnt[:lead])
-        starts.append(p[2][:lead])
-        if lead < len(t):
-            break
-    n = sum(len(x) for x in excess)
-    return np.arange(off, off + n), np.concatenate(excess), np.concatenate(starts)
+
+    def leading() -> tuple[np.ndarray, np.ndarray]:
+        excess, starts = [], []
+        for p in parts:  # in time order, as the accounting makes them
+            t, cnt = p[3], p[4]
+            lead = _leading_above(t, cnt, thr)
+            excess.append((t[:lead] / cnt[:lead] - level) * cnt[:lead])
+            starts.append(p[2][:lead])
+            if lead < len(t):
+                break
+        return np.concatenate(excess), np.concatenate(starts)
+
+    excess, starts = cached(memo if None not in keys else None,
+                            ("warmup", tuple(keys), level, thr), leading)
+    return np.arange(off, off + len(excess)), excess, starts
 
 
 def _leading_above(t: np.ndarray, cnt: np.ndarray, thr: float) -> int:

@@ -39,6 +39,7 @@ from .timeline import (
     K_CHECKPOINT_RESTORE,
     K_PROGRAM_STARTUP,
     K_STEP,
+    clip_ns,
     is_phase,
 )
 
@@ -52,7 +53,7 @@ LEAD = 4096
 def union_ns(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> tuple[int, list]:
     """Length (ns) of the union of [starts, ends) (int64 ns) clipped to [lo, hi), and its
     pieces (disjoint ``(start, end)`` pairs, sorted)."""
-    s, e = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
+    s, e = clip_ns(starts, lo, hi), clip_ns(ends, lo, hi)
     keep = e > s
     pieces: list[tuple[int, int]] = []
     for x, y in sorted(zip(s[keep].tolist(), e[keep].tolist(), strict=True)):
@@ -107,7 +108,7 @@ def _full(d: np.ndarray, start: int, bound: int | None, end: int) -> RestartRows
     read; ``bound``: the highest kept step number (None = all kept)."""
     kinds, flags = d[:, C_KIND], d[:, C_FLAGS]
     blocking = (flags & F_NONBLOCKING) == 0
-    s, e = np.clip(d[:, C_START], start, end), np.clip(d[:, C_END], start, end)
+    s, e = clip_ns(d[:, C_START], start, end), clip_ns(d[:, C_END], start, end)
     phase = is_phase(kinds) & (e >= s)
     first = int(s[phase].min()) if phase.any() else end
     kept = (kinds == K_STEP) & blocking & (e > s)
@@ -209,9 +210,15 @@ def restart_rows(r, bound: int | None, memo=None) -> RestartRows:
 
     if last is None or last > r.end_ns:  # the upper clip may change rows: read them all
         return whole()
-    t_fk = max(int(summ.ks[0]), summ.first)
-    restore_ns, rest_pieces = union_ns(summ.rs, summ.re, summ.first, t_fk)
-    _, comp_pieces = union_ns(summ.cs, summ.ce, summ.first, t_fk)
+
+    def phases() -> tuple:
+        t_fk = max(int(summ.ks[0]), summ.first)
+        restore_ns, rest_pieces = union_ns(summ.rs, summ.re, summ.first, t_fk)
+        return t_fk, restore_ns, rest_pieces, union_ns(summ.cs, summ.ce, summ.first, t_fk)[1]
+
+    # (kept apart from the rows object, whose ``_more`` reads this poll's rows)
+    t_fk, restore_ns, rest_pieces, comp_pieces = cached(
+        memo, ("restart_phases", start, proc_key(p), bound), phases)
     return RestartRows(summ.first, t_fk, restore_ns, rest_pieces, comp_pieces, summ.cs,
                        summ.ce, len(summ.rs) > 0, True, summ.ks, summ.ke, summ.upto,
                        None if summ.upto is None else whole)

@@ -189,13 +189,21 @@ def _sorted_parts(memo, tag: str, parts: list, keys: list, none: int) -> _Sorted
 def runs_median(parts: list, keys: list, none: int, memo=None) -> float:
     """Median time per step (float ns, as ``np.median``) of the kept-step ``parts``
     (at least one step); with ``memo``, the parts but the last sorted once and kept
-    under their ``keys``."""
+    under their ``keys``, and the median of the same parts kept too (a poll with nothing
+    new reads it; it keeps the sorted parts it extends alive)."""
     if memo is None or len(parts) < 2:
         return float(np.median(np.concatenate([p[3] / p[4] for p in parts]),
                                overwrite_input=True))
+    key = ("runs_median", tuple(keys))
+    median = memo.peek(key)
+    if median is not None:
+        memo.peek(("sorted_attempt", tuple(keys[:-1])))
+        return median
     head = _sorted_parts(memo, "sorted_attempt", parts[:-1], keys[:-1], none)
     tail = _Sorted.of(parts[-1:], none)
-    return _median(lambda ks: _kth(head.per, tail.per, ks), len(head.per) + len(tail.per))
+    median = _median(lambda ks: _kth(head.per, tail.per, ks), len(head.per) + len(tail.per))
+    memo.put(key, median)
+    return median
 
 
 def _kth(a, b, ks) -> list[float]:

@@ -258,15 +258,28 @@ def _running(pairs: list, memo) -> _Part:
     become a new run (runs merged as they double), and a step number's start lags are
     made once every process has gone past it. The rest (open records resolved) is read
     anew. A new row numbered at or below a settled number starts again from the first row;
-    such a row among the rest is read with every step of the attempt (:func:`_part`)."""
+    such a row among the rest is read with every step of the attempt (:func:`_part`).
+    With the same rows as the last poll (nothing new), its part is taken as it was."""
+    ids = tuple((o[0], o[2]) if (o := getattr(p, "origin", None)) is not None
+                else (p.host, p.index, getattr(p, "attempt", None)) for p, _ in pairs)
+    skey = ("straggler_running", ids)
+    whole = ("straggler_running_part", ids, tuple(proc_key(p) for p, _ in pairs))
+    out = memo.peek(whole)
+    if out is not None:
+        memo.peek(skey)  # (the state the next new rows fold into, kept)
+        return out
+    out = _running_fold(pairs, memo, ids, skey)
+    memo.put(whole, out)
+    return out
+
+
+def _running_fold(pairs: list, memo, ids: tuple, skey: tuple) -> _Part:
+    """:func:`_running` of rows the last poll did not have (its state under ``skey``)."""
     own: dict[tuple, int] = {}
     keys = [own.setdefault((p.host, p.index), len(own)) for p, _ in pairs]
     nk = len(own)
-    ids = tuple((o[0], o[2]) if (o := getattr(p, "origin", None)) is not None
-                else (p.host, p.index, getattr(p, "attempt", None)) for p, _ in pairs)
     settled = [len(p.data) if getattr(p, "origin", None) is None or p.settled is None
                else p.settled for p, _ in pairs]
-    skey = ("straggler_running", ids)
     st = memo.peek(skey)
     if st is None or st.ids != ids or not _prefix_ok(pairs, settled, st):
         st = _Running(ids, (0,) * len(pairs), tuple(rows_key(p.data[:0]) for p, _ in pairs),

@@ -40,7 +40,6 @@ import threading
 import time
 from array import array
 from collections import Counter
-from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -319,7 +318,7 @@ class LiveStore:
                     procs[key] = PackedProcessSpans.of(p, r.packed, run=dict(p.run),
                                                        _buf=array("q"))
                 else:
-                    procs[key] = replace(p, data=r.view(), run=dict(p.run), _buf=array("q"))
+                    procs[key] = p.copy(data=r.view(), run=dict(p.run), _buf=array("q"))
             skipped = Counter(job.skipped) + Counter(self._reader.skipped)
             if self._dups[name]:
                 skipped["duplicate"] += self._dups[name]
