@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput_processor.steptimes import _BLOCK, _kth_runs, _Sorted
+from goodput_processor.order_stats import kth_runs
+from goodput_processor.steptimes import _BLOCK, _Sorted
 from goodput_processor.timeline import NONE
 
 
@@ -69,4 +70,4 @@ def test_order_statistics_of_several_runs(runs):
     seqs = [np.sort(np.asarray(r, np.float64)) for r in runs]
     whole = np.sort(np.concatenate(seqs))
     ks = list(range(len(whole)))
-    assert _kth_runs(seqs, ks) == whole.tolist()
+    assert kth_runs(seqs, ks) == whole.tolist()

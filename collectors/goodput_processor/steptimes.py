@@ -28,6 +28,8 @@ from functools import cached_property
 
 import numpy as np
 
+from .order_stats import kth_runs, kth_union, median_of, quantiles_of
+
 __all__ = ["StepArrays", "StepStats", "step_stats"]
 
 _NS = 1_000_000_000
@@ -201,116 +203,9 @@ def runs_median(parts: list, keys: list, none: int, memo=None) -> float:
         return median
     head = _sorted_parts(memo, "sorted_attempt", parts[:-1], keys[:-1], none)
     tail = _Sorted.of(parts[-1:], none)
-    median = _median(lambda ks: _kth(head.per, tail.per, ks), len(head.per) + len(tail.per))
+    median = median_of(lambda ks: kth_union(head.per, tail.per, ks), len(head.per) + len(tail.per))
     memo.put(key, median)
     return median
-
-
-def _kth(a, b, ks) -> list[float]:
-    """The ``ks``-th smallest (0-based) values of the union of sorted ``a`` and ``b``
-    (ndarrays, or any sorted sequences indexed by int: :class:`_Union`). Where ``b`` is an
-    array of at most :data:`_SMALL` values, through their places in the merge
-    (:class:`_Union`: O(len(b) log len(a)), vectorised, and a search per rank); else by
-    the split of the ``k + 1`` smallest between the two, at the first ``i`` with ``a[i] >=
-    b[k - i]``: O(log len(a)) reads of each per rank (a few pages of a mapped ``a``)."""
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and len(b) <= _SMALL:
-        u = _Union(a, b)
-        return [u[k] for k in ks]
-    out = []
-    n, m = len(a), len(b)
-    for k in ks:
-        lo, hi = max(0, k + 1 - m), min(k + 1, n)
-        while lo < hi:  # i from a and k + 1 - i from b, the least i that is not too few
-            i = (lo + hi) // 2
-            if a[i] < b[k - i]:
-                lo = i + 1
-            else:
-                hi = i
-        j = k + 1 - lo
-        if not lo:
-            out.append(float(b[j - 1]))
-        elif not j:
-            out.append(float(a[lo - 1]))
-        else:
-            out.append(float(max(a[lo - 1], b[j - 1])))
-    return out
-
-
-#: The most values of the second run that :func:`_kth` places in the merge at once.
-_SMALL = 1 << 16
-
-
-class _Union:
-    """Two sorted sequences ``a`` and ``b`` seen as their sorted union, indexed by rank.
-    Where both are arrays and ``b`` has at most :data:`_SMALL` values, ``b``'s places in
-    the merge are found once (a search per read after that); else each read is a
-    :func:`_kth`."""
-
-    __slots__ = ("a", "b", "pos")
-
-    def __init__(self, a, b) -> None:
-        self.a, self.b = a, b
-        self.pos = None
-        if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and len(b) <= _SMALL:
-            self.pos = np.searchsorted(a, b, "right") + np.arange(len(b))
-
-    def __len__(self) -> int:
-        return len(self.a) + len(self.b)
-
-    def __getitem__(self, k: int) -> float:
-        pos = self.pos
-        if pos is None:
-            return _kth(self.a, self.b, (k,))[0]
-        if not len(self.b):
-            return float(self.a[k])
-        if not len(self.a):
-            return float(self.b[k])
-        j = int(np.searchsorted(pos, k, "right"))  # b's values at merged places <= k
-        return float(self.b[j - 1]) if j and pos[j - 1] == k else float(self.a[k - j])
-
-
-def _runs(seqs: list):
-    """The sorted union of sorted sequences ``seqs`` (the first, the largest, outermost:
-    each of its reads is one value, each of the others' a search)."""
-    out = seqs[-1]
-    for s in reversed(seqs[:-1]):
-        out = _Union(s, out)
-    return out
-
-
-def _kth_runs(seqs: list, ks) -> list[float]:
-    """:func:`_kth` over the sorted union of ``seqs`` (one or more)."""
-    if len(seqs) == 1:
-        return [float(seqs[0][k]) for k in ks]
-    u = _runs(seqs)
-    return _kth(u.a, u.b, ks)
-
-
-def _median(kth, n: int) -> float:
-    """Median of ``n`` values given their order statistics ``kth(list of ranks)``, as
-    ``np.median``: the middle one, or the mean of the two middle ones."""
-    if n % 2:
-        return kth([n // 2])[0]
-    lo, hi = kth([n // 2 - 1, n // 2])
-    return (lo + hi) / 2
-
-
-def _quantiles(kth, n: int, scale: float, quantiles=_QUANTILES) -> list[float]:
-    """``quantiles`` (fractions) of ``n`` values scaled by ``1/scale``, linear interpolation
-    between closest ranks (Hyndman & Fan type 7; numpy's ``linear``, with its ``_lerp``)."""
-    ranks = []
-    for q in quantiles:
-        v = (n - 1) * q
-        lo = math.floor(v)
-        ranks += [lo, min(lo + 1, n - 1)]
-    vals = [x / scale for x in kth(ranks)]
-    out = []
-    for i, q in enumerate(quantiles):
-        v = (n - 1) * q
-        g = v - math.floor(v)
-        a, b = vals[2 * i], vals[2 * i + 1]
-        out.append(a + (b - a) * g if g < 0.5 else b - (b - a) * (1 - g))
-    return out
 
 
 def _finish(ideal_given_ns, n: int, kth_per, nd: int, kth_diff, above, steps: int,
@@ -319,18 +214,18 @@ def _finish(ideal_given_ns, n: int, kth_per, nd: int, kth_diff, above, steps: in
     if ideal_given_ns is not None:
         ideal, source = ideal_given_ns, "given"
     elif n:
-        ideal, source = _median(kth_per, n), "estimated"
+        ideal, source = median_of(kth_per, n), "estimated"
     else:
         ideal, source = None, None
     tol = float(_MIN_TOL_NS)
     if ideal is not None:
         tol = max(tol, _MIN_TOL_REL * ideal)
     if nd >= 1:  # the noise estimate uses recorded (single) steps only
-        sigma = _median(kth_diff, nd) / (math.sqrt(2) * _MAD_NORMAL)
+        sigma = median_of(kth_diff, nd) / (math.sqrt(2) * _MAD_NORMAL)
         tol = max(3 * sigma, tol)
     n_anom, t_anom = above(ideal + tol) if ideal is not None and n else (0, 0)
     slowdown = round(t_anom - n_anom * ideal) if n_anom else 0
-    pct = tuple(_quantiles(kth_per, n, _NS)) if n else (None,) * 4
+    pct = tuple(quantiles_of(kth_per, n, _NS, _QUANTILES)) if n else (None,) * 4
     return StepStats(ideal, source, tol, pct, n_anom, slowdown, steps, time_ns, max_step,
                      kth_per)
 
@@ -378,8 +273,8 @@ def step_stats(parts: list, ideal_given_ns, none: int, memo=None,
     maxes = [r.max_step for r in runs if r.max_step is not None]
     pers = [r.per for r in runs]
     stats = _finish(ideal_given_ns, sum(len(x) for x in pers),
-                    lambda ks: _kth_runs(pers, ks), sum(len(x) for x in diffs),
-                    lambda ks: _kth_runs(diffs, ks), above,
+                    lambda ks: kth_runs(pers, ks), sum(len(x) for x in diffs),
+                    lambda ks: kth_runs(diffs, ks), above,
                     sum(r.total_cnt for r in runs), sum(r.total_t for r in runs),
                     max(maxes) if maxes else None)
     memo.put(key, stats)
@@ -438,8 +333,9 @@ _CHUNK = 1 << 18
 
 def _diff_median_ranks(ts, cnts, ones) -> tuple[int, dict[int, float]]:
     """The number of absolute differences of consecutive single-step times (across the
-    parts too, as of all of them) and their values at the ranks :func:`_median` reads
-    (``rank -> float ns``); the differences are made, partitioned and let go here."""
+    parts too, as of all of them) and their values at the ranks
+    :func:`~.order_stats.median_of` reads (``rank -> float ns``); the differences are made,
+    partitioned and let go here."""
     singles = [t if one else t[c == 1] for t, c, one in zip(ts, cnts, ones, strict=True)]
     diffs = np.empty(max(sum(len(x) for x in singles) - 1, 0))
     at, prev = 0, None
@@ -458,13 +354,13 @@ def _diff_median_ranks(ts, cnts, ones) -> tuple[int, dict[int, float]]:
     del singles
     got: dict[int, float] = {}
 
-    def kth(ks):  # (the ranks _median asks for, kept for _finish to ask again)
+    def kth(ks):  # (the ranks median_of asks for, kept for _finish to ask again)
         diffs.partition(ks)
         got.update((k, float(diffs[k])) for k in ks)
         return [got[k] for k in ks]
 
     if len(diffs):
-        _median(kth, len(diffs))
+        median_of(kth, len(diffs))
     return len(diffs), got
 
 
@@ -594,7 +490,7 @@ class StepArrays:
         if kth is None:
             per = self._per()
             kth = lambda ks: [float(v) for v in np.partition(per, ks)[ks]]  # noqa: E731
-        return _quantiles(kth, n, _NS, tuple(p / 100 for p in percents))
+        return quantiles_of(kth, n, _NS, tuple(p / 100 for p in percents))
 
     def of_attempt(self, attempt: int) -> tuple[int, list, list]:
         """``(offset, parts, keys)``: where attempt ``attempt``'s steps begin in the arrays,
