@@ -297,6 +297,8 @@ def _poll_after_every_batch(reqs, rng, pack, store) -> None:
                 _, w_live = account_windows(store.snapshot(name), (60, 600), None, NOW, memo)
             _, w_fresh = account_windows(store.snapshot(name), (60, 600), None, NOW)
             assert w_live == w_fresh
+            snap = store.snapshot_windows(name, (60, 600), now_ns=NOW)  # (a finished job's
+            assert snap.windows == w_fresh and _state(snap.result) == _state(fresh)  # kept)
             try:
                 m_fresh = account_mgm(store.snapshot(name), now_ns=NOW).to_json_dict()
             except ValueError as e:  # the incumbent's own refusals, the same both ways
@@ -376,3 +378,23 @@ def test_a_finished_job_is_not_accounted_again_until_it_changes():
     (c,) = store.results(now_ns=NOW + 10**12)
     assert c is not a and c.step_time.count == 11
     assert _state(c) == _state(account(store.snapshot("prop"), None, NOW + 10**12))
+
+
+def test_a_finished_job_s_windows_are_not_accounted_again_until_it_changes():
+    """The same for the rolling windows (``snapshot_windows``, the scrape's accounting):
+    kept per set of windows, they end at the job's end, and a new span gives new ones,
+    equal to accounting afresh."""
+    store = LiveStore(min_interval_s=0)
+    _feed(store, _lines(_steps(10), None), random.Random(0))
+    a = store.snapshot_windows("prop", (5, 60), now_ns=NOW)
+    assert a.result.attempts[-1].end_reason != "running" and a.windows[0].total_ns == 5 * NS
+    assert store.snapshot_windows("prop", (5, 60), now_ns=NOW + 10**12) is a
+    other = store.snapshot_windows("prop", (3,), now_ns=NOW + 10**12)
+    assert other is not a and other.windows[0].total_ns == 3 * NS
+    _, fresh = account_windows(store.snapshot("prop"), (5, 60), None, NOW + 10**12)
+    assert a.windows == fresh
+    _feed(store, _lines(_steps(1, 10), None), random.Random(0))
+    c = store.snapshot_windows("prop", (5, 60), now_ns=NOW + 10**12)
+    assert c is not a and c.result.step_time.count == 11
+    _, fresh = account_windows(store.snapshot("prop"), (5, 60), None, NOW + 10**12)
+    assert c.windows == fresh and c.windows != a.windows

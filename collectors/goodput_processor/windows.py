@@ -255,8 +255,7 @@ def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> Wind
         hi = min(int(np.searchsorted(b, w1, side="left")), len(b) - 1)
         seg = np.diff(np.clip(b[lo : hi + 1], w0, w1))
         own, sk = owner[lo:hi], seg_kept[lo:hi]
-        for lev in np.unique(own):  # integer sums: exact
-            level_ns[lev] += int(seg[own == lev].sum())
+        np.add.at(level_ns, own, seg)  # integer sums: exact
         is_step = own == step_level
         lost = is_step & (sk < 0)
         level_ns[wasted_level] += int(seg[lost].sum())

@@ -111,7 +111,8 @@ class LiveStore:
         self._cache: dict[str, tuple[float, JobResult]] = {}  # job -> (monotonic s, result)
         self._rows: dict[str, dict[tuple, ProcessRows]] = {}  # job -> process -> rows taken
         self._dups: Counter = Counter()  # job -> duplicates dropped from its rows
-        self._done: dict[str, tuple] = {}  # job -> (version, now, result): nothing running
+        #: job -> {windows (None: account) -> (version, now, result)}: nothing running
+        self._done: dict[str, dict] = {}
         self._memos: dict[str, tuple] = {}  # job -> (lock, {windows: AccountingMemo})
         self._last_seen: dict[str, float] = {}  # job -> wall-clock s of its last span
         self._reach: dict[str, int] = {}  # job -> ns: its windows' parts before are packed
@@ -359,20 +360,37 @@ class LiveStore:
         now = clock_ns() if now_ns is None else now_ns
         with self.memo(name) as memo:
             spans = self.snapshot(name)
-            with self._lock:
-                version = self._version(name)
-            done = self._done.get(name)
-            if done is not None and done[0] == version and done[1] <= now:
-                return done[2]
+            version, result = self._finished(name, None, now)
+            if result is not None:
+                return result
             result = isolated(name, lambda: account(spans, self.ideal_step_time_s, now,
                                                     memo=memo),
                               lambda _e: self._count_error(name))
+            self._keep_finished(name, None, version, now, result)
+            return result
+
+    def _finished(self, name: str, key, now: int):
+        """``(version, result)``: the job's version now (:meth:`_version`, after
+        :meth:`snapshot`) and the result kept under ``key`` for it when the job had no
+        attempt running then and nothing of it changed since (else None)."""
+        with self._lock:
+            version = self._version(name)
+            done = self._done.get(name, {}).get(key)
+        if done is not None and done[0] == version and done[1] <= now:
+            return version, done[2]
+        return version, None
+
+    def _keep_finished(self, name: str, key, version: tuple, now: int, out) -> None:
+        """Keep ``out`` (a JobResult, or a JobSnapshot of one) under ``key`` while the job
+        has no attempt running: its accounting does not depend on a later now."""
+        result = getattr(out, "result", out)
+        with self._lock:
+            kept = self._done.setdefault(name, {})
             if (result.error is None and result.attempts
                     and result.attempts[-1].end_reason != "running"):
-                self._done[name] = (version, now, result)
+                kept[key] = (version, now, out)
             else:
-                self._done.pop(name, None)
-            return result
+                kept.pop(key, None)
 
     def _version(self, name: str) -> tuple:
         """What a job's result depends on besides now (under the lock, after
@@ -393,7 +411,9 @@ class LiveStore:
         """Job ``name`` accounted with rolling windows (a :class:`~goodput_processor.metrics.
         JobSnapshot`, :func:`~goodput_processor.metrics.snapshot`), through its memo of
         windowed accountings, isolated like :meth:`account` (a failure gives a snapshot of
-        a failed result, with no windows).
+        a failed result, with no windows). Like :meth:`account`'s, a job with no attempt
+        running is not accounted again while nothing of it changed: its windows end at its
+        end, not at now.
 
         Raises:
             KeyError: no job of that name has been seen.
@@ -402,17 +422,22 @@ class LiveStore:
         from ..metrics import JobSnapshot, check_windows, snapshot
 
         windows = check_windows(windows_s)
+        now = clock_ns() if now_ns is None else now_ns
         with self.memo(name, windows=True) as memo:
             spans = self.snapshot(name)
+            version, snap = self._finished(name, windows, now)
+            if snap is not None:
+                return snap
             snap = isolated(name, lambda: snapshot(spans, windows, self.ideal_step_time_s,
-                                                   now_ns, memo),
+                                                   now, memo),
                             lambda _e: self._count_error(name))
-        # (isolated gives a failed JobResult instead of the snapshot when it raises)
-        if isinstance(snap, JobSnapshot):
-            with self._lock:  # (how far back the windows reach: LiveStore.compact)
-                self._reach[name] = snap.result.end_ns - round(2 * max(windows) * 1e9)
-            return snap
-        return JobSnapshot(snap)
+            # (isolated gives a failed JobResult instead of the snapshot when it raises)
+            if not isinstance(snap, JobSnapshot):
+                return JobSnapshot(snap)
+            self._keep_finished(name, windows, version, now, snap)
+        with self._lock:  # (how far back the windows reach: LiveStore.compact)
+            self._reach[name] = snap.result.end_ns - round(2 * max(windows) * 1e9)
+        return snap
 
     def _count_error(self, name: str) -> None:
         with self._lock:
