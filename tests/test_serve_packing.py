@@ -30,6 +30,7 @@ from goodput_processor.reader import span_files
 from goodput_processor.serve import GoodputServer, LiveStore
 from goodput_processor.serve.rows import PackedProcessSpans, pack_rows, unpack_rows
 from goodput_processor.serve.spill import Spill
+from goodput_processor.timeline import ProcessSpans
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -69,6 +70,32 @@ def _feed(store: LiveStore, lines, where: str) -> None:
         store.ingest_line(line, (where, i))
 
 
+def _processes_held(memo) -> list:
+    """Every process object the memo's results hold, looked for through tuples, lists,
+    dicts and the objects' attributes (4 levels down)."""
+    out, seen = [], set()
+
+    def walk(x, depth):
+        if id(x) in seen or depth > 4 or isinstance(x, (str, bytes, int, float, np.ndarray)):
+            return
+        seen.add(id(x))
+        if isinstance(x, ProcessSpans):
+            out.append(x)
+            return
+        if isinstance(x, dict):
+            items = x.values()
+        elif isinstance(x, (tuple, list, set, frozenset)):
+            items = x
+        else:
+            items = getattr(x, "__dict__", {}).values()
+        for v in items:
+            walk(v, depth + 1)
+
+    for d in (memo._old, memo._new):
+        walk(list(d.values()), 0)
+    return out
+
+
 def _poll_reads_no_packed_row(store: LiveStore, name: str):
     """A poll through the store's memo: its result, the packed processes (the store's, and
     the resolved copies the memo keeps), and those it read."""
@@ -76,6 +103,13 @@ def _poll_reads_no_packed_row(store: LiveStore, name: str):
     with store.memo(name) as memo:
         live = account(snap, None, NOW, memo=memo)
         resolved = [run.proc for _, runs in memo.entries("runs") for run in runs]
+        held = _processes_held(memo)
+    # nothing the memo keeps holds a packed process's rows: neither an unpacked copy of
+    # it (kept from before the compaction) nor a packed one whose rows were read
+    packed_origins = {p.origin for p in resolved if isinstance(p, PackedProcessSpans)}
+    assert packed_origins
+    assert [p.origin for p in held if p.origin in packed_origins and (
+        not isinstance(p, PackedProcessSpans) or p.__dict__["data"] is not None)] == []
     packed = [p for p in (*snap.processes.values(), *resolved)
               if isinstance(p, PackedProcessSpans)]
     return live, packed, [p for p in packed if p.__dict__["data"] is not None]

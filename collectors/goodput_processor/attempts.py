@@ -38,7 +38,7 @@ import numpy as np
 
 from goodput import schema
 
-from .memo import AccountingMemo, cached, data_key, folded, proc_key, process_state
+from .memo import AccountingMemo, cached, data_key, folded, process_state
 from .open_records import OpenResolver
 from .packed import PackedProcessSpans, replace_rows
 from .report import ReportWarning
@@ -446,11 +446,11 @@ def _attempt(g: list[_Run], number: int, start: int, end: int, reason: str, cut:
             "evidence (no rank variable, no torch.distributed/JAX rank recorded): the "
             "attempt is accounted on one of them", number, s))
     order = sorted(g, key=lambda r: (r.slot, -data_key(r.proc)[0]))
-    # (the runs' processes are the memo's own for the same rows: their copies kept with them)
-    procs = cached(memo, ("attempt_processes", number, tuple(
-        (proc_key(r.proc), r.slot, r.count) for r in order)), lambda: tuple(
-        replace_rows(r.proc, attempt=number, index=r.slot, process_count=r.count)
-        for r in order))
+    # (copies made at each accounting, not kept in the memo: a packed process's copy holds
+    # its rows once they are read, e.g. when the bucket levels change, and the memo keeps
+    # the runs' processes packed after goodput serve's compaction, serve.compaction)
+    procs = tuple(replace_rows(r.proc, attempt=number, index=r.slot, process_count=r.count)
+                  for r in order)
     counts = [r.count for r in g if r.count is not None]
     return Attempt(
         attempt=number,
