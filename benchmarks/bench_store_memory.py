@@ -11,8 +11,8 @@ adds beyond the rows. Then (unless ``--no-compact``) the store packs every proce
 maintenance does to processes quiet for ``--pack-after`` seconds), polls and collects the
 metrics again, runs the next maintenance round (nothing left to pack; it gives the C heap's
 free pages back when the process has grown: ``heap.trim_heap_if_grown``, as
-``GoodputServer.maintain`` does), and prints what
-it holds then: the packed rows are kept on disk in a
+``GoodputServer.maintain`` does), and prints what it holds then, and again after the
+heap is trimmed whatever the process grew by: the packed rows are kept on disk in a
 :class:`~goodput_processor.serve.spill.Spill` (``goodput serve``'s default; ``--no-spill``:
 in memory, ``--spill-dir off``), and the kept steps of whole attempts and the finished
 ones' sorted step times are mapped from files there (``Spill.map``; the resident memory
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-spill", action="store_true",
                     help="keep the packed rows in memory (goodput serve --spill-dir off)")
     args = ap.parse_args(argv)
-    from goodput_processor.heap import trim_heap_if_grown
+    from goodput_processor.heap import trim_heap, trim_heap_if_grown
     from goodput_processor.metrics import DEFAULT_WINDOWS_S
     from goodput_processor.serve.rows import PackedProcessSpans
     from goodput_processor.serve.store import LiveStore
@@ -179,6 +179,15 @@ def main(argv=None) -> int:
              f"{spill.disk_bytes / 2**20:.0f} MiB, {spill.disk_bytes / steps:.0f} bytes per "
              f"step; kept steps in mapped files: {spill.mapped_bytes / 2**20:.0f} MiB, of "
              f"which resident {f5 - f0:.0f} MiB (RssFile)"))
+    # What of that is the C heap's free pages: the round trims only if the process grew
+    # by heap.GROWTH_MARGIN_BYTES since the last trim (compaction's own, at its end), and
+    # what the first poll after a compaction lets go of (the memos' results it did not
+    # use) frees pages without growing the process
+    trim_heap()
+    gc.collect()
+    r6 = rss_mb()
+    print(f"then the C heap's free pages given back (heap.trim_heap, unconditionally): RSS "
+          f"+{r6 - r0:.0f} MiB, {(r6 - r0) * 2**20 / steps:.0f} bytes per step")
     # What reading a packed process costs (a memo dropped, a fresh accounting)
     big = max(store.snapshot(name).processes.values(), key=lambda p: p.rows_id[0]
               if isinstance(p, PackedProcessSpans) else -1)
