@@ -54,7 +54,8 @@ journal, poll and time it ("60 s new"), poll again and time it ("nothing new").
   (reading the new lines is inside the timed call). ``D`` = ``goodput`` and ``mgm``.
 - ``monitor``: ``GoodputMonitor(RUN).run_once()`` (tail, account with the rolling windows);
   with ``mgm``, configured to also write mgm's Cloud Monitoring series with
-  ``workload_definitions="mgm"`` to a client that discards them (its only mgm path).
+  ``workload_definitions="mgm"`` (accelerator type ``TPU-v5p``) to a client that discards
+  them (its only mgm path): the series' protobufs are built, the request is not sent.
 - ``incumbent``: ml-goodput-measurement 0.2.3's ``GoodputCalculator.get_job_goodput(
   include_badput_breakdown=True)``, fed the log entries its recorder and Orbax's statistics
   would have written for the same timeline (``definitions.mgm_events.events`` of the
@@ -491,8 +492,9 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
         from goodput_processor.monitor import GoodputMonitor
         from goodput_processor.workload import WorkloadOptions
 
-        kw = ({"workload": WorkloadOptions("bench", "local"), "workload_definitions": "mgm",
-               "workload_client": _DiscardingClient()} if defs == "mgm" else {})
+        kw = ({"workload": WorkloadOptions("bench", "local", acc_type="TPU-v5p"),
+               "workload_definitions": "mgm", "workload_client": _DiscardingClient()}
+              if defs == "mgm" else {})
         mon = GoodputMonitor(run_dir, interval_s=3600, **kw)
 
         def poll():

@@ -186,3 +186,5 @@ def test_native_monitor_writes_the_incumbents_series(tmp_path):
             if t.endswith("interval_goodput")} == {"60"}
     with pytest.raises(ValueError, match="workload_definitions"):
         GoodputMonitor(tmp_path / "run", workload=opts, workload_definitions="other")
+    with pytest.raises(ValueError, match="acc_type"):  # every series would be left out
+        GoodputMonitor(tmp_path / "run", workload=WorkloadOptions("proj", "europe-west4-a"))

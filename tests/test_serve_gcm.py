@@ -62,3 +62,11 @@ def test_every_job_gets_the_incumbents_series(tmp_path):
 def test_cli_needs_a_location_with_a_project(tmp_path):
     assert main(["serve", "--grpc-port", "off", "--http-port", "0", "--wal-dir", "off",
                  "--workload-project", "proj"]) == 2
+
+
+def test_cli_needs_an_accelerator_type_with_a_project(tmp_path, capsys):
+    """Without the accelerator_type label every series would be left out: a usage error
+    that names the option, not a service that writes nothing."""
+    assert main(["serve", "--grpc-port", "off", "--http-port", "0", "--wal-dir", "off",
+                 "--workload-project", "proj", "--workload-location", "us-central2-b"]) == 2
+    assert "--workload-accelerator-type" in capsys.readouterr().err

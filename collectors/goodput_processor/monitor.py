@@ -75,7 +75,9 @@ class GoodputMonitor:
 
     Raises:
         ValueError: a bad interval, window or ideal step time; both ``meter_provider`` and
-            ``metric_readers`` given; ``workload_definitions`` not ``"mgm"`` or ``"goodput"``.
+            ``metric_readers`` given; ``workload_definitions`` not ``"mgm"`` or ``"goodput"``;
+            ``workload`` without ``acc_type`` (every series carries it as its
+            ``accelerator_type`` label: without it each would be left out, every cycle).
     """
 
     def __init__(
@@ -121,6 +123,11 @@ class GoodputMonitor:
         if workload_definitions not in ("mgm", "goodput"):
             raise ValueError(f"workload_definitions must be 'mgm' or 'goodput', got "
                              f"{workload_definitions!r}")
+        if workload is not None and not workload.acc_type:
+            raise ValueError(
+                "workload needs acc_type, the accelerator_type label of every series (e.g. "
+                "WorkloadOptions(project, location, acc_type='TPU-v5p')): a series without "
+                "it is left out, so none would be written")
         self._workload = workload
         self._workload_definitions = workload_definitions
         self._mgm_memos: dict = {}  # job -> AccountingMemo of its mgm series

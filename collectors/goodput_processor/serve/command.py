@@ -155,6 +155,10 @@ def _workload(args, store, windows):
     if not args.workload_location:
         raise UsageError("--workload-project needs --workload-location (the Workload "
                          "resource's location label, e.g. us-central2-b)")
+    if not args.workload_accelerator_type:
+        raise UsageError("--workload-project needs --workload-accelerator-type (the "
+                         "accelerator_type label of every series, e.g. TPU-v5p): a "
+                         "series without it is left out, so none would be written")
     from ..workload import WorkloadOptions
     from .gcm import WorkloadPublisher
 
