@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-spill", action="store_true",
                     help="keep the packed rows in memory (goodput serve --spill-dir off)")
     args = ap.parse_args(argv)
-    from goodput_processor.heap import trim_heap, trim_heap_if_grown
+    from goodput_processor.heap import trim_heap
     from goodput_processor.metrics import DEFAULT_WINDOWS_S
     from goodput_processor.serve.rows import PackedProcessSpans
     from goodput_processor.serve.store import LiveStore
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     r4, rows4 = rss_mb(), store.memory_bytes()[name]
     t5 = time.perf_counter()
     store.compact(min_quiet_s=0)  # the next maintenance round (GoodputServer.maintain):
-    trim_heap_if_grown()  # nothing left to pack; the heap the poll left behind given back
+    store.give_back_heap()  # nothing left to pack; the heap the poll left behind given back
     t6 = time.perf_counter()
     gc.collect()
     r5, f5 = rss_mb(), rss_file_mb()

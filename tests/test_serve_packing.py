@@ -229,6 +229,32 @@ def test_a_maintenance_round_packs_only_quiet_processes(recorded):
     assert len(set(results.values())) == 1
 
 
+def test_the_heap_is_given_back_once_after_the_first_accounting_after_a_compaction(
+        recorded):
+    """The first accounting of each memo after a compaction lets go of what the memo held
+    from before it (freed to glibc's heap without the process growing): the next
+    :meth:`LiveStore.give_back_heap` trims whatever the process grew by, once per memo;
+    with nothing compacted, it trims only when the process has grown."""
+    from goodput_processor.heap import trim_heap
+
+    store = LiveStore(min_interval_s=0, pack_after_s=0.0)
+    for attempt, lines in recorded.items():
+        _feed(store, lines, f"a{attempt}")
+    store.results(now_ns=NOW)
+    store.snapshot_windows("recorded", (60,), now_ns=NOW)
+    trim_heap()  # (the mark the growth is measured from: now)
+    assert store.give_back_heap() is False  # nothing compacted, nothing grown
+    assert store.compact() > 0
+    assert store.give_back_heap() is False  # (compaction trims itself; nothing accounted)
+    store.results(now_ns=NOW + 1)
+    assert store.give_back_heap() is True  # the report's memo let go of its old results
+    assert store.give_back_heap() is False
+    store.snapshot_windows("recorded", (60,), now_ns=NOW + 1)
+    assert store.give_back_heap() is True  # ... and the windows' memo
+    store.results(now_ns=NOW + 2)
+    assert store.give_back_heap() is False  # once per memo and compaction
+
+
 def test_pack_after_option(tmp_path, capsys):
     """``goodput serve --pack-after`` takes seconds >= 0 or ``off``."""
     assert main(["serve", "--grpc-port", "off", "--http-port", "off", "--spool-dir",

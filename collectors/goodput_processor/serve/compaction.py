@@ -110,6 +110,9 @@ def compact(store, min_quiet_s: float, min_rows: int = 4096,
                     store._done.pop(job, None)
     if done or shared:
         trim_heap()
+        with store._lock:  # (their next accountings let go of what they held before)
+            store._trim_after.update((job, w) for job, held, _p, _r in jobs
+                                     if held is not None for w in held[1])
     return done
 
 

@@ -17,7 +17,6 @@ import threading
 import time
 from dataclasses import replace
 
-from ..heap import trim_heap_if_grown
 from ..report import JobResult
 from .limits import ByteBudget, Limits
 from .receiver import Gate, GrpcReceiver, HttpReceiver
@@ -109,17 +108,17 @@ class GoodputServer:
         """One maintenance round (the thread runs it every ``maintain_s``): retire idle
         jobs (returned, and given to ``on_retire``), re-probe a write-ahead log that
         failed, pack the rows of quiet processes (:meth:`LiveStore.compact`), and give the
-        C heap's free pages back once the process has grown by
-        :data:`~goodput_processor.heap.GROWTH_MARGIN_BYTES` since they last were
-        (:func:`~goodput_processor.heap.trim_heap_if_grown`: what a poll freed, such as
-        the sort of a finished job's last attempt, stays resident in glibc's heap until
-        then; ``docs/benchmarks.md``, "The heap a poll left behind")."""
+        C heap's free pages back (:meth:`LiveStore.give_back_heap`: once after the first
+        accounting that follows a compaction, else once the process has grown by
+        :data:`~goodput_processor.heap.GROWTH_MARGIN_BYTES` since they last were; what a
+        poll freed stays resident in glibc's heap until then; ``docs/benchmarks.md``,
+        "The heap a poll left behind")."""
         wal = self.store.wal
         if wal is not None and wal.error:
             wal.probe()
         retired = self.store.retire_idle()
         self.store.compact()
-        trim_heap_if_grown()
+        self.store.give_back_heap()
         for r in retired:
             if self.on_retire is not None:
                 self.on_retire(r)

@@ -48,6 +48,7 @@ from .. import reader as rd
 from .. import timeline as tl
 from ..accounting import account, isolated
 from ..attempts import clock_ns
+from ..heap import trim_heap, trim_heap_if_grown
 from ..memo import AccountingMemo
 from ..report import JobResult, job_to_dict
 from ..timeline import JobSpans
@@ -116,6 +117,9 @@ class LiveStore:
         self._memos: dict[str, tuple] = {}  # job -> (lock, {windows: AccountingMemo})
         self._last_seen: dict[str, float] = {}  # job -> wall-clock s of its last span
         self._reach: dict[str, int] = {}  # job -> ns: its windows' parts before are packed
+        #: (job, windows) of memos not accounted since a compaction (see give_back_heap)
+        self._trim_after: set = set()
+        self._trim_due = False
         #: Counters: ``requests``, ``spans`` (of any scope), ``lines`` (spool lines), and
         #: ``refused_<reason>`` for requests refused (see :meth:`count`).
         self.stats: Counter = Counter()
@@ -346,6 +350,11 @@ class LiveStore:
                 shared = next(iter(memos.values())).processes if memos else None
                 memos[windows] = AccountingMemo(shared)
             yield memos[windows]
+        if self._trim_after:  # (this accounting let go of what a compaction left in it)
+            with self._lock:
+                if (name, windows) in self._trim_after:
+                    self._trim_after.discard((name, windows))
+                    self._trim_due = True
 
     def account(self, name: str, now_ns: int | None = None) -> JobResult:
         """Account job ``name`` now, isolated: an exception of the accounting gives a
@@ -537,6 +546,20 @@ class LiveStore:
         if min_quiet_s is None:
             return 0
         return compaction.compact(self, min_quiet_s, min_rows, map_least)
+
+    def give_back_heap(self) -> bool:
+        """Give the C heap's free pages back to the system if this process holds some that
+        it may not need (``goodput serve``'s maintenance round calls it; returns whether
+        it trimmed): once after the first accounting of each memo that a compaction
+        changed (that accounting lets go of the results the compaction left in the memo,
+        which frees memory without the process growing), else when the process has grown
+        (:func:`~goodput_processor.heap.trim_heap_if_grown`)."""
+        with self._lock:
+            due, self._trim_due = self._trim_due, False
+        if due:
+            trim_heap()
+            return True
+        return trim_heap_if_grown()
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held by each job's span rows: the reader's buffers (``sys.getsizeof``) and
