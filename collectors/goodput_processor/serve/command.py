@@ -397,7 +397,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     gcm.add_argument("--workload-replica-id", default="0", metavar="ID",
                      help="the Workload resource's replica_id label (default 0)")
     gcm.add_argument("--workload-accelerator-type", default=None, metavar="TYPE",
-                     help="the accelerator_type label (GCPOptions' acc_type)")
+                     help="the accelerator_type label (GCPOptions' acc_type, e.g. TPU-v5p); "
+                     "required with --workload-project")
     gcm.add_argument("--workload-cluster-name", default=None, metavar="NAME",
                      help="a cluster_name label on every series")
     gcm.add_argument("--workload-definitions", choices=("mgm", "goodput"), default="mgm",
