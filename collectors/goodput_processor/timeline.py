@@ -24,8 +24,7 @@ from .heap import trim_heap
 
 __all__ = ["COLUMNS", "KIND_NAMES", "LAUNCH_ATTRIBUTES", "NONE", "RUN_ATTRIBUTES",
            "SKIP_REASONS", "JobSpans", "ProcessSpans", "SpanSet", "as_of", "clip_ns",
-           "drop_duplicates",
-           "is_phase"]
+           "drop_duplicates", "is_phase", "shallow_copy"]
 
 #: Span kind codes (column ``kind``) are indexes into this tuple.
 #: Markers come first: a code from ``K_ACCELERATOR_INIT`` up to ``K_ELASTIC_REINIT`` is a
@@ -153,16 +152,27 @@ class ProcessSpans:
         """
         if type(self) is not ProcessSpans:
             return replace(self, **changes)
-        bad = changes.keys() - _PROCESS_FIELDS
-        if bad:
-            raise TypeError(f"ProcessSpans has no field(s) {sorted(bad)}")
-        out = object.__new__(ProcessSpans)
-        out.__dict__.update(self.__dict__)
-        out.__dict__.update(changes)
-        return out
+        return shallow_copy(ProcessSpans, self, changes)
 
 
 _PROCESS_FIELDS = frozenset(ProcessSpans.__dataclass_fields__)
+
+
+def shallow_copy(cls: type, proc: ProcessSpans, changes: dict) -> ProcessSpans:
+    """A ``cls`` (:class:`ProcessSpans` or a subclass adding no field) holding what
+    ``proc`` holds, ``changes`` (field names to new values) applied, made without
+    ``__init__`` (:meth:`ProcessSpans.copy`).
+
+    Raises:
+        TypeError: a name in ``changes`` is not a field.
+    """
+    bad = changes.keys() - _PROCESS_FIELDS
+    if bad:
+        raise TypeError(f"ProcessSpans has no field(s) {sorted(bad)}")
+    out = object.__new__(cls)
+    out.__dict__.update(proc.__dict__)
+    out.__dict__.update(changes)
+    return out
 
 
 @dataclass
