@@ -10,11 +10,11 @@ adds beyond the rows. Then (unless ``--no-compact``) the store packs every proce
 (:meth:`~goodput_processor.serve.store.LiveStore.compact`, what ``goodput serve``'s
 maintenance does to processes quiet for ``--pack-after`` seconds), polls and collects the
 metrics again, runs the next maintenance round (nothing left to pack; it gives the C heap's
-free pages back when the process has grown: ``heap.trim_heap_if_grown``, as
-``GoodputServer.maintain`` does), and prints what it holds then, and again after the
-heap is trimmed whatever the process grew by: the packed rows are kept on disk in a
-:class:`~goodput_processor.serve.spill.Spill` (``goodput serve``'s default; ``--no-spill``:
-in memory, ``--spill-dir off``), and the kept steps of whole attempts and the finished
+free pages back, ``LiveStore.give_back_heap``, as ``GoodputServer.maintain`` does), and
+prints what it holds then, and again after an unconditional heap trim: the packed rows
+are kept on disk in a :class:`~goodput_processor.serve.spill.Spill` (``goodput serve``'s
+default; ``--no-spill``: in memory, ``--spill-dir off``), and the kept steps of whole
+attempts and the finished
 ones' sorted step times are mapped from files there (``Spill.map``; the resident memory
 counts the pages of them that were read, ``RssFile``). Its last line says what the
 store's rows and the job's memos hold then, by kind (:func:`breakdown`).
@@ -179,10 +179,7 @@ def main(argv=None) -> int:
              f"{spill.disk_bytes / 2**20:.0f} MiB, {spill.disk_bytes / steps:.0f} bytes per "
              f"step; kept steps in mapped files: {spill.mapped_bytes / 2**20:.0f} MiB, of "
              f"which resident {f5 - f0:.0f} MiB (RssFile)"))
-    # What of that is the C heap's free pages: the round trims only if the process grew
-    # by heap.GROWTH_MARGIN_BYTES since the last trim (compaction's own, at its end), and
-    # what the first poll after a compaction lets go of (the memos' results it did not
-    # use) frees pages without growing the process
+    # What of that is still the C heap's free pages (none, if the round's trim ran)
     trim_heap()
     gc.collect()
     r6 = rss_mb()
