@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +148,102 @@ def test_main_in_process(run_dir, capsys):
     assert json.loads(capsys.readouterr().out)["jobs"][0]["disruptions"] == 1
     assert main(["report", str(run_dir / "missing")]) == 2
     assert capsys.readouterr().err.startswith("goodput: error: ")
+
+
+# --- help texts and hints name what an installed user can reach ---------------------------
+
+URL = re.compile(r"https?://\S+?(?=[\s)',;]|\.(?:\s|$)|$)")
+BARE_DOCS = re.compile(r"(?<![\w/.-])docs/")
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def check_doc_urls(text: str) -> list[str]:
+    """Every URL into the documentation in ``text`` names a page under docs/ and, with an
+    anchor, one of that page's headings; returns the URLs."""
+    from goodput.links import DOCS_URL
+
+    urls = [u for u in URL.findall(text) if u.startswith(DOCS_URL)]
+    for u in urls:
+        page, _, anchor = u[len(DOCS_URL) + 1:].partition("#")
+        path = ROOT / "docs" / page
+        assert path.is_file() or (path.is_dir() and not anchor), f"{u}: no docs/{page}"
+        if anchor:
+            headings = [line.lstrip("#") for line in path.read_text().splitlines()
+                        if line.startswith("#")]
+            assert anchor in {github_anchor(h) for h in headings}, f"{u}: no such heading"
+    return urls
+
+
+def test_docs_url_is_pyprojects():
+    tomllib = pytest.importorskip("tomllib")
+    from goodput.links import DOCS_URL, REPO_URL, install_hint
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert DOCS_URL == urls["Documentation"] and REPO_URL == urls["Homepage"]
+    assert install_hint("serve") == (
+        f"pip install 'goodput-otel[serve]@git+{REPO_URL}' (or, in a clone of it: "
+        "pip install '.[serve]')")
+
+
+@pytest.mark.parametrize("command", [(), ("report",), ("serve",), ("import",)])
+def test_help_names_urls_not_repository_paths(command):
+    p = goodput(*command, "--help")
+    assert p.returncode == 0, p.stderr
+    assert not BARE_DOCS.search(p.stdout), p.stdout
+    assert "pip install 'goodput-otel[" not in p.stdout.replace("]@git+", "")
+    urls = check_doc_urls(p.stdout)  # whole (the help wraps at spaces only) and real
+    assert urls or command == ("import",), p.stdout
+
+
+def test_serve_without_its_extra_says_how_to_install():
+    """grpc blocked from import, as on an install without the serve extra."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"),
+                                                       str(ROOT / "collectors")]))
+    code = ("import sys; sys.modules['grpc'] = None; from goodput_processor.cli import main; "
+            "sys.exit(main(['serve', '--spool-dir', '.']))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert_one_line_error(p, "needs the serve extra",
+                          "pip install 'goodput-otel[serve]@git+https://github.com/",
+                          "pip install '.[serve]'")
+
+
+def string_constants(path: Path):
+    """(line, text) of the string literals of a module that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docs):
+            yield node.lineno, node.value
+
+
+def test_no_message_names_a_repository_path_or_a_registry_install():
+    """Help texts, errors, warnings and report footers (every string literal but
+    docstrings) give URLs, and install lines from goodput.links."""
+    bad = []
+    for root in ("src/goodput", "collectors/goodput_processor", "instrumentation"):
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for line, text in string_constants(path):
+                where = f"{path.relative_to(ROOT)}:{line}: {text[:80]!r}"
+                if BARE_DOCS.search(text):
+                    bad.append(where)
+                if "pip install 'goodput-otel" in text and path.name != "links.py":
+                    bad.append(where)
+    assert bad == []
+
+
+def test_report_footers_link_the_definitions(run_dir):
+    for name in ("mgm", "ettr"):
+        p = goodput("report", run_dir, "--definitions", name)
+        assert p.returncode == 0, p.stderr
+        assert not BARE_DOCS.search(p.stdout)
+        assert check_doc_urls(p.stdout), p.stdout

@@ -19,7 +19,10 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
+
+from goodput.links import DOCS_URL, doc_url
 
 from .definitions import DEFINITIONS
 from .importers.command import add_import_command
@@ -45,8 +48,26 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Help wrapped at spaces only, so that a URL or a hyphenated name stays whole."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False,
+                             break_long_words=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False,
+                             break_long_words=False)
+
+
 class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are one line (``goodput: error: ...``), not a usage dump."""
+    """ArgumentParser whose errors are one line (``goodput: error: ...``), not a usage dump,
+    and whose help keeps URLs whole (:class:`_Formatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(message)
@@ -169,10 +190,18 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report",
         help="goodput and badput of the jobs in a run directory",
-        description="Account the spans in RUN_DIR (every *.jsonl file under it) into "
-        "goodput buckets, per job.",
+        description="Account the spans in RUN_DIR (every *.jsonl and *.jsonl.gz span file "
+        "under it, recursively) into goodput buckets, per job, and print the report.",
+        epilog="Example: goodput report goodput-runs/my-run. The recorder writes to "
+        "goodput.configure(run_dir=...), else $GOODPUT_RUN_DIR, else "
+        "./goodput-runs/JOB_NAME. Exit status: 0; 2: bad command line or unreadable "
+        "input; 3: --strict, and the report has warnings or a job that could not be "
+        "accounted. The buckets: " + doc_url("accounting.md", "Buckets"),
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="directory of spans-*.jsonl spool files")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="the run directory the training job's recorder wrote (spool files "
+                   "spans-*.jsonl); a parent of several run directories is read whole, its "
+                   "jobs told apart by job name")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="output format (default: table)")
     p.add_argument("--ideal-step-time", metavar="SECONDS", default=None,
@@ -182,10 +211,10 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
                    help="goodput: this project's model (default); mgm: ml-goodput-measurement "
                    "0.2.3's numbers; resiliency: resiliency.goodput_measure's calculator "
                    "(needs --ideal-step-time as its reference step time); ettr: Meta's "
-                   "effective training time ratio and ETT%%. See docs/definitions.md")
+                   "effective training time ratio and ETT%%. See " + doc_url("definitions.md"))
     p.add_argument("--html", metavar="PATH", default=None,
                    help="also write a self-contained HTML report (timeline, processes, goodput "
-                   "over time, step times) to PATH (docs/html-report.md)")
+                   "over time, step times) to PATH; see " + doc_url("html-report.md"))
     p.add_argument("--at", metavar="TIME", default=None,
                    help="account each job as it stood at TIME (ISO 8601, UTC unless a zone is "
                    "given, or seconds since the epoch): later spans are left out, a job still "
@@ -194,10 +223,11 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--exclude", metavar="START,END", action="append", default=None,
                    help="leave the time from START to END out of the total and the buckets "
                    "(repeatable; times as for --at); with --definitions mgm: "
-                   "ml-goodput-measurement's get_job_goodput_with_exclusions (docs/definitions.md)")
+                   "ml-goodput-measurement's get_job_goodput_with_exclusions")
     p.add_argument("--strict", action="store_true",
                    help="exit with status 3 when the report has warnings (what the input "
-                   "could not settle: docs/accounting.md, Warnings), e.g. in CI")
+                   "could not settle), e.g. in CI; the warnings: "
+                   + doc_url("accounting.md", "Warnings"))
     p.add_argument("--no-cache", action="store_true",
                    help="neither read nor write RUN_DIR/.goodput-cache, the spans and "
                    "results kept for a finished run (files unchanged for 30 s, no attempt "
@@ -209,7 +239,8 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     """The ``goodput`` argument parser with all subcommands."""
     parser = _Parser(prog=PROG, description="Goodput of ML training jobs from OpenTelemetry "
-                     "spans.")
+                     "spans.", epilog=f"Run '{PROG} COMMAND --help' for a command's options. "
+                     f"Documentation: {DOCS_URL}")
     parser.add_argument("--version", action=_Version, nargs=0,
                         help="show the program's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

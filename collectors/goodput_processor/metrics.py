@@ -33,6 +33,7 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from goodput import schema
+from goodput.links import doc_url
 
 from .reader import read_run_dir
 from .report import JobResult
@@ -87,7 +88,8 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     "goodput.useful_compute": ("1", "Goodput x MFU: share of the job's peak FLOP/s spent on "
                                "kept training (0..1)"),
     "goodput.warnings": ("{warning}", "Warnings of the job's report, per code: what the "
-                         "input could not settle (docs/accounting.md, Warnings)"),
+                         "input could not settle (" + doc_url("accounting.md", "Warnings")
+                         + ")"),
     "goodput.job.over_limit": ("1", "Values of the job past a limit of goodput serve, per "
                                "limit (custom_types, attribute_bytes); absent when none"),
     # --- elastic jobs (slice counts, goodput_processor.elastic)

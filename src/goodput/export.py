@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 
+from goodput.links import install_hint
+
 _log = logging.getLogger(__name__)
 
 #: Resource attributes copied onto every span as Cloud Trace labels by ``gcp_trace``
@@ -115,7 +117,7 @@ def make(name: str, source: str = "traces_exporter"):
     except ImportError as exc:
         extra = _EXTRA.get(name, name)
         raise ValueError(f"{source}: traces exporter {name!r} is not installed ({exc}); "
-                         f"pip install 'goodput-otel[{extra}]'") from exc
+                         f"{install_hint(extra)}") from exc
     except Exception as exc:  # an exporter's constructor can fail in many ways (no credentials)
         raise ValueError(f"{source}: cannot create traces exporter {name!r}: {exc}") from exc
 

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from goodput import schema
+from goodput.links import doc_url
 
 from ..report import format_duration
 
@@ -207,4 +208,5 @@ def render_ettr(results: Iterable[EttrResult], console: Console) -> None:
         console.print(t)
     console.print("Meta's ETTR (Kokolis et al., HPCA 2025) and ETT% (PyTorch blog); this "
                   "project's breakdown: goodput report without --definitions. See "
-                  "docs/definitions.md.", style="dim", markup=False)
+                  + doc_url("definitions.md", "ETTR: Meta's effective training time ratio"),
+                  style="dim", markup=False)

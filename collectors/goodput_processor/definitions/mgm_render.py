@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from goodput.links import doc_url
+
 from ..report import format_duration, make_console
 from .mgm_result import MGM_VERSION
 
@@ -39,7 +41,8 @@ def render(results, console: Console | None = None) -> None:
         head.append(f"   goodput {r.goodput_percent:.2f} %", style="bold green")
         console.print(head)
         console.print(
-            f"ml-goodput-measurement {MGM_VERSION} definitions (see docs/definitions.md); "
+            f"ml-goodput-measurement {MGM_VERSION} definitions (see "
+            f"{doc_url('definitions.md')}); "
             "percentages as mgm reports them",
             style="dim", markup=False, highlight=False,
         )

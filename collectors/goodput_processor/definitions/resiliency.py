@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from goodput.links import doc_url
+
 from ..accounting import resume_step
 from ..attempts import build_attempts
 from ..report import format_duration
@@ -170,5 +172,6 @@ def render_resiliency(results: Iterable[ResiliencyResult], console: Console) -> 
             t.add_row(k, v, style="bold green" if k == "goodput" else None)
         console.print(t)
     console.print("Definitions of resiliency's calculator; the breakdown of this project's own "
-                  "model: goodput report without --definitions. See docs/definitions.md.",
+                  "model: goodput report without --definitions. See "
+                  + doc_url("definitions.md", "Where resiliency's calculator is fragile"),
                   style="dim", markup=False)

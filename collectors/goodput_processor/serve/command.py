@@ -18,6 +18,8 @@ import signal
 import sys
 import threading
 
+from goodput.links import doc_url, install_hint
+
 __all__ = ["add_serve_command", "cmd_serve"]
 
 _TOKEN_ENV = "GOODPUT_SERVE_TOKEN"
@@ -206,7 +208,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .store import LiveStore
     except ImportError as exc:
         raise UsageError(
-            f"goodput serve needs the serve extra ({exc}): pip install 'goodput-otel[serve]'"
+            f"goodput serve needs the serve extra ({exc}): {install_hint('serve')}"
         ) from exc
 
     interval = None if args.report_interval is None else _number(args.report_interval,
@@ -312,13 +314,20 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="live goodput from OTLP spans and spool files",
         description="Receive goodput spans over OTLP (gRPC and HTTP) and/or tail spool "
-        "directories; account each job live, as `goodput report` does.")
+        "directories; account each job live, as `goodput report` does. Needs the serve "
+        "extra: " + install_hint("serve") + ".",
+        epilog="Example, one machine, no receiver: goodput serve --grpc-port off "
+        "--http-port off --spool-dir goodput-runs/my-run --report-interval 10. "
+        "Stop it with SIGTERM or Ctrl-C: it writes the final report. See "
+        + doc_url("serve.md"))
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     p.add_argument("--grpc-port", default="4317", metavar="PORT",
-                   help="OTLP/gRPC port (default 4317; 0 = any free port; off)")
+                   help="OTLP/gRPC port (default 4317; 0: any free port; off: no gRPC "
+                   "receiver)")
     p.add_argument("--http-port", default="4318", metavar="PORT",
-                   help="OTLP/HTTP and /v1/report port (default 4318; 0 = any; off)")
+                   help="OTLP/HTTP, /v1/report and /metrics port (default 4318; 0: any free "
+                   "port; off: no HTTP receiver)")
     p.add_argument("--spool-dir", action="append", metavar="DIR",
                    help="tail *.jsonl spool files under DIR (repeatable)")
     p.add_argument("--poll-interval", default="0.5", metavar="SECONDS",
@@ -333,25 +342,26 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="ideal step time in seconds (default: median of kept step times)")
     p.add_argument("--wal-dir", default="goodput-serve-wal", metavar="DIR",
                    help="write-ahead log: requests are appended here before they are "
-                   "acknowledged and replayed at start (default ./goodput-serve-wal; off; "
-                   "not used when both receivers are off)")
+                   "acknowledged and replayed at start (default ./goodput-serve-wal; off: "
+                   "none; not used when both receivers are off)")
     p.add_argument("--wal-fsync-interval", default="1", metavar="SECONDS",
                    help="fsync the log every SECONDS: a machine crash loses at most that much "
                    "acknowledged data; 0 = before every acknowledgement (default 1)")
     p.add_argument("--retention", default="604800", metavar="SECONDS",
                    help="a job with no new span for SECONDS leaves: its final report is "
                    "written (report file, WAL_DIR/results) and its log removed (default "
-                   "604800 = 7 days; off)")
+                   "604800 = 7 days; off: never)")
     p.add_argument("--pack-after", default="60", metavar="SECONDS",
                    help="a process with no new span for SECONDS (a finished attempt's) is "
                    "compacted: its rows packed, what the accounting keeps of it let go or "
-                   "shared (default 60; off)")
+                   "shared (default 60; off: never)")
     p.add_argument("--spill-dir", default="auto", metavar="DIR",
                    help="compacted processes' packed rows are kept in files here, not in "
                    "memory, removed when their job leaves or the server stops (default auto: "
                    "a new directory under the system's temporary directory; off: in memory)")
-    lim = p.add_argument_group("limits (past one, a request gets the retryable status, or the "
-                               "job an over_limit warning; docs/serve.md, Limits)")
+    lim = p.add_argument_group(
+        "limits", "Past one, a request gets the retryable status, or the job an over_limit "
+        "warning: " + doc_url("serve.md", "Limits"))
     lim.add_argument("--max-message-bytes", default=str(16 << 20), metavar="N",
                      help="largest request accepted, after gzip (default 16777216)")
     lim.add_argument("--max-connections", default="256", metavar="N",
@@ -387,8 +397,10 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--windows", default="60,300,900", metavar="S,S,...",
                    help="rolling windows in seconds for the metrics (default 60,300,900)")
     gcm = p.add_argument_group(
-        "ml-goodput-measurement's Cloud Monitoring series (compute.googleapis.com/workload/*, "
-        "docs/metrics.md): existing dashboards keep working")
+        "ml-goodput-measurement's Cloud Monitoring series",
+        "The compute.googleapis.com/workload/* series, so that existing dashboards keep "
+        "working (needs the gcp extra): " + doc_url("metrics.md",
+                                                   "The incumbent's Cloud Monitoring series"))
     gcm.add_argument("--workload-project", metavar="PROJECT", default=None,
                      help="write them to this Google Cloud project (Application Default "
                      "Credentials); off without it")

@@ -48,6 +48,7 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
+from goodput.links import install_hint
 from goodput.spool import encode_attributes
 
 _log = logging.getLogger(__name__)
@@ -582,7 +583,7 @@ def make_reader(name: str, interval_s: float) -> MetricReader:
         made = factory()
     except ImportError as exc:
         raise ValueError(f"metrics exporter {name!r} is not installed ({exc}); "
-                         "pip install 'goodput-otel[otlp]' (or the exporter's package)") from exc
+                         f"{install_hint('otlp')}, or the exporter's package") from exc
     except Exception as exc:
         raise ValueError(f"cannot create metrics exporter {name!r}: {exc}") from exc
     if isinstance(made, MetricReader):

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from goodput import config, schema
 from goodput.diagnostics import environment
 from goodput.diagnostics import metrics as _metrics
+from goodput.links import install_hint
 
 _log = logging.getLogger(__name__)
 
@@ -94,8 +95,8 @@ def _parse_yaml(text: str, path: str):
     try:
         import yaml
     except ImportError as exc:
-        raise ConfigError(f"configs file {path!r}: reading YAML needs PyYAML "
-                          "(pip install 'goodput-otel[diagnostics]')") from exc
+        raise ConfigError(f"configs file {path!r}: reading YAML needs PyYAML: "
+                          f"{install_hint('diagnostics')}") from exc
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

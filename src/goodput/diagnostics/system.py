@@ -33,6 +33,8 @@ import logging
 
 from opentelemetry.metrics import Observation
 
+from goodput.links import install_hint
+
 _log = logging.getLogger(__name__)
 
 #: Instrumentation scope of the system metrics.
@@ -75,7 +77,7 @@ class SystemMetrics:
             import psutil
         except ImportError:
             _log.warning("goodput.diagnostics: psutil is not installed: no host metrics "
-                         "(pip install 'goodput-otel[diagnostics]')")
+                         "(%s)", install_hint("diagnostics"))
             return
         self._psutil = psutil
         self._process = psutil.Process()
