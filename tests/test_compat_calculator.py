@@ -132,7 +132,7 @@ def test_goodput_and_breakdown_in_the_incumbents_shapes(tmp_path):
     end = record_run(tmp_path / "run")
     assert end == 31
     calc = GoodputCalculator(job_name="mgm-run", logger_name="goodput_mgm-run",
-                             run_dir=tmp_path / "run")
+                             run_dir=tmp_path / "run", definitions="goodput")
     good, badput, last_step = calc.get_job_goodput(include_badput_breakdown=True)
     # productive: 10 kept steps of net 2 s (the eval is taken out of step 5) = 20 s of 31;
     # step 0's 3 extra seconds are training slowdown (no program-startup span was recorded)
@@ -167,7 +167,7 @@ def test_goodput_and_breakdown_in_the_incumbents_shapes(tmp_path):
 
 def test_interval_query_equals_the_accounting_of_that_interval(tmp_path):
     record_run(tmp_path / "run")
-    calc = GoodputCalculator("mgm-run", run_dir=tmp_path / "run")
+    calc = GoodputCalculator("mgm-run", run_dir=tmp_path / "run", definitions="goodput")
     good, badput, last, total, disruptions = calc.get_job_goodput_interval(sec(10), sec(25))
     _, iv = account_interval(read_run_dir(tmp_path / "run").jobs["mgm-run"],
                              round(sec(10).timestamp() * NS), round(sec(25).timestamp() * NS))
@@ -186,7 +186,7 @@ def test_interval_query_equals_the_accounting_of_that_interval(tmp_path):
 
 
 def test_queries_read_incrementally_and_errors_name_the_job(tmp_path):
-    calc = GoodputCalculator("mgm-run", run_dir=tmp_path / "run")
+    calc = GoodputCalculator("mgm-run", run_dir=tmp_path / "run", definitions="goodput")
     with pytest.raises(ValueError, match="no spans of job 'mgm-run'"):
         calc.get_job_goodput()
     record_run(tmp_path / "run", steps=4)
@@ -229,18 +229,28 @@ print(f"Badput from unknown source: {badput_breakdown[BadputType.OTHER]:.2f}%")
 
 def test_an_incumbent_analysis_script_runs_unchanged_but_for_its_import(tmp_path):
     """The README's analysis snippet, in its own process, finding the run dir by default
-    (``goodput-runs/<job>`` under the working directory, where the recorder writes)."""
+    (``goodput-runs/<job>`` under the working directory, where the recorder writes), prints
+    what the same snippet prints on the real ml-goodput-measurement 0.2.3 (the calculator's
+    default definitions are the incumbent's)."""
+    mgm = pytest.importorskip("ml_goodput_measurement.src.goodput")
     record_run(tmp_path / "goodput-runs" / "mgm-run")
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(ANALYSIS_SCRIPT)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, check=True).stdout
+    sink = EntrySink()
+    drive(mgm.GoodputRecorder("mgm-run", "log", True, cloud_logger=sink))
+    theirs = mgm.GoodputCalculator("mgm-run", "log", cloud_logger=sink,
+                                   cache_dir=str(tmp_path / "cache"))
+    _, b, last = theirs.get_job_goodput(include_badput_breakdown=True)
+    good = theirs.get_job_goodput()[0]
+    custom = b[mgm.BadputType.CUSTOM_BADPUT_EVENTS]
     assert out.splitlines() == [
-        "Last step recorded: 9",
-        f"Goodput: {100 * 20 / 31:.2f}%",
-        f"Badput due to TPU initialization: {100 / 31:.2f}%",
-        f"Badput due to training preparation: {200 / 31:.2f}%",
-        "Badput due to program startup: 0.00%",
-        f"Badput due to data loading: {100 / 31:.2f}%",
-        f"Badput due to step evaluation: {300 / 31:.2f}%",
-        "Badput due to SDC checks: 0.00%",
-        f"Badput from unknown source: {100 / 31:.2f}%",
+        f"Last step recorded: {last}",
+        f"Goodput: {good:.2f}%",
+        f"Badput due to TPU initialization: {b[mgm.BadputType.TPU_INITIALIZATION]:.2f}%",
+        f"Badput due to training preparation: {b[mgm.BadputType.TRAINING_PREP]:.2f}%",
+        f"Badput due to program startup: {b[mgm.BadputType.PROGRAM_STARTUP]:.2f}%",
+        f"Badput due to data loading: {b[mgm.BadputType.DATA_LOADING_SYNC]:.2f}%",
+        f"Badput due to step evaluation: {custom.get('EVAL_STEP', 0.0):.2f}%",
+        f"Badput due to SDC checks: {custom.get('SDC_CHECK', 0.0):.2f}%",
+        f"Badput from unknown source: {b[mgm.BadputType.OTHER]:.2f}%",
     ]

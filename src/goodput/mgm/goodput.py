@@ -24,10 +24,14 @@ both classes) if given, else ``GOODPUT_RUN_DIR``, else ``goodput-runs/<job_name>
 nothing: recorder, calculator and monitor find the same directory from the job name,
 without configuration, as the incumbent's do from ``logger_name``.
 
-The calculator's numbers are this project's model (``definitions="goodput"``, the default:
-its breakdown has one key more, ``BadputType.TRAINING_SLOWDOWN``) or the incumbent's own
-definitions (``definitions="mgm"``), which ``goodput report --definitions mgm`` also gives
-(``docs/definitions.md``). The processor (``goodput_processor``) does the accounting; it is
+**Whose numbers.** By default the calculator answers with the incumbent's own definitions
+(``definitions="mgm"``): the numbers, the keys (exactly the :class:`BadputType` members
+0.2.3 returns) and the errors of ``ml-goodput-measurement`` 0.2.3 on the same calls, equal
+to ``goodput report --definitions mgm`` and to :class:`goodput.mgm.monitoring.GoodputMonitor`'s
+scalars at the same query time, so a dashboard does not jump when the import changes. This
+project's own model is one argument away, ``definitions="goodput"`` (productive time from
+step ends, slow steps as ``BadputType.TRAINING_SLOWDOWN``, a key 0.2.3 does not have;
+``docs/definitions.md``). The processor (``goodput_processor``) does the accounting; it is
 imported when a calculator is first queried, never when this module is imported.
 """
 
@@ -238,8 +242,9 @@ class GoodputCalculator:
             anomalous-step discount for Pathways went away in 0.1; this project counts slow
             steps as ``training_slowdown`` for every job, in the goodput model).
         run_dir: the run directory (default: see the module docstring).
-        definitions: ``"goodput"`` (this project's model, default) or ``"mgm"`` (the
-            incumbent's rules on the same spans).
+        definitions: ``"mgm"`` (default: the incumbent's rules, numbers and keys on the
+            same spans, as ``goodput report --definitions mgm``) or ``"goodput"`` (this
+            project's model; its breakdown adds ``BadputType.TRAINING_SLOWDOWN``).
         query_time: answer as of this moment: a datetime (naive = UTC), POSIX seconds, or a
             callable returning one, called at each query (None: the spans as they are). As
             ``goodput report --at``: later spans are left out and, with ``"mgm"``, a job
@@ -258,7 +263,7 @@ class GoodputCalculator:
     def __init__(self, job_name: str, logger_name: str | None = None, cloud_logger=None,
                  using_pathways: bool = False, max_logs_retention_period=None,
                  gcs_path: str | None = None, cache_dir: str = "/tmp", *,
-                 run_dir: str | os.PathLike | None = None, definitions: str = "goodput",
+                 run_dir: str | os.PathLike | None = None, definitions: str = "mgm",
                  query_time=None):
         if definitions not in ("goodput", "mgm"):
             raise ValueError(f"definitions must be 'goodput' or 'mgm', got {definitions!r}")

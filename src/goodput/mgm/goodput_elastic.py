@@ -13,10 +13,10 @@
   are computed.
 
 :class:`ElasticGoodputCalculator` answers with the incumbent's elastic rules under
-``definitions="mgm"`` (elastic waits and reinitialisation as ``ELASTIC_*`` badput, the
-reinitialisation's overlap taken out of TPU initialisation and training preparation, the
-slice efficiencies in the details), and with this project's elastic buckets otherwise
-(``docs/accounting.md``, "Elastic training").
+``definitions="mgm"``, the default (elastic waits and reinitialisation as ``ELASTIC_*``
+badput, the reinitialisation's overlap taken out of TPU initialisation and training
+preparation, the slice efficiencies in the details), and with this project's elastic buckets under
+``definitions="goodput"`` (``docs/accounting.md``, "Elastic training").
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class ElasticGoodputRecorder(GoodputRecorder):
 class ElasticGoodputCalculator(goodput.GoodputCalculator):
     """The calculator of an elastic job: :class:`~goodput.mgm.goodput.GoodputCalculator`
     (same arguments and methods) with the incumbent's elastic rules under
-    ``definitions="mgm"``: ``ELASTIC_SLICE_DOWN``, ``ELASTIC_SCALE_UP`` and
+    ``definitions="mgm"`` (the default): ``ELASTIC_SLICE_DOWN``, ``ELASTIC_SCALE_UP`` and
     ``ELASTIC_REINITIALIZATION`` in the breakdowns, and ``stepping_slice_efficiency`` /
     ``available_slice_efficiency`` (fractions) in ``get_job_goodput_details`` and
     ``get_interval_metric_details`` when slice counts were recorded."""
