@@ -18,6 +18,7 @@ import shlex
 import sys
 
 from goodput import schema
+from goodput.links import doc_url
 
 from .resiliency_attempts import DEFAULT_DUPLICATE_WINDOW_S
 
@@ -143,6 +144,9 @@ def add_import_command(subparsers) -> argparse.ArgumentParser:
         description="Convert ml-goodput-measurement entries (Cloud Logging JSON export, log "
         "sink, or its local timeline cache) or resiliency event logs into spool files under "
         "RUN_DIR/<job>/, which `goodput report` reads.",
+        epilog="Example: goodput import my-run.json --to goodput-runs, then goodput report "
+        "goodput-runs/my-run. How entries become spans, and the options: "
+        + doc_url("migration.md", "1. Import the logs"),
     )
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="log files: JSON lines or a JSON array")
