@@ -247,3 +247,15 @@ def test_report_footers_link_the_definitions(run_dir):
         assert p.returncode == 0, p.stderr
         assert not BARE_DOCS.search(p.stdout)
         assert check_doc_urls(p.stdout), p.stdout
+
+
+def test_docs_install_lines_work_before_publication():
+    """README.md and docs/: every pip install of the package names the Git repository or a
+    clone, except the README's one sentence on the line to use once it is published."""
+    registry = re.compile(r"pip install '?goodput-otel(?:\[[^\]]*\])?(?![\[\w-])(?!\s*@)")
+    bad = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if registry.search(line) and not line.startswith("Once it is published"):
+                bad.append(f"{path.relative_to(ROOT)}:{n}: {line}")
+    assert bad == []
