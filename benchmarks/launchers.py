@@ -721,6 +721,62 @@ def compare_recovery(out: Outcome, truth: Truth, rep: dict, expect: Expect) -> N
                  "training_slowdown (<= 90 %)")
 
 
+#: The most the report's ``launcher_rendezvous_s`` may differ from the agent's own
+#: ``torchelastic.worker.status.RENDEZVOUS`` event (s): issue 36.
+RENDEZVOUS_TOL = 0.1
+
+
+def agent_rendezvous(run_dir: Path) -> dict[int, tuple[float, int]]:
+    """The agent's rendezvous events read straight from the launcher's spool (not through
+    the processor): restart count -> (duration s, end ns since the epoch)."""
+    out: dict[int, tuple[float, int]] = {}
+    for path in sorted(run_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                req = json.loads(line)
+            except ValueError:
+                continue  # a torn last line
+            for rs in req.get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    for sp in ss.get("spans", []):
+                        attrs = {a["key"]: next(iter(a["value"].values()))
+                                 for a in sp.get("attributes", [])}
+                        if (attrs.get("goodput.launcher.event")
+                                != "torchelastic.worker.status.RENDEZVOUS"):
+                            continue
+                        t0, t1 = int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"])
+                        restart = int(attrs.get("goodput.launcher.restart_count", -1))
+                        out[restart] = ((t1 - t0) / 1e9, t1)
+    return out
+
+
+def compare_launcher_evidence(out: Outcome, rep: dict, run_dir: Path) -> None:
+    """Each restart's ``launcher_rendezvous_s`` against the agent's rendezvous event of that
+    restart (:func:`agent_rendezvous`): present, within :data:`RENDEZVOUS_TOL`. Notes how
+    far the event's end lies after the next attempt's recorded start (the OS process start,
+    read in 10 ms ticks: it can lie after it)."""
+    job = rep["jobs"][0]
+    events = agent_rendezvous(run_dir)
+    for i, rec in enumerate(job.get("recovery", [])):
+        want = events.get(i + 1)
+        got = rec.get("evidence", {}).get("launcher_rendezvous_s")
+        if want is None:
+            out.failures.append(f"recovery {i}: the agent recorded no rendezvous for restart "
+                                f"{i + 1}")
+            continue
+        start = job["attempts"][i + 1]["start_unix_ns"]
+        out.notes[f"agent_rendezvous_{i}_s"] = want[0]
+        out.notes[f"agent_rendezvous_{i}_end_after_start_ms"] = (want[1] - start) / 1e6
+        if got is None:
+            out.failures.append(f"recovery {i}: no launcher_rendezvous_s; the agent's "
+                                f"rendezvous took {want[0]:.3f} s")
+            continue
+        out.notes[f"launcher_rendezvous_{i}_err_s"] = got - want[0]
+        if abs(got - want[0]) > RENDEZVOUS_TOL:
+            out.failures.append(f"recovery {i}: launcher_rendezvous_s {got:.3f}, the agent's "
+                                f"rendezvous {want[0]:.3f} s (tolerance {RENDEZVOUS_TOL})")
+
+
 # --- comparing -------------------------------------------------------------------------
 
 
@@ -1015,6 +1071,8 @@ def run_case(name: str, workdir: Path, s: Settings | None = None) -> Outcome:
             compare_first_failures(out, truth, rep)
         if expect.phases or expect.slow_rank is not None:
             compare_recovery(out, truth, rep, expect)
+        if expect.launchers and len(rep.get("jobs", [])) == 1:
+            compare_launcher_evidence(out, rep, d.run_dir)
     except CaseError as exc:
         out.failures.append(f"driver: {exc}")
     finally:
@@ -1060,6 +1118,24 @@ def summarize(outcomes: list[Outcome], s: Settings) -> str:
     return "\n".join(lines)
 
 
+def rendezvous_figures(outcomes: list[Outcome]) -> str:
+    """One line over the restarts with launcher evidence: how many had
+    ``launcher_rendezvous_s``, its largest error against the agent's event, and how many
+    of the agent's events ended after the next attempt's recorded start (empty: none)."""
+    errs = [v for o in outcomes for k, v in o.notes.items()
+            if k.startswith("launcher_rendezvous_") and k.endswith("_err_s")]
+    agent = [k for o in outcomes for k in o.notes if k.startswith("agent_rendezvous_")
+             and k.endswith("_s") and not k.endswith("_ms")]
+    if not agent:
+        return ""
+    late = [v for o in outcomes for k, v in o.notes.items() if k.endswith("_end_after_start_ms")]
+    return (f"launcher_rendezvous_s present in {len(errs)} of {len(agent)} restarts, max "
+            f"|report - agent| {max((abs(e) for e in errs), default=float('nan')):.6f} s; "
+            f"the agent's rendezvous ended after the next attempt's recorded start in "
+            f"{sum(v > 0 for v in late)} of {len(late)} (latest "
+            f"{max(late, default=float('nan')):+.1f} ms)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of "
@@ -1069,6 +1145,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
     p.add_argument("--keep", action="store_true", help="keep the run directories")
     p.add_argument("--json", type=Path, default=None, help="also write the outcomes as JSON")
+    p.add_argument("--repeat", type=int, default=1, help="run the cases this many times "
+                   "(e.g. 10 real torchrun restarts: --cases torchrun_restart_phases "
+                   "--repeat 10)")
     args = p.parse_args(argv)
     names = [c for c in args.cases.split(",") if c]
     if bad := [c for c in names if c not in CASES]:
@@ -1077,15 +1156,19 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings(flush_interval=args.flush_interval, slack=args.slack)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="goodput-launchers-"))
     outcomes = []
-    for name in names:
-        o = run_case(name, workdir, s)
-        print(f"{name:<23} {o.wall_s:5.1f} s  max |err| {o.max_err:.3f} s  "
-              f"{'ok' if not o.failures else 'FAIL'}", flush=True)
-        outcomes.append(o)
-        if not args.keep and not o.failures:
-            shutil.rmtree(workdir / name, ignore_errors=True)
+    for k in range(max(args.repeat, 1)):
+        where = workdir / f"run{k}" if args.repeat > 1 else workdir
+        for name in names:
+            o = run_case(name, where, s)
+            print(f"{name:<23} {o.wall_s:5.1f} s  max |err| {o.max_err:.3f} s  "
+                  f"{'ok' if not o.failures else 'FAIL'}", flush=True)
+            outcomes.append(o)
+            if not args.keep and not o.failures:
+                shutil.rmtree(where / name, ignore_errors=True)
     print()
     print(summarize(outcomes, s))
+    if rdzv := rendezvous_figures(outcomes):
+        print("\n" + rdzv)
     if args.json:
         rows = [{"case": o.case, "failures": o.failures, "errors": o.errors, "truth": o.truth,
                  "reported": o.reported, "structure": o.structure, "warnings": o.warnings,

@@ -22,6 +22,7 @@ from goodput_processor.cli import main
 
 #: A training process: ``python child.py RUN_DIR FIRST LAST [KEY=VALUE ...]`` records steps
 #: FIRST..LAST (10 ms each). Options: ``restore=K`` (a restore of step K first),
+#: ``save=K`` (a checkpoint save of step K after step K),
 #: ``back=SECONDS`` (the steps after the middle are stamped that much earlier, as after a
 #: wall clock stepped back), ``again=N`` (then steps 1..N once more, a counter reset).
 CHILD = textwrap.dedent("""
@@ -42,6 +43,9 @@ CHILD = textwrap.dedent("""
             continue
         with goodput.step(n):
             time.sleep(0.01)
+        if n == int(opts.get("save", -1)):
+            with goodput.checkpoint_save(step=n):
+                time.sleep(0.01)
     for n in range(1, int(opts.get("again", 0)) + 1):
         with goodput.step(n):
             time.sleep(0.01)
@@ -67,8 +71,13 @@ def _run_ranks(tmp_path, world, first, last):
 
 def _report(tmp_path, *extra):
     """``goodput report --format json``: (exit status, the one job's dict)."""
+    return _report_path(tmp_path / "run", *extra)
+
+
+def _report_path(run_dir, *extra):
+    """``goodput report RUN_DIR --format json``: (exit status, the one job's dict)."""
     out = subprocess.run([sys.executable, "-m", "goodput_processor.cli", "report",
-                          str(tmp_path / "run"), "--format", "json", *extra],
+                          str(run_dir), "--format", "json", *extra],
                          env=child_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode in (0, 3), out.stderr
     (job,) = json.loads(out.stdout)["jobs"]
@@ -92,14 +101,55 @@ def test_missing_attempt(tmp_path):
 
 
 def test_steps_restart_without_restore(tmp_path):
-    _run(tmp_path, 1, 8)  # a torch.save loop nobody saw checkpoint, then relaunched:
-    _run(tmp_path, 1, 8)  # its steps count from 1 again and no restore is recorded
+    _run(tmp_path, 1, 8, "save=4")  # a checkpoint saved at step 4, then relaunched: its
+    _run(tmp_path, 1, 8)  # steps count from 1 again and no restore is recorded
     _, job = _report(tmp_path)
     assert _codes(job) == ["steps_restart_without_restore"]
     assert job["warnings"][0]["attempt"] == 1
     _run(tmp_path, 9, 12, "restore=8")  # a recorded restore: nothing to warn about
     _, job = _report(tmp_path)
     assert _codes(job) == ["steps_restart_without_restore"]  # still only attempt 1's
+
+
+def test_a_restart_from_scratch_before_any_checkpoint_is_not_warned(tmp_path):
+    """Killed before its first checkpoint, the job can only start again from step 1: no
+    ``steps_restart_without_restore``, and ``--strict`` exits 0. A checkpoint saved only
+    after the restart does not make the restart suspect either."""
+    _run(tmp_path, 1, 8)
+    _run(tmp_path, 1, 8, "save=6")
+    status, job = _report(tmp_path, "--strict")
+    assert (status, _codes(job)) == (0, [])
+    _run(tmp_path, 1, 4)  # the third attempt starts over after attempt 1's save: warned
+    status, job = _report(tmp_path, "--strict")
+    assert (status, _codes(job)) == (3, ["steps_restart_without_restore"])
+    assert job["warnings"][0]["attempt"] == 2
+
+
+def test_a_restore_in_an_earlier_attempt_makes_a_restart_from_scratch_suspect(tmp_path):
+    _run(tmp_path, 5, 8, "restore=4")  # resumed from a checkpoint of an earlier run
+    _run(tmp_path, 1, 8)
+    _, job = _report(tmp_path)
+    assert _codes(job) == ["steps_restart_without_restore"]
+
+
+def test_run_dirs_merged(tmp_path):
+    """``goodput report PARENT`` over two runs' directories with the same job name: one
+    job, and a warning naming both directories; each directory alone has none."""
+    for name in ("monday", "tuesday"):
+        (tmp_path / name).mkdir()
+        _run(tmp_path / name, 1, 4)
+    status, job = _report_path(tmp_path, "--strict")
+    assert status == 3 and _codes(job) == ["run_dirs_merged"]
+    (w,) = job["warnings"]
+    assert str(tmp_path / "monday" / "run") in w["message"]
+    assert str(tmp_path / "tuesday" / "run") in w["message"]
+    assert len(job["attempts"]) == 2
+    for name in ("monday", "tuesday"):
+        assert _report_path(tmp_path / name / "run", "--strict") == (0, _report_path(
+            tmp_path / name / "run")[1])
+    assert main(["report", str(tmp_path), "--no-cache"]) == 0
+    assert main(["report", str(tmp_path)]) == 0  # (writes the columnar cache)
+    assert _codes(_report_path(tmp_path)[1]) == ["run_dirs_merged"]  # read from it
 
 
 def test_steps_backwards(tmp_path):
@@ -170,7 +220,7 @@ def test_warnings_in_html_and_metrics(tmp_path):
 
     from goodput_processor.metrics import GoodputMetrics, run_dir_source
 
-    _run(tmp_path, 1, 8)
+    _run(tmp_path, 1, 8, "save=4")
     _run(tmp_path, 1, 8)
     html = tmp_path / "r.html"
     assert main(["report", str(tmp_path / "run"), "--html", str(html)]) == 0

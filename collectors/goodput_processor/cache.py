@@ -86,7 +86,8 @@ def load(root: Path, files: list[Path]) -> SpanSet | None:
         for j in index["jobs"]:
             job = JobSpans(j["name"], skipped=Counter(j["skipped"]), examples=j["examples"],
                            strings=strings, schema_versions=set(j["schema_versions"]),
-                           over_limit=Counter(j["over_limit"]))
+                           over_limit=Counter(j["over_limit"]),
+                           run_dirs={str(root / x) for x in j.get("run_dirs", ())})
             for p in j["processes"]:
                 meta = dict(zip(_PROC_FIELDS, p["fields"], strict=True))
                 proc = ProcessSpans(j["name"], **meta)
@@ -124,7 +125,8 @@ def save(root: Path, files: list[Path], spans: SpanSet, now_s: float | None = No
             jobs.append({"name": name, "skipped": dict(job.skipped),
                          "examples": list(job.examples),
                          "schema_versions": sorted(job.schema_versions),
-                         "over_limit": dict(job.over_limit), "processes": procs})
+                         "over_limit": dict(job.over_limit), "processes": procs,
+                         "run_dirs": sorted(os.path.relpath(x, root) for x in job.run_dirs)})
         fd, tmp = tempfile.mkstemp(prefix="rows-", suffix=".npy", dir=d)
         with os.fdopen(fd, "wb") as f:  # what np.save writes, without joining the parts
             np.lib.format.write_array_header_1_0(f, {

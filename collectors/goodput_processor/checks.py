@@ -8,11 +8,13 @@ returns :class:`~goodput_processor.report.ReportWarning` objects with a stable `
 
 from __future__ import annotations
 
+import numpy as np
+
 from .attempts import Attempt
-from .memo import cached, proc_key
+from .memo import cached, folded, proc_key
 from .report import JobResult, ReportWarning
 from .summaries import StepOrder, step_order_of
-from .timeline import JobSpans
+from .timeline import C_KIND, K_CHECKPOINT_RESTORE, K_CHECKPOINT_SAVE, JobSpans
 
 __all__ = ["CODES", "file_warnings", "job_warnings", "recovery_warnings"]
 
@@ -21,7 +23,7 @@ CODES = (
     "orphaned_processes", "process_rank_unknown", "missing_attempt",
     "steps_restart_without_restore", "steps_backwards", "clock_jump", "world_size_changed",
     "spool_file_skipped", "empty_spool_file", "spans_rejected", "ideal_step_time_contradicted",
-    "over_limit", "first_failure_uncertain",
+    "over_limit", "first_failure_uncertain", "run_dirs_merged",
 )
 _MS = 1_000_000
 
@@ -33,12 +35,14 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
     out = [w for a in attempts for w in a.warnings]
     out += _missing_attempts(attempts)
     reached = None  # highest step of the attempts so far
+    saved = False  # a checkpoint saved or restored in the attempts so far
     for i, a in enumerate(attempts):
         key = ("warnings", proc_key(a.primary), a.attempt, a.start_ns, a.primary.index,
-               i > 0, reached)
-        found, reached = cached(memo, key, lambda a=a, i=i, r=reached: _attempt_warnings(
-            a, i, r, memo))
+               i > 0, reached, saved)
+        found, reached = cached(memo, key, lambda a=a, i=i, r=reached, c=saved: (
+            _attempt_warnings(a, i, r, memo, c)))
         out += found
+        saved = saved or any(_checkpointed(p, memo) for p in a.processes)
     counts = [(a.attempt, a.declared_process_count) for a in attempts
               if a.declared_process_count is not None]
     for (a0, n0), (a1, n1) in zip(counts, counts[1:], strict=False):
@@ -68,22 +72,43 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
                 "attribute_bytes": f"{n} string attribute value(s) were cut to "
                 "--max-attribute-bytes"}.get(limit, f"{n} value(s) past the limit {limit}")
         out.append(ReportWarning("over_limit", f"goodput serve limit {limit}: {what}"))
+    if len(job.run_dirs) > 1:
+        dirs = sorted(job.run_dirs)
+        out.append(ReportWarning(
+            "run_dirs_merged",
+            f"job {job.name!r} has spool files in {len(dirs)} directories, merged into one "
+            f"job: {', '.join(dirs)}. If they are separate runs that share the job name, "
+            "report each directory on its own (or give each run its own job name); if they "
+            "are one run's (e.g. a directory per host), nothing is wrong"))
     return out
 
 
+def _checkpointed(p, memo=None) -> bool:
+    """Whether process ``p`` recorded a checkpoint save or restore (any row of either
+    kind; read through ``memo``, :func:`~goodput_processor.memo.folded`)."""
+    return folded(memo, "checks.checkpointed", p,
+                  lambda d: bool(np.isin(d[:, C_KIND], (K_CHECKPOINT_SAVE,
+                                                        K_CHECKPOINT_RESTORE)).any()),
+                  lambda x, y: x or y)
+
+
 def _attempt_warnings(a: Attempt, i: int, reached: int | None,
-                      memo=None) -> tuple[list, int | None]:
+                      memo=None, saved: bool = True) -> tuple[list, int | None]:
     """The warnings of attempt ``a`` (the ``i``-th) from its primary's steps, given the
-    highest step reached before it; -> (warnings, highest step reached so far). The
+    highest step reached before it and whether a checkpoint was saved or restored before
+    it (``saved``: without one, a restart from the first steps is the only way to go on,
+    not a restore left unrecorded); -> (warnings, highest step reached so far). The
     primary's rows are read through ``memo`` (:func:`.summaries.step_order_of`)."""
     out: list = []
     s = step_order_of(a.primary, a.start_ns, memo)
-    if i and s.steps and reached is not None and not s.restored and s.first[1] <= reached:
+    if (i and saved and s.steps and reached is not None and not s.restored
+            and s.first[1] <= reached):
         out.append(ReportWarning(
             "steps_restart_without_restore",
             f"attempt {a.attempt} starts at step {s.first[1]}, at or below step "
-            f"{reached} reached before, and records no checkpoint restore: its earlier "
-            "steps count as wasted. If it resumed from a checkpoint, record the restore "
+            f"{reached} reached before, and records no checkpoint restore, though a "
+            "checkpoint was saved or restored earlier in the job: its earlier steps count "
+            "as wasted. If it resumed from a checkpoint, record the restore "
             "(goodput.checkpoint_restore(step=...) or an instrumented checkpoint API)",
             a.attempt, a.primary.index))
     if s.back:

@@ -125,6 +125,9 @@ class _Reader(SpanRows):
         # parsed object).
         self._last_resource: tuple = (None, None, None)
         self._fast = read_fast.Batch(_KIND_CODES, _KIND_ATTRS, _attr_value, _as_int, flag_bit)
+        # While read_range reads: the names of the jobs the range's lines named (each
+        # job's run_dirs gets the file's directory); None otherwise.
+        self._range_jobs: set[str] | None = None
 
     def _job(self, name: str) -> JobSpans:
         job = self.jobs.get(name)
@@ -182,6 +185,7 @@ class _Reader(SpanRows):
         if self.max_string is None and self.max_custom_types is None:
             self._batch = []  # no limit to count in order: spans may wait for a batch
         self._last_resource = (None, None, None)
+        self._range_jobs = set()
         rest, parsed = None, None  # the rest of the last line with spans taken, parsed
         try:
             with read_io.open_spool(path) as f:
@@ -231,6 +235,10 @@ class _Reader(SpanRows):
         finally:
             self._flush()
             self._batch = None
+            run_dir = str(Path(path).parent)
+            for name in self._range_jobs:
+                self.jobs[name].run_dirs.add(run_dir)
+            self._range_jobs = None
         self.last_job = last_job.name if last_job else None
 
     def _skip_line(self, job: JobSpans | None, reason: str, where, why: str) -> None:
@@ -326,6 +334,8 @@ class _Reader(SpanRows):
         job = None
         for ri, rs in enumerate(req["resourceSpans"] or ()):
             job, proc, ok, version = self._resource(rs, exact)
+            if self._range_jobs is not None:
+                self._range_jobs.add(job.name)
             scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
             for si, ss in enumerate(scopes):
                 first = taken if ri == 0 and si == 0 else None
@@ -361,6 +371,7 @@ class _Reader(SpanRows):
             job = self._job(name)
             job.skipped.update(ojob.skipped)
             job.schema_versions |= ojob.schema_versions
+            job.run_dirs |= ojob.run_dirs
             for (attempt, index, instance), op in ojob.processes.items():
                 proc = self._proc(job, attempt, index, instance)
                 for attr in ("host", "process_count", "schema_version", "pid",

@@ -82,8 +82,8 @@ from .timeline import (
     is_phase,
 )
 
-__all__ = ["HOWS", "PHASES", "FirstFailure", "Recovery", "launcher_failures", "recovery_report",
-           "stacked", "warmup"]
+__all__ = ["HOWS", "LAUNCHER_MATCH_NS", "PHASES", "FirstFailure", "Recovery", "launcher_failures",
+           "launcher_rendezvous", "recovery_report", "stacked", "warmup"]
 
 #: Recovery phases, in order.
 PHASES = ("detection", "termination", "rescheduling", "startup", "rendezvous_init", "restore",
@@ -127,8 +127,9 @@ class Recovery:
     kept step to its end) plus the next attempt's rescheduling, startup, initialisation,
     restore and warm-up. ``evidence``: what launchers and schedulers add, in seconds (present
     keys only): ``launcher_detected_after_s`` (the launcher saw the failure this long after
-    its first sign), ``launcher_rendezvous_s`` (the launcher's rendezvous during
-    rescheduling), ``pod_created_after_s`` (the next attempt's first pod created this long
+    its first sign), ``launcher_rendezvous_s`` (the launchers' rendezvous before the next
+    attempt started, inside rescheduling: :func:`launcher_rendezvous`; absent only when no
+    launcher recorded one), ``pod_created_after_s`` (the next attempt's first pod created this long
     after the failed attempt's end), ``pod_queued_s`` (created -> scheduled),
     ``pod_start_s`` (scheduled -> its first process start).
     """
@@ -178,16 +179,54 @@ def _failures(events: list) -> dict[tuple[str | None, int], tuple[int, int]]:
     return out
 
 
-def _launcher_rendezvous(job: JobSpans, events: list, t0: int, t1: int) -> int | None:
-    """ns of launcher rendezvous events (name containing ``RENDEZVOUS``) ending in [t0, t1]
-    (``events``: :func:`_launcher_events`)."""
-    total, seen = 0, False
+#: The next attempt's start is its processes' ``goodput.process.start_time_unix_nano``, read
+#: from ``/proc`` in clock ticks of 10 ms and rounded down, so it can read up to one tick
+#: before the process really started; launcher events are stamped on the launcher's wall
+#: clock in microseconds. A launcher event that ended before a worker started can
+#: therefore end up to one tick after that worker's recorded start (seen: the agent's
+#: rendezvous ending 6 ms after it); one more millisecond covers the two clocks the start
+#: is computed from (``CLOCK_REALTIME`` and ``CLOCK_BOOTTIME``, read apart).
+LAUNCHER_MATCH_NS = 11_000_000
+
+
+def launcher_rendezvous(job: JobSpans, events: list, starts: Sequence[int]) -> list:
+    """The launchers' rendezvous before each attempt: per attempt of ``starts`` (their start
+    times, ns since the epoch, in order), the ns covered by launcher rendezvous events
+    (name containing ``RENDEZVOUS``, any case) of non-zero length that precede it, or None
+    when no such event does.
+
+    An event precedes the first attempt whose start is at or after its end less
+    :data:`LAUNCHER_MATCH_NS` (the clocks' resolutions), so each event counts once, for one
+    attempt. Zero-length events (torchelastic's ``torchelastic.rendezvous.*`` state
+    records) carry no duration and are left out. Events of several launchers (one agent
+    per node) count by the union of their intervals: they wait together.
+    ``events``: :func:`_launcher_events`.
+    """
+    found: list[list[tuple[int, int]]] = [[] for _ in starts]
+    first = np.asarray(starts, np.int64)
     for _p, d in events:
-        for row in d[(d[:, C_END] >= t0) & (d[:, C_END] <= t1)]:
-            name = job.strings[row[C_SIDX]] if 0 <= row[C_SIDX] < len(job.strings) else ""
-            if "RENDEZVOUS" in name.upper():
-                total, seen = total + int(row[C_END] - row[C_START]), True
-    return total if seen else None
+        d = d[d[:, C_END] > d[:, C_START]]
+        for row in d:
+            sidx = int(row[C_SIDX])
+            name = job.strings[sidx] if 0 <= sidx < len(job.strings) else ""
+            if "RENDEZVOUS" not in name.upper():
+                continue
+            i = int(np.searchsorted(first, int(row[C_END]) - LAUNCHER_MATCH_NS, "left"))
+            if i < len(found):
+                found[i].append((int(row[C_START]), int(row[C_END])))
+    out: list = []
+    for ivals in found:
+        if not ivals:
+            out.append(None)
+            continue
+        total, reach = 0, None
+        for x, y in sorted(ivals):
+            if reach is None or x > reach:
+                total, reach = total + y - x, y
+            elif y > reach:
+                total, reach = total + y - reach, y
+        out.append(total)
+    return out
 
 
 def stacked(a) -> tuple[np.ndarray, np.ndarray, list]:
@@ -413,6 +452,7 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
     """
     events = _launcher_events(job, memo)
     failures = _failures(events)
+    rendezvous = launcher_rendezvous(job, events, [a.start_ns for a in attempts])
     out = []
     for i in range(len(attempts) - 1):
         a, r = attempts[i], attempts[i + 1]
@@ -438,8 +478,7 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
                                             if p.index == ff.process), None)))
         if seen is not None:
             evidence["launcher_detected_after_s"] = max(seen[0] - ff.at_ns, 0) / _NS
-        rdzv = _launcher_rendezvous(job, events, a.end_ns, r.start_ns)
-        if rdzv is not None:
-            evidence["launcher_rendezvous_s"] = rdzv / _NS
+        if rendezvous[i + 1] is not None:
+            evidence["launcher_rendezvous_s"] = rendezvous[i + 1] / _NS
         out.append(Recovery(a.attempt, phases, ff, r.attempt, lost / _NS, evidence))
     return tuple(out)

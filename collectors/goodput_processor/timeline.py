@@ -186,7 +186,10 @@ class JobSpans:
     string table that column ``sidx`` indexes. ``over_limit`` counts, per limit of
     ``goodput serve`` (``custom_types``, ``attribute_bytes``), the values that went past it
     (empty in ``goodput report``, which has no such limits); ``custom_sids`` is the set of
-    string ids this job used as custom badput types.
+    string ids this job used as custom badput types. ``run_dirs``: the directories of the
+    spool files its spans were read from (``goodput report``; empty where the spans did not
+    come from files): more than one when a report of a parent directory merged the spools of
+    several runs with the same job name (the ``run_dirs_merged`` warning).
     """
 
     name: str
@@ -197,6 +200,7 @@ class JobSpans:
     schema_versions: set[str] = field(default_factory=set)
     over_limit: Counter = field(default_factory=Counter)
     custom_sids: set[int] = field(default_factory=set, repr=False)
+    run_dirs: set[str] = field(default_factory=set, compare=False)
     #: The accounting may write each process's open records resolved over its rows
     #: (:func:`~goodput_processor.attempts.resolve_open` in place), and let go of the rows
     #: once it has what it needs of them (:meth:`drop_rows`): set for rows read for one
@@ -331,7 +335,8 @@ def as_of(job: JobSpans, at_ns: int) -> JobSpans:
     at = int(at_ns)
     out = JobSpans(job.name, skipped=Counter(job.skipped), examples=list(job.examples),
                    strings=job.strings, schema_versions=set(job.schema_versions),
-                   over_limit=Counter(job.over_limit), custom_sids=set(job.custom_sids))
+                   over_limit=Counter(job.over_limit), custom_sids=set(job.custom_sids),
+                   run_dirs=set(job.run_dirs))
     for key, proc in job.processes.items():
         d = proc.data
         d = d[d[:, C_START] <= at]
