@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -236,17 +237,25 @@ def test_gcp_otlp_sends_google_auth_and_project(tmp_path):
     check_structure(spans)
 
 
-def test_bad_exporter_names_and_window_settings_are_clear_errors(tmp_path, monkeypatch, caplog):
-    with pytest.raises(ValueError, match=r"traces_exporter: unknown traces exporter 'zipkn'"):
-        goodput.configure("bad", run_dir=tmp_path, traces_exporter="zipkn")
-    with pytest.raises(ValueError, match=r"trace_window_s must be > 0, got 0"):
-        goodput.configure("bad", run_dir=tmp_path, trace_window_s=0)
-    with pytest.raises(ValueError, match=r"trace_window_spans must be > 0, got -3"):
-        goodput.configure("bad", run_dir=tmp_path, trace_window_spans=-3)
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
-    monkeypatch.setenv("OTEL_EXPORTER_GCP_TRACE_PROJECT_ID", "p")
-    with pytest.raises(ValueError, match=r"cannot create traces exporter 'gcp_trace'.*missing"):
+def test_bad_exporter_names_and_window_settings_are_warned_about_never_raised(
+        tmp_path, monkeypatch, caplog):
+    """Never raises (issue 36): each bad setting is one warning naming it and what is used."""
+    with caplog.at_level(logging.WARNING, logger="goodput"):
+        rec = goodput.configure("bad", run_dir=tmp_path, traces_exporter="zipkn")
+        assert rec._forward.forwarders == []
+        rec = goodput.configure("bad", run_dir=tmp_path, trace_window_s=0)
+        assert rec._window_ns == int(60e9)
+        rec = goodput.configure("bad", run_dir=tmp_path, trace_window_spans=-3)
+        assert rec._window_spans == 500
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+        monkeypatch.setenv("OTEL_EXPORTER_GCP_TRACE_PROJECT_ID", "p")
         goodput.configure("bad", run_dir=tmp_path, traces_exporter="gcp_trace")
+    assert "traces_exporter: unknown traces exporter 'zipkn'" in caplog.text
+    assert "ignoring trace_window_s=0: not a finite number > 0; using the default 60" \
+        in caplog.text
+    assert "ignoring trace_window_spans=-3: not an integer >= 1; using the default 500" \
+        in caplog.text
+    assert re.search(r"cannot create traces exporter 'gcp_trace'.*missing", caplog.text)
     # from the environment: logged with the variable's name, and the spool still works
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkn")
     with caplog.at_level(logging.WARNING, logger="goodput.export"):

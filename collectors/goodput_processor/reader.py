@@ -128,17 +128,31 @@ class _Reader(SpanRows):
         # While read_range reads: the names of the jobs the range's lines named (each
         # job's run_dirs gets the file's directory); None otherwise.
         self._range_jobs: set[str] | None = None
+        # Per job name: (the job, its number of processes when last in step, {(attempt,
+        # service.instance.id): process}) (see _proc).
+        self._instances: dict[str, tuple] = {}
 
     def _job(self, name: str) -> JobSpans:
         job = self.jobs.get(name)
         return job or self.jobs.setdefault(name, JobSpans(name, strings=self.strings))
 
     def _proc(self, job: JobSpans, attempt: int, index: int, instance: str = "") -> ProcessSpans:
+        """The process of ``(attempt, index, instance)``. A resource with an ``instance``
+        (``service.instance.id``: one OS process's attempt) seen before under another index
+        is that process: a recorder that learned its rank from the framework writes its
+        later spans with the real rank in the resource (since issue 36); its slot is read
+        from its ``goodput.identity`` marker, its key stays the first index seen."""
         key = (attempt, index, instance)
         proc = job.processes.get(key)
         if proc is None:
-            proc = job.processes[key] = ProcessSpans(job.name, attempt, index, instance=instance)
-        return proc
+            same = None
+            if instance:
+                of, n, same = self._instances.get(job.name, (None, -1, None))
+                if of is not job or n != len(job.processes):  # added elsewhere: again
+                    same = {(k[0], k[2]): p for k, p in job.processes.items() if k[2]}
+                proc = same.get((attempt, instance))
+                if proc is not None:
+                    return proc
 
     def _skip(self, job: JobSpans | None, reason: str, where, why: str, n: int = 1):
         self._flush()

@@ -60,14 +60,19 @@ class Encoder:
     """
 
     def __init__(self, resource_attributes: Mapping, scope_name: str, scope_version: str):
-        resource = _dumps({"attributes": encode_attributes(dict(resource_attributes))},
-                          separators=(",", ":"))
         scope = _dumps({"name": scope_name, "version": scope_version}, separators=(",", ":"))
         #: Text before a line's spans, and after them (with the newline). The resource
         #: comes after the spans (JSON keys have no order): a file's first bytes then hold
         #: its first span's ids, so two files of one attempt (journal segments) never
         #: start alike, which the Collector's file receivers take for the same file.
         self.prefix = '{"resourceSpans":[{"scopeSpans":[{"scope":' + scope + ',"spans":['
+        self.set_resource(resource_attributes)
+
+    def set_resource(self, resource_attributes: Mapping) -> None:
+        """Lines made from now on (:meth:`line`) carry this resource (a process that
+        learned its rank from the framework: ``goodput.recorder``)."""
+        resource = _dumps({"attributes": encode_attributes(dict(resource_attributes))},
+                          separators=(",", ":"))
         self.suffix = ']}],"resource":' + resource + "}]}\n"
 
     def span(self, trace_hex: str, span_id: int, parent_hex: str | None, name: str,

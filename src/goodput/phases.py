@@ -16,7 +16,9 @@ Times (``start``, ``end``, ``at``) are ``datetime`` objects (naive ones are
 local time, as ``datetime.timestamp`` reads them) or seconds since the Unix
 epoch (int or float). A bad time or argument is logged and counted (see
 ``goodput.get_recorder().stats()``) and that phase is not recorded; nothing
-here raises into the training loop.
+here raises into the training loop: a step number that is not an integer >= 0 (after
+:func:`goodput.api.step_number`'s conversions: numpy and 0-d torch integers, integral
+floats) is logged and counted, and that step not recorded.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def to_ns(value, name: str = "time") -> int:
 
 
 _recorder = api.get_recorder
+_error = api._recorder_or_none_error  # count and log an error, never raise
+_MAX_STEP = api.MAX_STEP
 
 
 class _Flight:
@@ -93,9 +97,9 @@ class Phase:
                 if self._start is None:
                     raise ValueError("end= given without start=")
                 self._record(self._start, to_ns(end, "end"), None)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:
             self._done = True
-            _recorder().error("%s not recorded: %s", name, exc)
+            _error("%s not recorded: %s", name, exc)
 
     def _record(self, t0: int, t1: int, err) -> None:
         self._done = True
@@ -117,8 +121,8 @@ class Phase:
         else:
             try:
                 self._t0 = to_ns(at, "at")
-            except (TypeError, ValueError) as exc:
-                _recorder().error("%s start not recorded: %s", self.name, exc)
+            except Exception as exc:
+                _error("%s start not recorded: %s", self.name, exc)
                 return self
         self._in_flight()
         return self
@@ -136,16 +140,15 @@ class Phase:
             return
         t0 = self._t0 if self._t0 is not None else self._start
         if t0 is None:
-            _recorder().error("%s finished but never begun: not recorded", self.name)
+            _error("%s finished but never begun: not recorded", self.name)
             self._done = True
             return
         try:
             t1 = _time_ns() if at is None else to_ns(at, "at")
-        except (TypeError, ValueError) as exc:
-            _recorder().error("%s end not recorded: %s", self.name, exc)
+            self._record(t0, t1, None if error is None else str(error))
+        except Exception as exc:
+            _error("%s end not recorded: %s", self.name, exc)
             self._done = True
-            return
-        self._record(t0, t1, error)
 
     def __enter__(self) -> Phase:
         if not self._done and self._start is None:
@@ -157,11 +160,18 @@ class Phase:
         if self._done:
             return
         t0 = self._t0 if self._t0 is not None else self._start
-        self._record(t0, _time_ns(), None if exc_type is None else exc_type.__name__)
+        try:
+            self._record(t0, _time_ns(), None if exc_type is None else exc_type.__name__)
+        except Exception as err:  # never in place of the block's own exception
+            _error("%s not recorded: %r", self.name, err)
 
     def __call__(self, func):
         """Use as a decorator: each call of ``func`` is one such phase."""
         name, attrs, sync = self.name, self.attrs, self._sync
+        if not callable(func):
+            _error("%s used as a decorator of %r, which is not callable: not recorded",
+                   name, func)
+            return func
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
@@ -175,12 +185,48 @@ class Phase:
                 err = type(exc).__name__
                 raise
             finally:
-                rec._open.discard(entry)
-                rec.record(name, entry._t0, _time_ns(), attrs, err)
-                if sync:
-                    rec.request_sync()
+                try:
+                    rec._open.discard(entry)
+                    rec.record(name, entry._t0, _time_ns(), attrs, err)
+                    if sync:
+                        rec.request_sync()
+                except Exception as exc:  # never in place of func's result or exception
+                    _error("%s not recorded: %r", name, exc)
 
         return wrapper
+
+
+class _Dropped(Phase):
+    """A phase that records nothing (its arguments were bad: already logged): a context
+    manager, decorator and ``begin``/``finish`` that do nothing."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self._done = True
+
+    def begin(self, at=None) -> Phase:
+        return self
+
+    def __call__(self, func):
+        return func
+
+
+def _failed(name: str, exc: BaseException, func=None):
+    """A phase function failed on its arguments (``exc``): log it, and give what it would
+    have given (``func`` itself for a decorator) recording nothing."""
+    _error("%s not recorded: %r", name, exc)
+    return func if callable(func) else _Dropped(name)
+
+
+def _flag(value, what: str, default: bool = True) -> bool:
+    """``value`` as a bool; one without a truth value (a numpy array) logged, ``default``."""
+    try:
+        return bool(value)
+    except Exception as exc:
+        _error("%s=%r has no truth value (%s): taken as %s", what, value, exc, default)
+        return default
 
 
 class _Step(Phase):
@@ -191,21 +237,30 @@ class _Step(Phase):
     def __call__(self, func):
         if self.attrs is not None:
             return super().__call__(func)
+        if not callable(func):
+            return _failed(schema.STEP, TypeError(f"{func!r} is not callable"), func)
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            rec = _recorder()
-            n = rec.next_step
-            rec.next_step = n + 1
-            with Phase(schema.STEP, {schema.ATTR_STEP: n}):
+            try:
+                rec = _recorder()
+                n = rec.next_step
+                rec.next_step = n + 1
+                phase = Phase(schema.STEP, {schema.ATTR_STEP: n})
+            except Exception as exc:
+                phase = _failed(schema.STEP, exc)
+            with phase:
                 return func(*args, **kwargs)
 
         return wrapper
 
 
 def _phase_or_decorate(name, attrs, start, end, func=None, sync=False):
-    phase = Phase(name, attrs, start, end, sync)
-    return phase(func) if func is not None else phase
+    try:
+        phase = Phase(name, attrs, start, end, sync)
+        return phase(func) if func is not None else phase
+    except Exception as exc:
+        return _failed(name, exc, func)
 
 
 def accelerator_init(func=None, *, start=None, end=None) -> Phase:
@@ -225,7 +280,7 @@ def program_startup(func=None, *, start=None, end=None) -> Phase:
 
 def data_loading(func=None, *, blocking: bool = True, start=None, end=None) -> Phase:
     """Waiting for a batch: ``data_loading``; ``blocking=False``: prefetch overlapping steps."""
-    attrs = None if blocking else {schema.ATTR_BLOCKING: False}
+    attrs = None if _flag(blocking, "data_loading(blocking)") else {schema.ATTR_BLOCKING: False}
     return _phase_or_decorate(schema.DATA_LOADING, attrs, start, end, func)
 
 
@@ -233,15 +288,32 @@ def step(step: int | None = None, *, start=None, end=None) -> Phase:
     """One training step number ``step`` (int >= 0): ``productive`` / ``training_slowdown``.
 
     With ``step=None`` the recorder's next step number is used (handy as a
-    decorator: ``@goodput.step()``).
+    decorator: ``@goodput.step()``). A numpy or 0-d torch integer, or an integral float
+    (``3.0``), is taken as that int; another value (a string, a negative number, ``2.5``)
+    is logged and counted, and the phase returned records nothing. Never raises.
     """
-    rec = _recorder()
-    if step is None:
-        if start is None:  # a decorator or context manager: numbered per use
-            return _Step(schema.STEP, None, start, end)
-        step = rec.next_step
-    rec.next_step = step + 1
-    return Phase(schema.STEP, {schema.ATTR_STEP: step}, start, end)
+    try:
+        rec = _recorder()
+        if step is None:
+            if start is None:  # a decorator or context manager: numbered per use
+                return _Step(schema.STEP, None, start, end)
+            step = rec.next_step
+        elif type(step) is not int or not 0 <= step < _MAX_STEP:
+            step = api.step_number(step)
+            if step is None:
+                return _Dropped(schema.STEP)
+        rec.next_step = step + 1
+        return Phase(schema.STEP, {schema.ATTR_STEP: step}, start, end)
+    except Exception as exc:
+        return _failed(schema.STEP, exc)
+
+
+def _checkpoint_attrs(step, what: str, then: str, attrs: dict | None = None) -> dict | None:
+    if step is not None:
+        n = api.step_number(step, what, then)
+        if n is not None:
+            attrs = {**(attrs or {}), schema.ATTR_CHECKPOINT_STEP: n}
+    return attrs
 
 
 def checkpoint_save(
@@ -249,26 +321,39 @@ def checkpoint_save(
 ) -> Phase:
     """Saving the checkpoint of ``step``: ``checkpoint_save`` if ``blocking``, else async work.
 
-    The spool is written and fsynced when a save ends.
+    The spool is written and fsynced when a save ends. A ``step`` that is not a step
+    number (see :func:`step`) is logged and the save recorded without it. Never raises.
     """
-    attrs = {schema.ATTR_BLOCKING: bool(blocking)}
-    if step is not None:
-        attrs[schema.ATTR_CHECKPOINT_STEP] = step
-    return Phase(schema.CHECKPOINT_SAVE, attrs, start, end, sync=True)
+    try:
+        attrs = _checkpoint_attrs(step, "checkpoint_save(step)", "the save is recorded "
+                                  "without it", {schema.ATTR_BLOCKING: _flag(
+                                      blocking, "checkpoint_save(blocking)")})
+        return Phase(schema.CHECKPOINT_SAVE, attrs, start, end, sync=True)
+    except Exception as exc:
+        return _failed(schema.CHECKPOINT_SAVE, exc)
 
 
 def checkpoint_restore(step: int | None = None, *, start=None, end=None) -> Phase:
-    """Restoring the checkpoint of ``step`` (the step training resumes from)."""
-    attrs = {schema.ATTR_CHECKPOINT_STEP: step} if step is not None else None
-    return Phase(schema.CHECKPOINT_RESTORE, attrs, start, end)
+    """Restoring the checkpoint of ``step`` (the step training resumes from). A ``step``
+    that is not a step number is logged and the restore recorded without it."""
+    try:
+        attrs = _checkpoint_attrs(step, "checkpoint_restore(step)",
+                                  "the restore is recorded without it")
+        return Phase(schema.CHECKPOINT_RESTORE, attrs, start, end)
+    except Exception as exc:
+        return _failed(schema.CHECKPOINT_RESTORE, exc)
 
 
 def custom_badput(badput_type: str, *, blocking: bool = True, start=None, end=None) -> Phase:
-    """Other non-training work of type ``badput_type`` (e.g. ``"eval"``): ``custom:<type>``."""
-    attrs = {schema.ATTR_BADPUT_TYPE: str(badput_type)}
-    if not blocking:
-        attrs[schema.ATTR_BLOCKING] = False
-    return Phase(schema.CUSTOM_BADPUT, attrs, start, end)
+    """Other non-training work of type ``badput_type`` (e.g. ``"eval"``): ``custom:<type>``.
+    A type that is not a string is recorded as its ``str()``. Never raises."""
+    try:
+        attrs = {schema.ATTR_BADPUT_TYPE: str(badput_type)}
+        if not _flag(blocking, "custom_badput(blocking)"):
+            attrs[schema.ATTR_BLOCKING] = False
+        return Phase(schema.CUSTOM_BADPUT, attrs, start, end)
+    except Exception as exc:
+        return _failed(schema.CUSTOM_BADPUT, exc)
 
 
 def collective_wait(func=None, *, start=None, end=None) -> Phase:

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 import time
 from collections import deque
+
+from opentelemetry.sdk.resources import Resource
 
 from goodput import config, export, forward, schema
 from goodput.encode import Encoder
@@ -46,6 +49,47 @@ _SYNC = "<sync>"
 _VERSION = "0.1.0"
 
 
+def _exporters(given) -> list:
+    """``given`` ``SpanExporter`` objects as a list; anything else warned about, left out."""
+    if given is None:
+        return []
+    try:
+        items = list(given)
+    except TypeError:
+        items = [given]  # one exporter rather than a list of them
+    out = []
+    for e in items:
+        if callable(getattr(e, "export", None)):
+            out.append(e)
+        else:
+            config.bad_setting("exporters", e, "not a SpanExporter (no export method)",
+                               "the others")
+    return out
+
+
+def _named_exporters(names) -> list:
+    """The exporters ``names`` (or the environment) asks for (:func:`export.from_config`);
+    a name that cannot be made is warned about and left out: the spool still works."""
+    try:
+        return export.from_config(names)
+    except Exception as exc:
+        if names is None:  # from the environment: from_config warns itself, never raises
+            config.bad_setting("GOODPUT_TRACES_EXPORTER", None, str(exc), "the spool only")
+            return []
+    parts = names.split(",") if isinstance(names, str) else names
+    if not isinstance(parts, (list, tuple)):
+        config.bad_setting("traces_exporter", names, "not a name or a list of names",
+                           "the spool only")
+        return []
+    out = []
+    for name in parts:
+        try:
+            out += export.from_config([name])
+        except Exception as exc:
+            config.bad_setting("traces_exporter", name, str(exc), "the others")
+    return out
+
+
 class Recorder:
     """Records the phases of one training process as OpenTelemetry spans.
 
@@ -56,8 +100,8 @@ class Recorder:
         job_name: the job; ``OTEL_SERVICE_NAME`` / ``GOODPUT_JOB_NAME`` win.
         run_dir: spool directory; see :mod:`goodput.config`.
         process_index, process_count: rank and size of the job's host processes.
-        flush_interval_s: how often spans are written (seconds, > 0); a process
-            killed with SIGKILL loses at most this much.
+        flush_interval_s: how often spans are written (seconds, 0.01 to 3600, default
+            1); a process killed with SIGKILL loses at most this much.
         exporters: extra ``SpanExporter`` objects, in addition to those named by
             ``traces_exporter``; each is fed from the spool by a
             :class:`goodput.forward.Forwarder` (retried through outages).
@@ -70,9 +114,9 @@ class Recorder:
         resource_attributes: extra resource attributes (str -> str/bool/int/float or a
             sequence of one of those) on every span; the schema's own attributes win.
 
-    Raises:
-        ValueError: ``flush_interval_s``, ``trace_window_s`` or ``trace_window_spans``
-            is not > 0, or ``traces_exporter`` names an exporter that cannot be made.
+    Never raises: a setting out of its range, of the wrong type, or an exporter that
+    cannot be made is warned about once (naming it and what is used instead) and replaced
+    by its default (:mod:`goodput.config`, ``docs/recording.md``).
     """
 
     def __init__(
@@ -95,16 +139,23 @@ class Recorder:
             _log.warning("goodput: OTEL_SDK_DISABLED=true turns the OpenTelemetry SDK off: "
                          "nothing is recorded for job %s (unset it to measure goodput)",
                          self.job_name)
-        #: Rank and size: what the environment said, then the framework's once known.
+        #: Rank and size: the framework's when it is already initialised, else what the
+        #: arguments or the environment said (then the framework's once known).
         self.process_index, self._index_source = config.process_index(process_index)
-        self.process_count = config.process_count(process_count)
+        self.process_count = config.process_count(process_count, self.process_index)
+        found = config.framework_identity()
+        if found is not None:
+            (self.process_index, self.process_count), self._index_source = found, "framework"
         self.flush_interval_s = config.flush_interval_s(flush_interval_s)
         self.spool = config.spool_enabled(spool)
         self.run_dir = config.run_dir(run_dir, self.job_name) if self.spool else None
+        #: Where the spool goes was nobody's choice: said once, at the first attempt.
+        self._say_where = self.spool and (self.job_name == config.DEFAULT_JOB_NAME
+                                          or config.run_dir_is_default(run_dir))
         self._window_ns = int(config.trace_window_s(trace_window_s) * 1e9)
         self._window_spans = config.trace_window_spans(trace_window_spans)
-        extra = list(exporters or []) + export.from_config(traces_exporter)
-        self._resource_extra = {**dict(resource_attributes or {}),
+        extra = _exporters(exporters) + _named_exporters(traces_exporter)
+        self._resource_extra = {**config.resource_attributes(resource_attributes),
                                 **export.resource_attributes(extra)}
         self._forward = forward.Forwarding(extra, self.run_dir, self.process_index,
                                            poll_s=self.flush_interval_s)
@@ -120,6 +171,7 @@ class Recorder:
         self._next_attempt: int | None = None
         self._attempt_source = "process"
         self._resource = None  # of the open attempt (an SDK Resource)
+        self._encoder: Encoder | None = None  # of the open attempt
         self._windows: TraceWindows | None = None  # of the open attempt
         self._sink: SpoolWriter | MemorySink | None = None  # where its spans go
         self._spool_failures_counted = 0  # of the current attempt's spool file
@@ -288,6 +340,8 @@ class Recorder:
     def _drain_and_write(self, heartbeat: bool = False) -> None:
         self._draining = True
         try:
+            if self._windows is not None:  # the rank learned since: on what is drained now
+                self._write_identity(time.time_ns())
             drained = self._drain()
             now = time.time_ns()
             if self._windows is not None:
@@ -360,15 +414,38 @@ class Recorder:
         return out
 
     def _write_identity(self, now: int) -> None:
-        """Write a ``goodput.identity`` marker when the framework's rank becomes known."""
+        """Write a ``goodput.identity`` marker when the framework's rank becomes known (or
+        changes); spans written from then on carry a resource with that rank and count
+        (:meth:`_new_identity`)."""
         found = config.framework_identity()
         if found is None or found == self._identity_written:
             return
         self._identity_written = found
-        self.process_index, self.process_count = found
+        res = self._resource
+        if res is not None and (res.attributes.get(schema.RES_PROCESS_INDEX),
+                                res.attributes.get(schema.RES_PROCESS_COUNT)) != found:
+            self._new_identity(found)
+        (self.process_index, self.process_count), self._index_source = found, "framework"
         self._emit(schema.IDENTITY, now, now, {schema.RES_PROCESS_INDEX: found[0],
                                                schema.RES_PROCESS_COUNT: found[1]})
         self._sync_requested = True
+
+    def _new_identity(self, found: tuple[int, int]) -> None:
+        """The open attempt's resource from now on says rank and size ``found`` (index
+        source ``framework``): the spans encoded so far are written under the old one (their
+        window closed, the journal flushed), those after under the new one. The rest of the
+        resource (``service.instance.id``, pid, process start) is unchanged: the processor
+        reads both as one process."""
+        try:
+            self._windows.close()
+            self._sink.flush()
+            attrs = dict(self._resource.attributes)
+            attrs[schema.RES_PROCESS_INDEX], attrs[schema.RES_PROCESS_COUNT] = found
+            attrs[schema.RES_PROCESS_INDEX_SOURCE] = "framework"
+            self._resource = Resource(attrs, self._resource.schema_url)
+            self._encoder.set_resource(attrs)
+        except Exception as exc:  # the marker still says it
+            self.error("resource not updated with the framework's rank: %s", exc)
 
     def _on_step_start(self, step: int, at: int) -> None:
         if self._windows is None:
@@ -403,12 +480,15 @@ class Recorder:
             self._next_attempt, self._attempt_source = config.attempt_hint()
         self.attempt = self._next_attempt
         self._next_attempt += 1
+        found = config.framework_identity()  # known already: the resource says it
+        if found is not None:
+            (self.process_index, self.process_count), self._index_source = found, "framework"
         resource = config.make_resource(
             self.job_name, self.attempt, self.process_index, self.process_count,
             self._resource_extra, attempt_source=self._attempt_source,
             index_source=self._index_source,
         )
-        encoder = Encoder(resource.attributes, schema.SCOPE_NAME, _VERSION)
+        encoder = self._encoder = Encoder(resource.attributes, schema.SCOPE_NAME, _VERSION)
         if config.sdk_disabled():  # the SDK's tracers would record nothing: neither do we
             self._sink = MemorySink(encoder)
         elif self.spool:
@@ -418,6 +498,14 @@ class Recorder:
                                      on_segment=self._forward.attach,
                                      on_failed=self._spool_line_failed)
             self._forward.attach(path)
+            if self._say_where:  # the default job name or run directory: say where it goes
+                self._say_where = False
+                _log.warning("goodput: recording job %r to %s (the default %s; set "
+                             "goodput.configure(job_name=..., run_dir=...) or "
+                             "GOODPUT_JOB_NAME / GOODPUT_RUN_DIR)", self.job_name,
+                             os.path.abspath(self.run_dir),
+                             "job name" if self.job_name == config.DEFAULT_JOB_NAME
+                             else "run directory")
         else:
             self._sink = MemorySink(encoder, self._hold_line if self._forward.forwarders
                                     else None)

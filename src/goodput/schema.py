@@ -177,10 +177,13 @@ RES_PROCESS_COUNT = "goodput.process.count"  # int: number of host processes
 #: str: where ``goodput.process.index`` came from: ``argument`` (configure), ``env`` (a
 #: global rank variable: GOODPUT_PROCESS_INDEX, RANK, JAX_PROCESS_ID), ``local`` (a
 #: launcher's local rank, LOCAL_RANK, unique on one host only) or ``default`` (nothing
-#: said: 0). Only ``argument``/``env`` (or a ``goodput.identity`` marker) make the
-#: index a process slot the processor can rely on (see docs/accounting.md).
+#: said: 0), or ``framework`` (``torch.distributed``'s or JAX's rank: known at
+#: ``configure``, or learned later, when the spans from then on carry a resource with it,
+#: the same ``service.instance.id``, and a ``goodput.identity`` marker says it). Only
+#: ``argument``/``env`` (or a ``goodput.identity`` marker) make the index a process slot the
+#: processor can rely on (see docs/accounting.md).
 RES_PROCESS_INDEX_SOURCE = "goodput.process.index.source"
-INDEX_SOURCES = ("argument", "env", "local", "default")
+INDEX_SOURCES = ("argument", "env", "local", "default", "framework")
 #: int: when this OS process started, ns since the Unix epoch (``/proc/self/stat``; 10 ms
 #: resolution). With ``process.pid`` and ``host.name`` it identifies the OS process.
 RES_PROCESS_START = "goodput.process.start_time_unix_nano"
