@@ -52,7 +52,7 @@ import numpy as np
 from goodput import schema
 
 from . import cache as _cache
-from . import read_fast, read_io
+from . import read_fast, read_io, read_tail
 from . import read_parallel as rp
 from . import timeline as tl
 from .read_spans import (  # noqa: F401 - goodput serve reads these as reader.X
@@ -254,6 +254,22 @@ class _Reader(SpanRows):
                 self.jobs[name].run_dirs.add(run_dir)
             self._range_jobs = None
         self.last_job = last_job.name if last_job else None
+
+    def read_tail(self, path: str) -> int:
+        """Read the records of the spool tail ``path`` that its journal lacks, if its writer
+        is gone (:func:`~goodput_processor.read_tail.tail_lines`): the same rows as the
+        journal would have given. Returns the number of lines read."""
+        lines = read_tail.tail_lines(path) or ()
+        self._last_resource = (None, None, None)
+        for i, line in enumerate(lines, 1):
+            where = (path, i)
+            try:
+                req, exact = _loads_exact(line)
+                self._request(req, where, line, None, exact)
+            except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
+                self._skip_line(None, "malformed", where, f"bad spool tail ({e!r})")
+        self._flush()
+        return len(lines)
 
     def _skip_line(self, job: JobSpans | None, reason: str, where, why: str) -> None:
         """Skip a line; before the first job of the range is known, keep it for later."""
@@ -472,9 +488,16 @@ def span_files(root: Path) -> list[Path]:
     return sorted(p for p in found if str(p) + ".gz" not in names)
 
 
+def tail_files(root: Path) -> list[Path]:
+    """The spool tails under ``root`` (``*.tail``, :mod:`~goodput_processor.read_tail`),
+    sorted: read after the span files; part of what says whether a run changed."""
+    return sorted(p for p in root.rglob("*" + schema.TAIL_SUFFIX) if p.is_file())
+
+
 def read_run_dir(path: str | os.PathLike, workers: int | None = None,
                  cache: bool | None = None) -> SpanSet:
-    """Read every span file under ``path`` (:func:`span_files`: recursively, sorted by path).
+    """Read every span file under ``path`` (:func:`span_files`: recursively, sorted by path),
+    then the spool tails of processes that are gone (:meth:`_Reader.read_tail`).
 
     Args:
         path: the run directory.
@@ -511,9 +534,13 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
         raise RunDirError(f"cannot list run directory {str(root)!r}: {e.strerror or e}") from e
     if not files:
         raise RunDirError(f"run directory {str(root)!r} holds no *.jsonl span files")
+    try:
+        tails = tail_files(root)
+    except OSError:
+        tails = []
     use_cache = _cache.enabled(cache)
     if use_cache:
-        cached = _cache.load(root, files)
+        cached = _cache.load(root, files + tails)
         if cached is not None:
             return cached
     n = rp.worker_count(workers, nbytes, max(len(files), nbytes // rp.UNIT_BYTES + 1))
@@ -527,6 +554,8 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
         reader = _Reader()
         for p in files:
             reader.read_range(str(p))
+    for p in tails:  # after the journals: what they lack
+        reader.read_tail(str(p))
     if reader.finish() == 0:
         bad = [st[2] for _, st in sorted(reader.file_stats.items()) if st[2] and not st[1]]
         if bad:
@@ -540,5 +569,5 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
     spans = SpanSet(str(root), reader.jobs, reader.skipped, reader.examples, reader.strings,
                     len(files), reader.file_problems())
     if use_cache:
-        _cache.save(root, files, spans)
+        _cache.save(root, files + tails, spans)
     return spans

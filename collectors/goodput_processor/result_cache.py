@@ -48,7 +48,7 @@ import numpy as np
 
 from .cache import CACHE_DIR, QUIET_S
 from .cache import enabled as cache_enabled
-from .reader import span_files
+from .reader import span_files, tail_files
 
 __all__ = ["cacheable", "load", "lookup", "save"]
 
@@ -99,7 +99,7 @@ def lookup(path, params: dict) -> tuple[list, dict, list | None] | None:
         return None
     root = Path(path)
     try:
-        file_stats = stats(root, span_files(root))
+        file_stats = stats(root, span_files(root) + tail_files(root))
     except OSError:
         return None
     return file_stats, params, (load(root, file_stats, params) if file_stats else None)

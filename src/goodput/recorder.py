@@ -17,14 +17,19 @@ heartbeat or end marker; nothing raises into training.
 The recorder installs no signal handler: a Python handler runs only when the main thread
 is back in the interpreter, so one would keep a rank blocked in native code (a
 ``TCPStore`` wait, a collective) alive after SIGTERM until the launcher's SIGKILL. A
-process ended by a signal leaves no end marker; the processor ends its attempt at its last
-flushed sign of life (at most one flush interval early), and the phases it was in are in
-the spool as ``goodput.open`` records written at every flush.
+process ended by a signal leaves no end marker. Each record also goes, on the recording
+thread, into the attempt's spool tail (:mod:`goodput.tail`: a memory-mapped file, in the
+OS's page cache at once), with a sequence number; after each journal write the background
+thread writes into the tail how far the journal got. So a SIGKILL loses nothing recorded:
+the processor takes the records the journal lacks from the tail, and ends the attempt at
+its last record. Phases in flight are in the tail from their start (and in the journal as
+``goodput.open`` records written at each flush).
 """
 
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import sys
@@ -37,6 +42,8 @@ from opentelemetry.sdk.resources import Resource
 from goodput import config, export, forward, schema
 from goodput.encode import Encoder
 from goodput.segments import MemorySink, SpoolWriter
+from goodput.tail import NULL as _NO_TAIL
+from goodput.tail import open_tail
 from goodput.traces import AttemptIds, TraceWindows
 
 _log = logging.getLogger(__name__)
@@ -88,6 +95,21 @@ def _named_exporters(names) -> list:
         except Exception as exc:
             config.bad_setting("traces_exporter", name, str(exc), "the others")
     return out
+
+
+class _InFlight(set):
+    """The phases in flight: a set whose :meth:`add` (called by :mod:`goodput.phases` on
+    the training thread) also writes the phase's start to the spool tail."""
+
+    __slots__ = ("rec",)
+
+    def add(self, entry) -> None:
+        _set_add(self, entry)
+        rec = self.rec
+        rec._tail.begin(rec._next_seq(), entry)
+
+
+_set_add = set.add
 
 
 class Recorder:
@@ -182,7 +204,16 @@ class Recorder:
         self._exception_seen = False
         self._prev_excepthook = None
         #: Phases in flight on the training thread (see :meth:`phase_begin`).
-        self._open: set = set()
+        self._open: set = _InFlight()
+        self._open.rec = self
+        #: Sequence numbers of the records (1, 2, ...: a C counter, safe from any thread), in
+        #: the deque's tuples and the tail; the largest drained one, and the tail it went to.
+        self._next_seq = itertools.count(1).__next__
+        self._drained_seq = 0
+        self._tail = _NO_TAIL
+        self._tail_suffix: str | None = None  # the line template the tail holds
+        self._tail_failures = self._tail_overruns = 0  # of the attempts closed
+        self._tail_encoder = None  # the encoder whose line template the tail holds
         self._open_written: dict[tuple, bool] = {}  # (name, start) of those written
         self._identity_written: tuple[int, int] | None = None
         self.next_step = 0
@@ -194,14 +225,18 @@ class Recorder:
 
     def record(self, name: str, start_ns: int, end_ns: int, attrs=None, error=None) -> None:
         """Append one finished phase (span name from :mod:`goodput.schema`). Never raises."""
-        self._q.append((name, start_ns, end_ns, attrs, error))
+        s = self._next_seq()
+        self._q.append((name, start_ns, end_ns, attrs, error, s))
+        self._tail.end(s, name, start_ns, end_ns, attrs, error)
+        if not s & 1023:  # keep the tail's ring from being overrun before a flush
+            self._wake.set()
 
     def phase_begin(self, entry) -> None:
         """A phase is in flight until :meth:`phase_end`: ``entry`` is an object hashed by
         identity with the span name, start ns and attributes as ``name``, ``_t0`` and
         ``attrs`` (a :class:`goodput.phases.Phase`). The first flush while it is in flight
-        writes it as a ``goodput.open`` record, so a process killed inside it leaves its
-        start in the spool. Never raises.
+        writes it as a ``goodput.open`` record; its start is in the spool tail at once, so a
+        process killed inside it leaves its start in the spool. Never raises.
         """
         try:
             self._open.add(entry)
@@ -214,11 +249,13 @@ class Recorder:
 
     def step_start(self, step: int, at_ns: int) -> None:
         """Mark the start of ``step`` (and the end of the step before). Never raises."""
-        self._q.append((_STEP_START, at_ns, at_ns, step, None))
+        s = self._next_seq()
+        self._q.append((_STEP_START, at_ns, at_ns, step, None, s))
+        self._tail.step_start(s, step, at_ns)
 
     def request_sync(self) -> None:
         """Ask the background thread to write and fsync now (after a checkpoint save)."""
-        self._q.append((_SYNC, 0, 0, None, None))
+        self._q.append((_SYNC, 0, 0, None, None, 0))
         self._wake.set()
 
     def error(self, message: str, *args) -> None:
@@ -232,12 +269,12 @@ class Recorder:
     def job_start(self, at_ns: int | None = None) -> None:
         """Begin a new attempt (ending the open one, reason ``restart``); written at once."""
         self.start()
-        self._q.append((_START, time.time_ns() if at_ns is None else at_ns, 0, None, None))
+        self._q.append((_START, time.time_ns() if at_ns is None else at_ns, 0, None, None, 0))
         self.flush(exporters=False)
 
     def job_end(self, at_ns: int | None = None, reason: str = "explicit") -> None:
         """End the open attempt at ``at_ns`` (default: now) and write everything."""
-        self._q.append((_END, time.time_ns() if at_ns is None else at_ns, 0, reason, None))
+        self._q.append((_END, time.time_ns() if at_ns is None else at_ns, 0, reason, None, 0))
         self.flush(exporters=False)
 
     def flush(self, timeout_s: float = 5.0, exporters: bool = True) -> bool:
@@ -274,7 +311,7 @@ class Recorder:
         self._open.clear()
         if self.attempt is not None or self._q:
             reason = "exception" if self._exception_seen else "exit"
-            self._q.append((_END, now, 0, reason, None))
+            self._q.append((_END, now, 0, reason, None, 0))
         self._stop.set()
         self._wake.set()
         self.flush(timeout_s, exporters=False)
@@ -294,7 +331,10 @@ class Recorder:
     def stats(self) -> dict:
         """Counters: ``recorded`` phases, ``spans`` exported, ``errors``, ``dropped``,
         ``export_failures``; plus ``attempt``, ``spool_path`` (the journal segment being
-        written), ``compact_failures`` (spool segments left uncompacted, nothing lost) and
+        written), ``compact_failures`` (spool segments left uncompacted, nothing lost),
+        ``tail_path`` (the spool tail, :mod:`goodput.tail`), ``tail_failures`` (records the
+        tail could not take: a SIGKILL before their flush would lose them),
+        ``tail_overruns`` (records overwritten in the tail's ring before their flush) and
         ``exporters`` (per exporter: ``sent``, ``failures``, ``dropped``, ``bad_lines``,
         ``pending_bytes``)."""
         out = dict(self._counts)
@@ -305,6 +345,10 @@ class Recorder:
         out["spool_path"] = sink.path if sink is not None else None
         out["compact_failures"] = self._compact_failures + (sink.compact_failures if sink
                                                             is not None else 0)
+        tail = self._tail
+        out["tail_path"] = tail.path
+        out["tail_failures"] = self._tail_failures + tail.failures
+        out["tail_overruns"] = self._tail_overruns + tail.overruns
         return out
 
     def start(self) -> None:
@@ -361,10 +405,12 @@ class Recorder:
         q = self._q
         while True:
             try:
-                name, t0, t1, attrs, err = q.popleft()
+                name, t0, t1, attrs, err, seq = q.popleft()
             except IndexError:
                 return n
             n += 1
+            if seq > self._drained_seq:
+                self._drained_seq = seq
             try:
                 if name is _STEP_START:
                     self._on_step_start(attrs, t0)
@@ -498,6 +544,8 @@ class Recorder:
                                      on_segment=self._forward.attach,
                                      on_failed=self._spool_line_failed)
             self._forward.attach(path)
+            self._tail = open_tail(path, encoder.prefix, encoder.suffix, self._drained_seq)
+            self._tail_encoder, self._tail_suffix = encoder, encoder.suffix
             if self._say_where:  # the default job name or run directory: say where it goes
                 self._say_where = False
                 _log.warning("goodput: recording job %r to %s (the default %s; set "
@@ -550,6 +598,7 @@ class Recorder:
         self._sink.close()  # syncs and closes the spool file
         self._forward.detach()
         self._count_spool_failures()
+        self._close_tail()
         self._compact_failures += self._sink.compact_failures
         self._sink = None
         self._resource = None
@@ -559,14 +608,36 @@ class Recorder:
         sink = self._sink
         if sink is None:
             return
-        sink.flush()
+        written = sink.flush()
         self._forward.notify()
         if self._sync_requested:
             sink.sync()
         self._count_spool_failures()
         self._sync_requested = False
+        if written:
+            self._tail_flushed()
         if sink.retired:
             sink.reap(time.time_ns(), self._forward.sent, self._forward.forget)
+
+    def _tail_flushed(self) -> None:
+        """Tell the tail that the journal holds every record drained so far, and the step
+        in flight then (and the line template again if the resource changed)."""
+        tail, enc = self._tail, self._tail_encoder
+        if enc is not None and enc.suffix is not self._tail_suffix:
+            self._tail_suffix = enc.suffix
+            tail.template(enc.prefix, enc.suffix)
+        tail.flushed(self._drained_seq, self._pending_step)
+
+    def _close_tail(self) -> None:
+        """The attempt ended: its journal holds everything, the tail goes (it stays, for the
+        processor, if the journal lost a write)."""
+        tail, self._tail, self._tail_encoder = self._tail, _NO_TAIL, None
+        self._tail_failures += tail.failures
+        self._tail_overruns += tail.overruns
+        if self._sink is not None and self._sink.failures:
+            tail._close()
+        else:
+            tail.remove()
 
     def _count_spool_failures(self) -> None:
         """Add the current spool file's new write failures to the counters."""

@@ -230,6 +230,45 @@ DEFAULT_RUN_ROOT = "goodput-runs"
 #: (``goodput.diagnostics``), not spans: span readers skip them.
 METRICS_SPOOL_PREFIX = "metrics-"
 
+# --- the tail of an attempt's spool (docs/span-schema.md, "The tail") -------------
+# ``BASE.tail`` beside the journal ``BASE.jsonl``: a fixed-size file the recorder maps into
+# memory. The training thread writes each record there as it records it (a phase's end, a
+# phase's start, a step start), so a SIGKILL loses none; the background thread writes how
+# far the journal has got. The processor turns the records the journal lacks into the
+# spans the journal would have held. Little-endian ``struct`` layouts:
+
+TAIL_SUFFIX = ".tail"
+TAIL_MAGIC = b"GPTAIL\x00\x01"
+#: At 0: magic, format version, record size, ring records, blob bytes, template bytes (per
+#: copy), flags (TAIL_LOCKED), span id base, trace id (16 raw bytes). 64 bytes.
+TAIL_HEAD = "<8sIIIIIIQ16s8x"
+TAIL_VERSION = 1
+TAIL_LOCKED = 1  # the writer holds an exclusive flock on the file while it lives
+#: Two copies (at TAIL_STATE_AT), written in turn, valid when the first field (a
+#: generation) equals the last: generation, journal holds every record up to this
+#: sequence number, the step in flight then (number, start ns, 1 if any), generation.
+TAIL_STATE = "<QQqqQQ"
+TAIL_STATE_AT = (64, 112)
+#: Two copies of the line template (the journal's text before a line's spans, NUL, the
+#: text after them: the attempt's resource): generation, length, crc32 at
+#: TAIL_TEMPLATE_AT[i]; the text at TAIL_DATA_AT + i * template bytes.
+TAIL_TEMPLATE = "<QII"
+TAIL_TEMPLATE_AT = (160, 176)
+TAIL_DATA_AT = 256
+#: A ring record (then the ring: record ``seq`` at slot ``seq % ring records``; then the
+#: blob ring): kind, flags, name id (1 + index in TAIL_NAMES; 0: in the blob), blob length,
+#: -, blob offset, value (step or checkpoint step), start ns, end ns, seq (written last:
+#: a record is whole when its seq is). A blob is the seq (8 bytes) then JSON ``{"n": name,
+#: "a": attributes, "e": error}`` (the keys present that the record needs).
+TAIL_RECORD = "<BBHHHIqqq4xQ"
+TAIL_BEGIN, TAIL_END, TAIL_STEP_START = 1, 2, 3
+TAIL_F_STEP, TAIL_F_CKPT_STEP, TAIL_F_BLOCKING, TAIL_F_ASYNC, TAIL_F_BLOB = 1, 2, 4, 8, 16
+#: Span names by id (append only: old tails keep their meaning).
+TAIL_NAMES = (JOB_START, JOB_END, HEARTBEAT, IDENTITY, WINDOW, RUN_CONFIG, ACCELERATOR_INIT,
+              TRAINING_PREP, PROGRAM_STARTUP, DATA_LOADING, STEP, CHECKPOINT_SAVE,
+              CHECKPOINT_RESTORE, CUSTOM_BADPUT, ELASTIC_WAIT, ELASTIC_REINIT, ELASTIC_SLICES,
+              COLLECTIVE_WAIT, LAUNCHER_EVENT)
+
 
 def default_run_dir(job: str) -> str:
     """The default run directory of ``job``: ``goodput-runs/<job>`` with unsafe characters

@@ -8,6 +8,10 @@ complete lines (ending in a newline); a torn last line is left for the next poll
 in once it is complete. A file that shrank (truncated or replaced) is read again from its
 start.
 
+Spool tails (``X.tail``, :mod:`~goodput_processor.read_tail`): once the process that wrote
+one is gone (its lock is free), the records its journal lacks are taken in, once, after the
+journals (a live process's records come from its journal).
+
 Compacted segments (``X.jsonl.gz``, renamed into place whole when the recorder closes a
 segment, ``docs/span-schema.md``): one that the tailer did not follow as its journal
 ``X.jsonl`` is read once, whole; a journal whose ``.gz`` is there and that the tailer has
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from goodput import schema
 
+from .. import read_tail
 from ..read_io import open_spool
 from .store import LiveStore
 
@@ -38,9 +43,9 @@ _SETTLE_NS = 2_000_000_000
 
 
 def _scan(d: str) -> tuple[list[str], list[str]]:
-    """``(spool files, subdirectories)`` directly in directory ``d``: the ``*.jsonl`` and
-    ``*.jsonl.gz`` files (links to files too) but the metrics spools, and the directories
-    that are not links.
+    """``(spool files, subdirectories)`` directly in directory ``d``: the ``*.jsonl``,
+    ``*.jsonl.gz`` and ``*.tail`` files (links to files too) but the metrics spools, and the
+    directories that are not links.
 
     Raises:
         OSError: ``d`` cannot be listed.
@@ -51,7 +56,8 @@ def _scan(d: str) -> tuple[list[str], list[str]]:
             try:
                 if e.is_dir(follow_symlinks=False):
                     subdirs.append(e.path)
-                elif (e.name.endswith((".jsonl", ".jsonl.gz")) and e.is_file()
+                elif (e.name.endswith((".jsonl", ".jsonl.gz", schema.TAIL_SUFFIX))
+                      and e.is_file()
                       and not e.name.startswith(schema.METRICS_SPOOL_PREFIX)):
                     files.append(e.path)
             except OSError:
@@ -79,6 +85,7 @@ class SpoolTailer:
             raise ValueError("no spool directory to tail")
         self.store, self.poll_s = store, float(poll_s)
         self._files: dict[str, list[int]] = {}  # path -> [offset, lines taken in]
+        self._tails_read: set[str] = set()  # tails whose writer was gone: taken in
         self._dirs: dict[str, tuple] = {}  # directory -> (mtime ns, spool files, subdirectories)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,13 +101,29 @@ class SpoolTailer:
                 except OSError:
                     continue  # missing or unreadable for now: try again next poll
                 names = set(files)
+                tails = []
                 for p in files:
-                    if p.endswith(".gz"):
+                    if read_tail.is_tail(p):
+                        tails.append(p)
+                    elif p.endswith(".gz"):
                         if p not in self._files and p[:-3] not in self._files:
                             n += self._read_gz(p)
                     elif p in self._files or p + ".gz" not in names:
                         n += self._read(p)
+                for p in tails:  # after every journal: what they lack
+                    if p not in self._tails_read:
+                        n += self._read_tail(p)
             return n
+
+    def _read_tail(self, path: str) -> int:
+        """Take in the records of a spool tail its journal lacks, once its writer is gone."""
+        lines = read_tail.tail_lines(path)
+        if lines is None:
+            return 0  # alive: its journal will have them
+        self._tails_read.add(path)
+        for i, line in enumerate(lines, 1):
+            self.store.ingest_line(line, (path, i))
+        return len(lines)
 
     def _list(self, root: str) -> list[str]:
         """Paths of the spool files under ``root`` (recursively, not into links to
