@@ -82,12 +82,16 @@ from .timeline import (
     is_phase,
 )
 
-__all__ = ["HOWS", "LAUNCHER_MATCH_NS", "PHASES", "FirstFailure", "Recovery", "launcher_failures",
-           "launcher_rendezvous", "recovery_report", "stacked", "warmup"]
+__all__ = ["HOWS", "LAUNCHER_MATCH_NS", "ONE_PROCESS_INIT", "PHASES", "FirstFailure", "Recovery",
+           "launcher_failures", "launcher_rendezvous", "recovery_report", "stacked", "warmup"]
 
 #: Recovery phases, in order.
 PHASES = ("detection", "termination", "rescheduling", "startup", "rendezvous_init", "restore",
           "recompilation_warmup")
+#: What ``rendezvous_init`` is called (:attr:`Recovery.labels`) when the attempt that took
+#: over had one process: no rendezvous took place, only its initialisation (the key of
+#: :attr:`Recovery.phases` stays ``rendezvous_init``).
+ONE_PROCESS_INIT = "initialization"
 #: How a process failed: an exception (end marker ``exception``, a span with ERROR status, or
 #: a non-zero exit status a launcher saw), a signal (a launcher saw it killed by one; an end
 #: marker ``sigterm`` of recorders before 1.1), a missing heartbeat (no end marker: the
@@ -140,6 +144,14 @@ class Recovery:
     next_attempt: int = -1
     lost_s: float = 0.0
     evidence: dict = field(default_factory=dict)
+    #: The name to show for a phase where it is not its key in :attr:`phases`:
+    #: ``{"rendezvous_init": "initialization"}`` when the next attempt had one process
+    #: (:data:`ONE_PROCESS_INIT`), else empty.
+    labels: dict = field(default_factory=dict)
+
+    def label(self, phase: str) -> str:
+        """The name to show for ``phase`` (a key of :attr:`phases`) in this record."""
+        return self.labels.get(phase, phase)
 
     @property
     def total_s(self) -> float:
@@ -480,5 +492,7 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
             evidence["launcher_detected_after_s"] = max(seen[0] - ff.at_ns, 0) / _NS
         if rendezvous[i + 1] is not None:
             evidence["launcher_rendezvous_s"] = rendezvous[i + 1] / _NS
-        out.append(Recovery(a.attempt, phases, ff, r.attempt, lost / _NS, evidence))
+        one = max(len(r.processes), r.declared_process_count or 0) == 1
+        out.append(Recovery(a.attempt, phases, ff, r.attempt, lost / _NS, evidence,
+                            labels={"rendezvous_init": ONE_PROCESS_INIT} if one else {}))
     return tuple(out)

@@ -77,6 +77,9 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
              "phases_s": {phase: float | null},  # detection, termination, rescheduling,
                                                  # startup, rendezvous_init, restore,
                                                  # recompilation_warmup; null = unknown
+             "phase_labels": {phase: str},       # the name to show where not the key:
+                                                 # rendezvous_init -> "initialization"
+                                                 # when the next attempt had one process
              "first_failure": {"process": int, "host": str | null,
                                "how": "exception" | "signal" | "missing_heartbeat" | "end",
                                "at_unix_ns": int,
@@ -381,6 +384,7 @@ def _render_stragglers(s, console) -> None:
 def _recovery_dict(x) -> dict:
     f = x.first_failure
     return {"attempt": x.attempt, "next_attempt": x.next_attempt, "phases_s": dict(x.phases),
+            "phase_labels": dict(x.labels),
             "first_failure": {"process": f.process, "host": f.host, "how": f.how,
                               "at_unix_ns": f.at_ns,
                               "uncertain_among": list(f.uncertain_among)},
@@ -396,7 +400,7 @@ def _or_others(f) -> str:
 def _render_recovery(r: JobResult, console) -> None:
     for x in r.recovery:
         f = x.first_failure
-        parts = ", ".join(f"{k} {'unknown' if v is None else format_duration(v)}"
+        parts = ", ".join(f"{x.label(k)} {'unknown' if v is None else format_duration(v)}"
                           for k, v in x.phases.items())
         console.print(f"recovery after attempt {x.attempt}: process {f.process}"
                       f"{'' if f.host is None else ' on ' + f.host} failed first ({f.how}"

@@ -67,6 +67,15 @@ def _phase_list(entry) -> list[tuple[str, float | None]]:
     return [(p, phases[p]) for p in names]
 
 
+def _phase_label(rec, p: str) -> str:
+    """The name to show for phase ``p`` over the records ``rec`` (their ``labels``, e.g.
+    ``initialization`` for ``rendezvous_init`` after a one-process restart); names that
+    differ between records are joined with `` / ``."""
+    seen = [(_get(e, "labels") or {}).get(p, p) for e in rec
+            if p in (_get(e, "phases") or {})]
+    return " / ".join(dict.fromkeys(seen)) or p
+
+
 def _failure_text(entry, r: JobResult) -> str:
     f = _get(entry, "first_failure")
     if f is None:
@@ -91,11 +100,13 @@ def recovery_html(r: JobResult) -> str:
             for p in names}
     total = sum(sum(v) for v in vals.values()) or 1.0
     color = {p: PHASE_COLORS[PHASES.index(p) % 7] if p in PHASES else "#c7c7c7" for p in names}
+    label = {p: _phase_label(rec, p) for p in names}
     bar = "".join(
         f'<span style="flex-grow:{sum(vals[p]) / total:.6f};background:{color[p]}" '
-        f'title="{escape(p)}: {escape(_dur(sum(vals[p])))}"></span>' for p in names if vals[p])
-    head = "".join(f'<th><span class="sw" style="background:{color[p]}"></span>{escape(p)}'
-                   "</th>" for p in names)
+        f'title="{escape(label[p])}: {escape(_dur(sum(vals[p])))}"></span>'
+        for p in names if vals[p])
+    head = "".join(f'<th><span class="sw" style="background:{color[p]}"></span>'
+                   f"{escape(label[p])}</th>" for p in names)
 
     def row(label, fn):
         return f"<tr><td>{label}</td>" + "".join(
@@ -111,7 +122,7 @@ def recovery_html(r: JobResult) -> str:
         f"<td>{escape(_failure_text(e, r))}</td>"
         + "".join(f"<td>{escape(_dur(dict(_phase_list(e)).get(p)))}</td>" for p in names)
         + "</tr>" for e in rec)
-    per_head = "".join(f"<th>{escape(p)}</th>" for p in names)
+    per_head = "".join(f"<th>{escape(label[p])}</th>" for p in names)
     return (f'<div class="recovery"><h3>Recovery phases: {len(rec)} disruption(s), '
             f"{escape(_dur(total))} known</h3><div class=\"phasebar\">{bar}</div>{table}"
             f"<details><summary>per disruption (the attempt that failed, the process that "
@@ -192,7 +203,8 @@ def _restart_hover(r: JobResult, i: int, entry, m: dict) -> str:
              f"{prev.steps_wasted} step(s) of attempt {prev.attempt} wasted"]
     if entry is not None:
         lines.append("first failure: " + escape(_failure_text(entry, r)))
-        known = [f"{p} {format_duration(v)}" for p, v in _phase_list(entry) if v is not None]
+        known = [f"{_phase_label((entry,), p)} {format_duration(v)}"
+                 for p, v in _phase_list(entry) if v is not None]
         if known:
             lines.append("phases: " + ", ".join(known[:4]))
             if len(known) > 4:
