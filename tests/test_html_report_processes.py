@@ -129,6 +129,13 @@ def test_recovery_hosts_and_restart_hover(tmp_path):
     assert "0/1" in html and "p3 h3 (signal) at +11.00 s" in html  # termination unknown
     hb = host_badput_html(r2)
     assert hb.index("h3") < hb.index("h1") and "12.50 s" in hb
+    # charges on a last sign of life only: apart, after the observed ones, marked inferred
+    inferred = (SimpleNamespace(host="h7", process=7, slowdown_s=0.0, disruptions_caused=2,
+                                badput_s=40.0, evidence="inferred", badput_ns=40 * NS),)
+    hb = host_badput_html(SimpleNamespace(**{**fields, "recovery": rec, "host_badput": hosts,
+                                             "host_badput_inferred": inferred}))
+    assert hb.index("h1") < hb.index("Charged on inference") < hb.index("h7")
+    assert "<td>inferred</td>" in hb.split("Charged on inference")[1]
     meta = attempt_meta(r2, None)
     assert "hover" not in meta[0]
     hover = meta[1]["hover"]
@@ -136,8 +143,8 @@ def test_recovery_hosts_and_restart_hover(tmp_path):
     assert "first failure: p3 h3 (signal)" in hover
     assert "detection 1.50 s" in hover and "resumes at step 10" in hover
     # without the fields (a result from before them): no block, no failure line
-    fields.pop("recovery", None)
-    fields.pop("host_badput", None)
+    for k in ("recovery", "host_badput", "host_badput_inferred", "badput_charged"):
+        fields.pop(k, None)
     bare = SimpleNamespace(**fields)
     assert recovery_html(bare) == "" and host_badput_html(bare) == ""
     assert "first failure" not in attempt_meta(bare, None)[1]["hover"]

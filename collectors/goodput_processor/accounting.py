@@ -132,9 +132,14 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     # --- end stragglers
     # --- recovery phases, badput by host (goodput_processor.recovery, .attribution)
     recs = recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo)
-    hosts, unattributed = host_badput(attempts, result, recs, memo=memo)
-    result = replace(result, recovery=recs, host_badput=hosts,
-                     slowdown_unattributed_s=unattributed,
+    charges = host_badput(attempts, result, recs, memo=memo)
+    result = replace(result, recovery=recs, host_badput=charges.observed,
+                     host_badput_inferred=charges.inferred,
+                     slowdown_unattributed_s=charges.slowdown_unattributed_s,
+                     badput_charged={"total_badput_ns": charges.total_badput_ns,
+                                     "observed_ns": charges.observed_ns,
+                                     "inferred_ns": charges.inferred_ns,
+                                     "unattributed_ns": charges.unattributed_ns},
                      warnings=result.warnings + tuple(recovery_warnings(recs)))
     # --- end recovery
     return result, attempts, acc

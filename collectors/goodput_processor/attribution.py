@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from goodput import schema
+
 from .memo import cached, proc_key, rows_key
 from .recovery import stacked, warmup
 from .timeline import (
@@ -48,7 +50,7 @@ from .timeline import (
     NONE,
 )
 
-__all__ = ["DEFAULT_TOP", "HostBadput", "host_badput", "slowdown_by_host"]
+__all__ = ["DEFAULT_TOP", "HostBadput", "HostCharges", "host_badput", "slowdown_by_host"]
 
 #: Hosts listed in the report and the metric.
 DEFAULT_TOP = 10
@@ -60,15 +62,21 @@ _NS = 1_000_000_000
 
 @dataclass(frozen=True)
 class HostBadput:
-    """Badput one host process caused (seconds): ``slowdown_s`` of ``training_slowdown``
-    attributed to it, ``disruptions_caused`` (it failed first), ``badput_s`` = slowdown +
-    the badput of those disruptions."""
+    """Badput charged to one host process (seconds): ``slowdown_s`` of
+    ``training_slowdown`` attributed to it, ``disruptions_caused`` (it failed first),
+    ``badput_s`` = slowdown + the badput of those disruptions (``badput_ns``: the same in
+    integer ns). ``evidence``: ``observed`` (the slowdown, and disruptions whose first
+    failure was observed: an exception, an end marker, a launcher's event) or ``inferred``
+    (disruptions charged on its last sign of life only; no slowdown): a process with both
+    has a row of each."""
 
     host: str | None
     process: int
     slowdown_s: float
     disruptions_caused: int
     badput_s: float
+    evidence: str = "observed"
+    badput_ns: int = 0
 
 
 def _arrivals(d: np.ndarray, key: np.ndarray, rows: bool = False):
@@ -419,20 +427,49 @@ def _attempt_slowdown(a, first: bool, result, off: int, parts: list, pkeys: list
     return out, int(round(total - float(blame.sum())))
 
 
+@dataclass(frozen=True)
+class HostCharges:
+    """Badput charged to host processes (:func:`host_badput`).
+
+    ``observed``: the top host processes by badput charged on observed evidence (the
+    slowdown attributed to them, and the disruptions they failed first in with an observed
+    failure), most first; ``inferred``: the top by the disruptions charged to them on their
+    last sign of life only (:attr:`.recovery.FirstFailure.evidence` ``inferred``), apart.
+    ``slowdown_unattributed_s``: training slowdown no host's arrival explains. The four ns
+    sums are over all host processes, not only the top: ``total_badput_ns`` (the job's
+    badput: total less productive) = ``observed_ns`` + ``inferred_ns`` + ``unattributed_ns``
+    exactly; ``unattributed_ns`` (>= 0) is the badput charged to no host: the unattributed
+    slowdown and everything outside the disruptions (start-up of the first attempt,
+    checkpoints, data loading, ...).
+    """
+
+    observed: tuple[HostBadput, ...] = ()
+    inferred: tuple[HostBadput, ...] = ()
+    slowdown_unattributed_s: float = 0.0
+    total_badput_ns: int = 0
+    observed_ns: int = 0
+    inferred_ns: int = 0
+    unattributed_ns: int = 0
+
+
 def host_badput(attempts: Sequence, result, recoveries: Sequence = (),
-                top: int = DEFAULT_TOP, memo=None) -> tuple[tuple[HostBadput, ...], float]:
-    """The hosts that caused the most badput, and the slowdown attributed to none.
+                top: int = DEFAULT_TOP, memo=None) -> HostCharges:
+    """The hosts that caused the most badput, on observed and on inferred evidence, apart.
 
     Args:
         attempts: the job's attempts (:func:`~goodput_processor.attempts.build_attempts`).
-        result: its :class:`~goodput_processor.report.JobResult`.
-        recoveries: its :class:`~goodput_processor.recovery.Recovery` records.
-        top: how many hosts to list (>= 1), most badput first (ties: lower rank first).
+        result: its :class:`~goodput_processor.report.JobResult` (its buckets: the job's
+            badput is ``total_ns`` less the productive bucket).
+        recoveries: its :class:`~goodput_processor.recovery.Recovery` records (their
+            windows do not overlap, so each ns of badput is charged once).
+        top: how many hosts to list in each group (>= 1), most badput first (ties: lower
+            rank first).
         memo: an :class:`~goodput_processor.memo.AccountingMemo` (see
             :func:`slowdown_by_host`).
 
     Returns:
-        ``(hosts, unattributed_slowdown_s)``; hosts with no badput are left out.
+        :class:`HostCharges`; hosts with no badput are left out. All sums are in integer
+        ns, so that hosts plus unattributed equal the job's badput to the nanosecond.
 
     Raises:
         ValueError: ``top`` < 1.
@@ -442,15 +479,26 @@ def host_badput(attempts: Sequence, result, recoveries: Sequence = (),
     slow, unattributed = slowdown_by_host(attempts, result, memo)
     caused: dict[tuple, list] = {}
     for rec in recoveries:
-        key = (rec.first_failure.host, rec.first_failure.process)
-        c = caused.setdefault(key, [0, 0.0])
+        f = rec.first_failure
+        if f.process is None:  # no process showed a failure: charged to no host
+            continue
+        key = (f.host, f.process, getattr(f, "evidence", "observed"))
+        c = caused.setdefault(key, [0, 0])
         c[0] += 1
-        c[1] += rec.lost_s
-    rows = []
-    for key in set(slow) | set(caused):
-        s = slow.get(key, 0) / _NS
-        n, lost = caused.get(key, (0, 0.0))
-        if s > 0 or n:
-            rows.append(HostBadput(key[0], int(key[1]), s, n, s + lost))
-    rows.sort(key=lambda h: (-h.badput_s, h.process, h.host or ""))
-    return tuple(rows[:top]), unattributed / _NS
+        c[1] += rec.lost_ns
+    groups: dict[str, list] = {"observed": [], "inferred": []}
+    for host, proc in {k[:2] for k in caused} | set(slow):
+        s = slow.get((host, proc), 0)
+        for ev in ("observed", "inferred"):
+            n, lost = caused.get((host, proc, ev), (0, 0))
+            s_ev = s if ev == "observed" else 0
+            if s_ev > 0 or n:
+                groups[ev].append(HostBadput(host, int(proc), s_ev / _NS, n,
+                                             (s_ev + lost) / _NS, ev, s_ev + lost))
+    for rows in groups.values():
+        rows.sort(key=lambda h: (-h.badput_ns, h.process, h.host or ""))
+    obs = sum(h.badput_ns for h in groups["observed"])
+    inf = sum(h.badput_ns for h in groups["inferred"])
+    total = int(result.total_ns) - int(result.buckets_ns.get(schema.PRODUCTIVE, 0))
+    return HostCharges(tuple(groups["observed"][:top]), tuple(groups["inferred"][:top]),
+                       unattributed / _NS, total, obs, inf, total - obs - inf)

@@ -63,6 +63,10 @@ ATTR_RANK = "goodput.straggler.rank"
 #: ``disruptions``), and the recovery phase.
 ATTR_CAUSE = "goodput.badput.cause"
 ATTR_PHASE = "goodput.recovery.phase"
+#: Attribute of ``goodput.host.badput_time``: what the charge rests on, ``observed`` (the
+#: slowdown; a failure seen as an exception, end marker or launcher event) or ``inferred``
+#: (a disruption charged on the process's last sign of life only).
+ATTR_EVIDENCE = "goodput.evidence"
 #: Attribute of ``goodput.warnings``: the warning's code.
 ATTR_WARNING_CODE = "goodput.warning.code"
 #: Attribute of ``goodput.job.over_limit``: which limit of ``goodput serve``.
@@ -108,7 +112,8 @@ METRIC_NAMES: dict[str, tuple[str, str]] = {
     # --- recovery phases and badput by host (goodput_processor.recovery, .attribution)
     "goodput.host.badput_time": ("s", "Badput a host process caused: training slowdown "
                                  "attributed to it and the disruptions it failed first in "
-                                 "(goodput.badput.cause); top hosts by badput"),
+                                 "(goodput.badput.cause); top hosts by badput, observed "
+                                 "and inferred charges apart (goodput.evidence)"),
     "goodput.recovery.phase_time": ("s", "Time of each recovery phase (goodput.recovery.phase), "
                                     "summed over the job's disruptions; unknown phases absent"),
     # --- end recovery
@@ -394,8 +399,10 @@ class GoodputMetrics:
     @staticmethod
     def _obs_host_badput(s, a):
         out = []
-        for h in getattr(s.result, "host_badput", ()):
-            base = {**a, ATTR_HOST: h.host or "", ATTR_PROCESS: h.process}
+        for h in (*getattr(s.result, "host_badput", ()),
+                  *getattr(s.result, "host_badput_inferred", ())):
+            base = {**a, ATTR_HOST: h.host or "", ATTR_PROCESS: h.process,
+                    ATTR_EVIDENCE: getattr(h, "evidence", "observed")}
             if h.slowdown_s > 0:
                 out.append(Observation(h.slowdown_s, {**base, ATTR_CAUSE: "training_slowdown"}))
             if h.disruptions_caused:

@@ -74,6 +74,7 @@ from .timeline import (
     F_ERROR,
     F_NONBLOCKING,
     K_JOB_END,
+    K_JOB_START,
     K_LAUNCHER_EVENT,
     K_STEP,
     NCOLS,
@@ -82,8 +83,9 @@ from .timeline import (
     is_phase,
 )
 
-__all__ = ["HOWS", "LAUNCHER_MATCH_NS", "ONE_PROCESS_INIT", "PHASES", "FirstFailure", "Recovery",
-           "launcher_failures", "launcher_rendezvous", "recovery_report", "stacked", "warmup"]
+__all__ = ["EVIDENCE", "HOWS", "LAUNCHER_MATCH_NS", "ONE_PROCESS_INIT", "PHASES", "FirstFailure",
+           "Recovery", "launcher_failures", "launcher_rendezvous", "recovery_report", "stacked",
+           "warmup"]
 
 #: Recovery phases, in order.
 PHASES = ("detection", "termination", "rescheduling", "startup", "rendezvous_init", "restore",
@@ -98,6 +100,11 @@ ONE_PROCESS_INIT = "initialization"
 #: process fell silent, killed or hung; only a launcher's event can tell which), or an end
 #: (a clean end marker: ``exit``, ``explicit``, ``restart``).
 HOWS = ("exception", "signal", "missing_heartbeat", "end")
+#: What a first failure (and the disruption's charge to its process) rests on: ``observed``
+#: (an exception span, an end marker, or a launcher's event: exit code or signal) or
+#: ``inferred`` (only the process's last sign of life: it fell silent, and nothing recorded
+#: says it failed).
+EVIDENCE = ("observed", "inferred")
 _NS = 1_000_000_000
 
 
@@ -111,14 +118,20 @@ class FirstFailure:
     other processes that may as well have failed first (empty when the evidence settles it):
     it fell silent, and so did they, each within one heartbeat interval after its last sign
     of life, with no launcher event or end marker to order them (the report's
-    ``first_failure_uncertain`` warning).
+    ``first_failure_uncertain`` warning). ``evidence``: one of :data:`EVIDENCE`:
+    ``inferred`` when ``how`` is ``missing_heartbeat`` (its last sign of life only), else
+    ``observed``. A process whose only records are its start markers (an imported log's
+    node that logged nothing else) is never taken to have failed first; when every process
+    of the attempt is such, none is: ``process`` and ``host`` are None, ``at_ns`` the
+    latest start, and the disruption is charged to no host.
     """
 
-    process: int
+    process: int | None
     host: str | None
     how: str
     at_ns: int
     uncertain_among: tuple[int, ...] = ()
+    evidence: str = "observed"
 
 
 @dataclass(frozen=True)
@@ -135,7 +148,14 @@ class Recovery:
     attempt started, inside rescheduling: :func:`launcher_rendezvous`; absent only when no
     launcher recorded one), ``pod_created_after_s`` (the next attempt's first pod created this long
     after the failed attempt's end), ``pod_queued_s`` (created -> scheduled),
-    ``pod_start_s`` (scheduled -> its first process start).
+    ``pod_start_s`` (scheduled -> its first process start). ``lost_ns``: ``lost_s`` in
+    integer ns. ``window_ns``: ``(start, end)`` ns since the epoch, the stretch of the
+    timeline that the disruption owns: from the failed attempt's wasted region's start (its
+    end when it has none) to the next attempt's first kept step or its own wasted region's
+    start, whichever is first. The windows of a job's recoveries do not overlap, and every
+    phase but the warm-up steps' excess lies inside its window (``docs/accounting.md``,
+    "Recovery phases"); ``lost_ns`` is the window's length plus that excess and the
+    compilation inside the warm-up steps.
     """
 
     attempt: int
@@ -144,6 +164,8 @@ class Recovery:
     next_attempt: int = -1
     lost_s: float = 0.0
     evidence: dict = field(default_factory=dict)
+    lost_ns: int = 0
+    window_ns: tuple[int, int] = (0, 0)
     #: The name to show for a phase where it is not its key in :attr:`phases`:
     #: ``{"rendezvous_init": "initialization"}`` when the next attempt had one process
     #: (:data:`ONE_PROCESS_INIT`), else empty.
@@ -258,7 +280,8 @@ def _first_failure(job: JobSpans, a, failures, rows) -> FirstFailure:
     """The process of attempt ``a`` that failed first (see the module docstring)."""
     d, key, procs = rows
     if not procs:  # pragma: no cover - an attempt always has a process with spans
-        return FirstFailure(a.primary.index, a.primary.host, "missing_heartbeat", a.end_ns)
+        return FirstFailure(a.primary.index, a.primary.host, "missing_heartbeat", a.end_ns,
+                            (), "inferred")
     n = len(procs)
     kinds = d[:, C_KIND]
     # last sign of life of each process: rows are stacked process by process (key sorted)
@@ -296,20 +319,32 @@ def _first_failure(job: JobSpans, a, failures, rows) -> FirstFailure:
                 if how[i] in (2, 3):
                     how[i] = 1 if seen[1] < 0 else 0
     rank = np.fromiter((p.index for p in procs), np.int64, n)
-    i = int(np.lexsort((rank, t, seen_at))[0])
+    # a process whose only records are its start markers showed no life to lose, and no
+    # failure: never the first to fail (unless no process of the attempt showed more)
+    starts_only = np.bincount(key[kinds != K_JOB_START], minlength=n) == 0
+    mute = starts_only & (how == 2) & (seen_at == np.iinfo(np.int64).max)
+    if mute.all():  # no process showed anything after its start: none is named
+        return FirstFailure(None, None, "missing_heartbeat", int(t.max()), (), "inferred")
+    i = int(np.lexsort((rank, t, seen_at, mute))[0])
     return FirstFailure(procs[i].index, procs[i].host, HOWS[how[i]], int(t[i]),
-                        _uncertain_among(i, t, how, seen_at, rank, a.heartbeat_interval_ms))
+                        _uncertain_among(i, t, how, seen_at, rank, a.heartbeat_interval_ms,
+                                         mute),
+                        "inferred" if how[i] == 2 else "observed")
 
 
-def _uncertain_among(i: int, t, how, seen_at, rank, interval_ms: int) -> tuple[int, ...]:
+def _uncertain_among(i: int, t, how, seen_at, rank, interval_ms: int,
+                     mute=None) -> tuple[int, ...]:
     """Ranks of the processes other than ``i`` that may have failed before it: ``i`` fell
     silent (no end marker, exception or launcher event), so it died within one heartbeat
     interval after ``t[i]``, and so did they, their last signs of life before that interval's
     end. A silent process whose last sign precedes an exception or end marker is taken to
-    have failed first, unwarned: the peers of a dead rank raise or are stopped after it."""
+    have failed first, unwarned: the peers of a dead rank raise or are stopped after it.
+    ``mute``: processes left out (their only records are start markers)."""
     if how[i] != 2 or seen_at[i] != np.iinfo(np.int64).max:
         return ()
     silent = (how == 2) & (seen_at == np.iinfo(np.int64).max)
+    if mute is not None:
+        silent &= ~mute
     near = silent & (t < t[i] + interval_ms * 1_000_000)
     near[i] = False
     return tuple(sorted(int(r) for r in rank[near]))
@@ -338,17 +373,27 @@ def _minus(pieces: list, other: list) -> int:
     return total
 
 
-def _restart_phases(r, bound: int | None, result, resume: int | None,
+def _clip(pieces: list, hi: int) -> list:
+    """``pieces`` (disjoint, sorted ``(start, end)`` ns) cut at ``hi``."""
+    return [(x, min(y, hi)) for x, y in pieces if x < hi]
+
+
+def _restart_phases(r, bound: int | None, result, resume: int | None, cut: int,
                     memo=None) -> tuple[dict, int]:
     """Phases of the attempt ``r`` that took over: startup, rendezvous_init, restore,
-    recompilation_warmup (ns or None), and the start of its first kept step (ns).
-    ``memo`` keeps what comes from ``r``'s rows (:func:`.restart_rows.restart_rows`)."""
+    recompilation_warmup (ns or None), and where they end (ns): the start of its first kept
+    step, or ``cut`` (the start of ``r``'s own wasted region) when that comes first: then
+    the rest of ``r`` is the next disruption's, and ``r`` has no warm-up. ``memo`` keeps
+    what comes from ``r``'s rows (:func:`.restart_rows.restart_rows`)."""
     rows = restart_rows(r, bound, memo)
-    first, t_fk, restore_ns = rows.first, rows.t_fk, rows.restore_ns
-    compile_ns = _minus(rows.comp_pieces, rows.rest_pieces)
+    t_fk = max(min(rows.t_fk, cut), r.start_ns)
+    first = min(rows.first, t_fk)
+    rest_pieces = _clip(rows.rest_pieces, t_fk)
+    restore_ns = sum(y - x for x, y in rest_pieces)
+    compile_ns = _minus(_clip(rows.comp_pieces, t_fk), rest_pieces)
     # warm-up: the first kept step, and the leading steps slower than the attempt's level
     warm_ns, warm_end = 0, t_fk
-    if rows.kept:
+    if rows.kept and t_fk == rows.t_fk:
         end = rows.latest_end(t_fk)
         warm_end = t_fk if end is None else end
         idx, excess, starts = warmup(result, r.attempt, memo)
@@ -476,15 +521,20 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
         key = ("failed", a.attempt, a.start_ns, a.end_ns, repr(sorted(failures.items())),
                tuple((p.index, p.host, p.pid, proc_key(p)) for p in a.processes))
         ff, last = cached(memo, key, failed)
+        # the window: from a's wasted region (what came before it is a's own badput, or
+        # the previous disruption's) to r's first kept step or r's own wasted region
+        ws = min(max(wasted_start[i], a.start_ns), a.end_ns)
+        if last is not None:
+            last = min(max(last, ws), a.end_ns)
         t_fail = max(ff.at_ns, last) if last is not None else ff.at_ns
-        t_fail = min(max(t_fail, a.start_ns), a.end_ns)
-        rest, _t_fk = _restart_phases(r, bounds[i + 1], result, resumes[i + 1], memo)
+        t_fail = min(max(t_fail, ws), a.end_ns)
+        nxt = wasted_start[i + 1] if i + 1 < len(wasted_start) else r.end_ns
+        rest, t_end = _restart_phases(r, bounds[i + 1], result, resumes[i + 1], nxt, memo)
         ns = {"detection": None if last is None else t_fail - last,
               "termination": a.end_ns - t_fail,
               "rescheduling": max(r.start_ns - a.end_ns, 0), **rest}
         phases = {k: (None if ns[k] is None else ns[k] / _NS) for k in PHASES}
-        lost = (a.end_ns - wasted_start[i]
-                + sum(ns[k] or 0 for k in PHASES[2:]))
+        lost = (a.end_ns - ws + sum(ns[k] or 0 for k in PHASES[2:]))
         evidence = _pod_evidence(a, r)
         seen = failures.get((ff.host, next((p.pid for p in a.processes
                                             if p.index == ff.process), None)))
@@ -493,6 +543,7 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
         if rendezvous[i + 1] is not None:
             evidence["launcher_rendezvous_s"] = rendezvous[i + 1] / _NS
         one = max(len(r.processes), r.declared_process_count or 0) == 1
-        out.append(Recovery(a.attempt, phases, ff, r.attempt, lost / _NS, evidence,
+        out.append(Recovery(a.attempt, phases, ff, r.attempt, lost / _NS, evidence, lost,
+                            (ws, t_end),
                             labels={"rendezvous_init": ONE_PROCESS_INIT} if one else {}))
     return tuple(out)

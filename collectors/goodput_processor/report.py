@@ -80,17 +80,29 @@ integer ns since the Unix epoch; ``null`` marks an unknown value::
              "phase_labels": {phase: str},       # the name to show where not the key:
                                                  # rendezvous_init -> "initialization"
                                                  # when the next attempt had one process
-             "first_failure": {"process": int, "host": str | null,
+             "first_failure": {"process": int | null,  # null: every process of the
+                               "host": str | null,    # attempt recorded only its start
                                "how": "exception" | "signal" | "missing_heartbeat" | "end",
                                "at_unix_ns": int,
-                               "uncertain_among": [int]},  # others that may have failed
-                                                           # first (first_failure_uncertain)
+                               "uncertain_among": [int],  # others that may have failed
+                                                          # first (first_failure_uncertain)
+                               "evidence": "observed" | "inferred"},  # inferred: its last
+                                                          # sign of life only
              "lost_s": float,                    # badput the disruption caused
+             "lost_ns": int,                     # the same in ns
+             "window_unix_ns": [int, int],       # the stretch it owns (no two overlap)
              "evidence": {key: float}}],         # launcher / pod times, when recorded
-          "host_badput": [                       # top hosts by badput caused (attribution.py)
-            {"host": str | null, "process": int, "slowdown_s": float,
-             "disruptions_caused": int, "badput_s": float}],
+          "host_badput": [                       # top hosts by badput caused on observed
+            {"host": str | null, "process": int, # evidence (attribution.py)
+             "slowdown_s": float, "disruptions_caused": int, "badput_s": float,
+             "badput_ns": int, "evidence": "observed"}],
+          "host_badput_inferred": [...],         # the same, charged on a last sign of life
+                                                 # only ("evidence": "inferred"), apart
           "slowdown_unattributed_s": float,      # training_slowdown no host explains
+          "badput_charged": {"total_badput_ns": int,  # the job's badput = observed_ns +
+                             "observed_ns": int,      # inferred_ns + unattributed_ns,
+                             "inferred_ns": int,      # exactly, over all hosts
+                             "unattributed_ns": int},
           "warnings": [{"code": str, "message": str,  # what the input could not settle
                         "attempt": int | null, "process": int | null,
                         "file": str | null}],
@@ -245,9 +257,17 @@ class JobResult:
     #: One :class:`~goodput_processor.recovery.Recovery` per disruption (its phases, the
     #: process that failed first), in attempt order.
     recovery: tuple[Recovery, ...] = ()
-    #: The hosts that caused the most badput (:class:`~goodput_processor.attribution.
-    #: HostBadput`), most first, top N.
+    #: The hosts that caused the most badput on observed evidence
+    #: (:class:`~goodput_processor.attribution.HostBadput`), most first, top N.
     host_badput: tuple[HostBadput, ...] = ()
+    #: The hosts charged with disruptions on their last sign of life only (evidence
+    #: ``inferred``), apart from those, most first, top N.
+    host_badput_inferred: tuple[HostBadput, ...] = ()
+    #: The job's badput and how it is charged, in integer ns over all host processes
+    #: (:class:`~goodput_processor.attribution.HostCharges`): ``total_badput_ns`` =
+    #: ``observed_ns`` + ``inferred_ns`` + ``unattributed_ns`` exactly; empty when not
+    #: accounted.
+    badput_charged: dict = field(default_factory=dict)
     #: Seconds of ``training_slowdown`` that no host's arrival at the step's end explains.
     slowdown_unattributed_s: float = 0.0
     #: Values past each of ``goodput serve``'s per-job limits, ``{limit: count}``
@@ -342,10 +362,10 @@ def job_to_dict(r: JobResult) -> dict:
         "excluded_time_s": r.excluded_time_s,
         "stragglers": _stragglers_dict(r.stragglers),  # --- stragglers
         "recovery": [_recovery_dict(x) for x in r.recovery],  # --- recovery, attribution
-        "host_badput": [{"host": h.host, "process": h.process, "slowdown_s": h.slowdown_s,
-                         "disruptions_caused": h.disruptions_caused, "badput_s": h.badput_s}
-                        for h in r.host_badput],
+        "host_badput": [_host_dict(h) for h in r.host_badput],
+        "host_badput_inferred": [_host_dict(h) for h in r.host_badput_inferred],
         "slowdown_unattributed_s": r.slowdown_unattributed_s,
+        "badput_charged": dict(r.badput_charged),
         "warnings": [{"code": w.code, "message": w.message, "attempt": w.attempt,
                       "process": w.process, "file": w.file} for w in r.warnings],
         "error": r.error,
@@ -387,8 +407,16 @@ def _recovery_dict(x) -> dict:
             "phase_labels": dict(x.labels),
             "first_failure": {"process": f.process, "host": f.host, "how": f.how,
                               "at_unix_ns": f.at_ns,
-                              "uncertain_among": list(f.uncertain_among)},
-            "lost_s": x.lost_s, "evidence": dict(x.evidence)}
+                              "uncertain_among": list(f.uncertain_among),
+                              "evidence": f.evidence},
+            "lost_s": x.lost_s, "lost_ns": x.lost_ns, "window_unix_ns": list(x.window_ns),
+            "evidence": dict(x.evidence)}
+
+
+def _host_dict(h) -> dict:
+    return {"host": h.host, "process": h.process, "slowdown_s": h.slowdown_s,
+            "disruptions_caused": h.disruptions_caused, "badput_s": h.badput_s,
+            "badput_ns": h.badput_ns, "evidence": h.evidence}
 
 
 def _or_others(f) -> str:
@@ -402,18 +430,32 @@ def _render_recovery(r: JobResult, console) -> None:
         f = x.first_failure
         parts = ", ".join(f"{x.label(k)} {'unknown' if v is None else format_duration(v)}"
                           for k, v in x.phases.items())
-        console.print(f"recovery after attempt {x.attempt}: process {f.process}"
-                      f"{'' if f.host is None else ' on ' + f.host} failed first ({f.how}"
-                      f"{_or_others(f)}); "
+        who = ("no process showed a failure (each recorded only its start)"
+               if f.process is None else
+               f"process {f.process}{'' if f.host is None else ' on ' + f.host} failed first "
+               f"({f.how}{', inferred' if f.evidence == 'inferred' else ''}{_or_others(f)})")
+        console.print(f"recovery after attempt {x.attempt}: {who}; "
                       f"{parts}; lost {format_duration(x.lost_s)}", markup=False,
                       highlight=False)
     if r.host_badput:
-        console.print("top hosts by badput caused:", markup=False)
+        console.print("top hosts by badput caused (observed):", markup=False)
         for h in r.host_badput:
             console.print(f"  {h.host or '-'} (process {h.process}): "
                           f"{format_duration(h.badput_s)} (slowdown "
                           f"{format_duration(h.slowdown_s)}, disruptions "
                           f"{h.disruptions_caused})", markup=False, highlight=False)
+    if r.host_badput_inferred:
+        console.print("inferred, not ranked above (the process fell silent first; nothing "
+                      "recorded says it failed):", markup=False)
+        for h in r.host_badput_inferred:
+            console.print(f"  {h.host or '-'} (process {h.process}): "
+                          f"{format_duration(h.badput_s)} (disruptions "
+                          f"{h.disruptions_caused}, inferred)", markup=False, highlight=False)
+    c = r.badput_charged
+    if c and (r.host_badput or r.host_badput_inferred):
+        console.print(f"  badput charged to no host: {format_duration(c['unattributed_ns'] / 1e9)}"
+                      f" of {format_duration(c['total_badput_ns'] / 1e9)}", markup=False,
+                      highlight=False)
     if r.slowdown_unattributed_s > 0:
         console.print(f"  training slowdown not attributed to a host: "
                       f"{format_duration(r.slowdown_unattributed_s)} (a step slow on every "

@@ -81,13 +81,16 @@ def _failure_text(entry, r: JobResult) -> str:
     if f is None:
         return "-"
     proc, host, how, at = (_get(f, k) for k in ("process", "host", "how", "at_ns"))
-    where = f"p{proc}" if proc is not None else "?"
+    if proc is None:
+        return "none shown (every process recorded only its start)"
+    where = f"p{proc}"
     if host:
         where += f" {host}"
     when = "" if at is None else f" at +{format_duration((at - r.start_ns) / 1e9)}"
     among = _get(f, "uncertain_among") or ()
     maybe = f" or {', '.join(f'p{p}' for p in among)} (uncertain)" if among else ""
-    return f"{where} ({how or '?'}){when}{maybe}"
+    inferred = ", inferred" if _get(f, "evidence") == "inferred" else ""
+    return f"{where} ({how or '?'}{inferred}){when}{maybe}"
 
 
 def recovery_html(r: JobResult) -> str:
@@ -132,22 +135,38 @@ def recovery_html(r: JobResult) -> str:
 
 
 def host_badput_html(r: JobResult, top: int = 5) -> str:
-    """The hosts that caused the most badput (``JobResult.host_badput``), top ``top``."""
-    hb = sorted(tuple(getattr(r, "host_badput", None) or ()),
-                key=lambda h: -(_get(h, "badput_s") or 0))
-    if not hb:
+    """The hosts that caused the most badput on observed evidence (``JobResult.host_badput``),
+    top ``top``, and apart, marked inferred, those charged on a last sign of life only
+    (``JobResult.host_badput_inferred``)."""
+    def table(key: str, title: str, note: str) -> str:
+        hb = sorted(tuple(getattr(r, key, None) or ()),
+                    key=lambda h: -(_get(h, "badput_s") or 0))
+        if not hb:
+            return ""
+        rows = "".join(
+            f"<tr><td>{escape(str(_get(h, 'host') or '-'))}</td><td>p{_get(h, 'process')}</td>"
+            f"<td>{escape(_dur(_get(h, 'slowdown_s')))}</td>"
+            f"<td>{_get(h, 'disruptions_caused', 0)}</td>"
+            f"<td>{escape(_dur(_get(h, 'badput_s')))}</td>"
+            f"<td>{escape(str(_get(h, 'evidence') or 'observed'))}</td></tr>" for h in hb[:top])
+        more = (f"<p class=\"hint\">{len(hb) - top} more in the JSON report ({key}).</p>"
+                if len(hb) > top else "")
+        return (f"<h3>{title}</h3>{note}<table class=\"hosts\">"
+                "<thead><tr><th>host</th><th>process</th><th>slowdown caused</th>"
+                "<th>disruptions caused</th><th>badput</th><th>evidence</th></tr></thead>"
+                f"<tbody>{rows}</tbody></table>{more}")
+
+    observed = table("host_badput", "Top hosts by badput caused", "")
+    inferred = table("host_badput_inferred", "Charged on inference (not ranked above)",
+                     '<p class="hint">Each of these processes fell silent first; no '
+                     "exception, end marker or launcher event says it failed.</p>")
+    if not observed and not inferred:
         return ""
-    rows = "".join(
-        f"<tr><td>{escape(str(_get(h, 'host') or '-'))}</td><td>p{_get(h, 'process')}</td>"
-        f"<td>{escape(_dur(_get(h, 'slowdown_s')))}</td>"
-        f"<td>{_get(h, 'disruptions_caused', 0)}</td>"
-        f"<td>{escape(_dur(_get(h, 'badput_s')))}</td></tr>" for h in hb[:top])
-    more = (f"<p class=\"hint\">{len(hb) - top} more in the JSON report (host_badput).</p>"
-            if len(hb) > top else "")
-    return ('<div class="hostbad"><h3>Top hosts by badput caused</h3><table class="hosts">'
-            "<thead><tr><th>host</th><th>process</th><th>slowdown caused</th>"
-            "<th>disruptions caused</th><th>badput</th></tr></thead><tbody>"
-            f"{rows}</tbody></table>{more}</div>")
+    c = getattr(r, "badput_charged", None) or {}
+    rest = (f'<p class="hint">Badput charged to no host: '
+            f"{escape(_dur(c['unattributed_ns'] / 1e9))} of "
+            f"{escape(_dur(c['total_badput_ns'] / 1e9))}.</p>" if c else "")
+    return f'<div class="hostbad">{observed}{inferred}{rest}</div>'
 
 
 def process_lists_html(r: JobResult, pl: ProcessLists | None) -> str:
