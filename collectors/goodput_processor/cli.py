@@ -200,8 +200,9 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="the run directory the training job's recorder wrote (spool files "
-                   "spans-*.jsonl); a parent of several run directories is read whole, its "
-                   "jobs told apart by job name")
+                   "spans-*.jsonl); a parent of several run directories is read whole: "
+                   "spools with the same job name are one job (a run_dirs_merged warning "
+                   "names the directories), so report each run's directory alone")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="output format (default: table)")
     p.add_argument("--ideal-step-time", metavar="SECONDS", default=None,
