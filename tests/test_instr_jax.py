@@ -324,5 +324,7 @@ def test_crash_restart_example(tmp_path):
     ph = rec["phases_s"]
     for name in ("startup", "rendezvous_init", "restore", "recompilation_warmup"):
         assert ph[name] is not None and ph[name] > 0, (name, ph)
+    # one process: no rendezvous took place, the phase is shown as what it is (issue 36)
+    assert rec["phase_labels"] == {"rendezvous_init": "initialization"}
     assert ph["rescheduling"] == pytest.approx(b["infrastructure_recovery"])
     assert rec["first_failure"]["how"] == "missing_heartbeat"  # SIGKILL, no launcher events

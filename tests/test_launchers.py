@@ -156,9 +156,14 @@ def test_spawned_rank_killed_right_after_configure(workdir) -> None:
 def test_restart_phases_against_the_driver(workdir) -> None:
     """torchrun --max-restarts 1 under python -m goodput.torchrun, rank 1 SIGKILLed: each
     recovery phase within 0.5 s of the driver's measurement, the rescheduling phase equal to
-    infrastructure_recovery, rank 1 failed first by a signal (the agent's event)."""
+    infrastructure_recovery, rank 1 failed first by a signal (the agent's event), and
+    launcher_rendezvous_s present and within 0.1 s of the agent's own RENDEZVOUS event of
+    the restart, read from its spool (issue 36: it was 0.0 when that event ended after the
+    next attempt's start as read from /proc in 10 ms ticks)."""
     out = _run("torchrun_restart_phases", workdir)
     assert {k.split(".")[1] for k in out.phases} == set(lh.PHASES)
+    assert abs(out.notes["launcher_rendezvous_0_err_s"]) <= lh.RENDEZVOUS_TOL
+    assert out.notes["agent_rendezvous_0_s"] > 0
 
 
 def test_slow_rank_carries_the_slowdown(workdir) -> None:
