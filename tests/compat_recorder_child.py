@@ -7,7 +7,10 @@ Usage: ``python compat_recorder_child.py RUN_DIR JOB FLUSH_INTERVAL_S``; the fir
 stdin is a JSON object ``{"calls": [...], "end": "exit" | "hang"}``. Each call is
 ``[method, *args]`` with times as integer microseconds since the Unix epoch (``null``:
 the method's default, now); ``["pause"]`` prints ``PAUSED`` and waits for a line on stdin
-(the parent queries the spool meanwhile); ``["sleep", seconds]`` sleeps. After the calls,
+(the parent queries the spool meanwhile); ``["sleep", seconds]`` sleeps;
+``["checkpoint_save_start", step, time]`` / ``["checkpoint_save_end", time]`` record a
+blocking checkpoint save with ``goodput.checkpoint_save(step)`` (what a drop-in user's
+Orbax save statistics become, ``docs/migration.md``). After the calls,
 ``exit`` returns normally (interpreter exit) and ``hang`` prints ``READY`` and sleeps until
 the parent kills the process. Imports only ``goodput`` (fast to start).
 """
@@ -19,6 +22,7 @@ import json
 import sys
 import time
 
+import goodput
 from goodput.mgm.goodput_elastic import ElasticGoodputRecorder
 
 _TIMED = {  # method -> index of its time argument in the args
@@ -55,7 +59,14 @@ def main() -> int:
     # the elastic recorder is the plain one plus the record_elastic_* calls
     recorder = ElasticGoodputRecorder(job, f"goodput_{job}", logging_enabled=True,
                                       run_dir=run_dir, flush_interval_s=flush)
+    save = None
     for method, *args in plan["calls"]:
+        if method == "checkpoint_save_start":
+            save = goodput.checkpoint_save(args[0]).begin(as_datetime(args[1]))
+            continue
+        if method == "checkpoint_save_end":
+            save.finish(as_datetime(args[0]))
+            continue
         if method == "pause":
             print("PAUSED", flush=True)
             sys.stdin.readline()

@@ -588,3 +588,102 @@ def test_checkpoint_badput_by_import(tmp_path, oracle, capsys):
     saves = {k.name: v for k, v in theirs["details"]["badput_time"].items()}
     assert saves["UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"] == 6.0
     same_report(report(imported(entries, tmp_path, capsys), at, capsys), theirs)
+
+
+def _overlapping_restart(run_dir, old_calls, new_calls) -> None:
+    """``old_calls`` in one process, which pauses inside them (at ``["pause"]``); while it
+    is alive, ``new_calls`` in a second process (the restart, whose first call is
+    ``record_job_start_time``); then the first process finishes its calls and is killed
+    (SIGKILL), and after it the second (SIGTERM), each a settle time after its last call.
+    As a real restart can go: the new process is up while the old one still writes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_compat_recorder_kills import CHILD, FLUSH_S, SETTLE_S, _env, _wire
+
+    def start(calls):
+        p = subprocess.Popen([sys.executable, str(CHILD), str(run_dir), JOB, str(FLUSH_S)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=_env("kill"))
+        p.stdin.write(json.dumps({"calls": _wire(calls), "end": "hang"}) + "\n")
+        p.stdin.flush()
+        return p
+
+    def expect(p, token):
+        line = p.stdout.readline().strip()
+        assert line == token, f"child said {line!r}, not {token}"
+
+    old = new = None
+    try:
+        old = start(old_calls)
+        expect(old, "PAUSED")
+        time.sleep(SETTLE_S)  # the old process's phase in flight is on disk
+        new = start(new_calls)
+        expect(new, "READY")  # the restart recorded its start and steps, old still alive
+        old.stdin.write("\n")
+        old.stdin.flush()
+        expect(old, "READY")
+        time.sleep(SETTLE_S)
+        old.send_signal(signal.SIGKILL)
+        assert old.wait(10) == -signal.SIGKILL
+        time.sleep(SETTLE_S)
+        new.send_signal(signal.SIGTERM)
+        assert new.wait(10) == -signal.SIGTERM
+    finally:
+        for p in (old, new):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_checkpoint_badput_by_the_recorder_with_the_old_process_alive(tmp_path, oracle,
+                                                                      capsys):
+    """BadputTest.test_badput_calculator_checkpoint_badput through the drop-in recorder in
+    real processes: the first attempt's process saves the checkpoint of step 1 for 6 s
+    (``goodput.checkpoint_save``, the recorder's counterpart of the test's Orbax save
+    statistics) from the end of its step 4; the restarted process records its
+    ``record_job_start_time`` 1 s before that save ends, while the old process is alive,
+    and is up before the old one is killed. The explicit job start begins the second
+    attempt (``docs/migration.md``): the calculator, its details and step deviation, and
+    ``goodput report --definitions mgm`` give the incumbent's numbers (its wasted progress
+    and disruption included), as ``goodput import`` of its log does."""
+    calls, where = _checkpoint_badput_calls()
+    save_start = _TEST_JOB_START_TIME + 25 * SEC  # where attempt 0's step 4 ends
+    assert calls[where][0] == "record_job_start_time" and calls[where][1] == save_start + 5 * SEC
+    old_calls = calls[:where] + [["checkpoint_save_start", 1, save_start], ["pause"],
+                                 ["checkpoint_save_end", save_start + 6 * SEC]]
+    run_dir = tmp_path / "rec"
+    _overlapping_restart(run_dir, old_calls, calls[where:])
+
+    entries = mgm_log(calls[:where])
+    entries.append({  # the test's MockSaveStepStatistics (only its duration counts)
+        "step": 1, "event_type": "save", "directory": "gs://bucket/path",
+        "wait_for_prev_start_time": 10.0, "wait_for_prev_duration_secs": 1.0,
+        "checkpointer_blocking_start_time": 12.0, "checkpointer_blocking_duration_secs": 2.0,
+        "get_old_steps_start_time": 13.0, "get_old_steps_duration_secs": 3.0,
+        "checkpoint_manager_blocking_start_time": 10.0,
+        "checkpoint_manager_blocking_duration_secs": 6.0, "reached_preemption": True,
+        "preemption_received_at": 10.0, "synchronous": True})
+    entries += mgm_log(calls[where:])
+    at = last_time(entries) + 2 * SEC
+    theirs = answers(oracle(entries, at))
+    badput = {k.name: v for k, v in theirs["details"]["badput_time"].items()}
+    assert badput["UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"] == 6.0
+    assert badput["WASTED_PROGRESS_FROM_DISRUPTION"] > 0
+    assert theirs["details"]["disruption_count"] == 1
+    same_answers(answers(ours_calc(str(run_dir), at)), theirs)
+    same_report(report(str(run_dir), at, capsys), theirs)
+    # Queried without a time, the old process's real-clock heartbeats are in: the restart
+    # is still one (a job without end then runs to its last sign of life, so only OTHER
+    # and the percentages differ from mgm's at its query time).
+    mine = ours_calc(str(run_dir), None).get_job_goodput_details()
+    assert mine["disruption_count"] == 1
+    seconds = {k.name: v for k, v in mine["badput_time"].items() if k.name != "OTHER"}
+    same(seconds, {k: v for k, v in badput.items() if k != "OTHER"}, "badput_time")
+    # the same job in this project's model: two attempts, one disruption
+    from goodput_processor import report_run_dir
+
+    (native,) = report_run_dir(run_dir, now_ns=us(at) * 1000)
+    assert len(native.attempts) == 2

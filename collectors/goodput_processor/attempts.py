@@ -23,7 +23,14 @@ skeleton of the timeline is built from evidence:
   last one died; processes of one launch live at the same time, and a live process writes
   something every flush interval; both times are read on the real clock, so start times
   given to ``job_start(at=...)`` do not matter; the OS process start, read in 10 ms ticks,
-  counts as up to 10 ms later). Otherwise it joins the current attempt.
+  counts as up to 10 ms later). A run of unknown slot whose process recorded through the
+  incumbent's API (resource ``goodput.recorder.api = ml-goodput-measurement``: its start
+  marker is an explicit ``record_job_start_time``, which begins an attempt there) also
+  begins a new attempt when a step of the current attempt had already ended, as recorded,
+  at or before that start: a restart, even while a process of the attempt before still
+  runs (finishing a checkpoint save); the processes of one launch record their starts
+  before any step of theirs can end (a step's collectives need them all). Otherwise it
+  joins the current attempt.
 - an attempt starts at its earliest start marker and ends at the last sign of life of any
   of its processes: its latest end marker or span end. Phases still in flight when a
   process died are in the spool as ``goodput.open`` records (:func:`resolve_open`).
@@ -247,6 +254,7 @@ class _Run:
     os_process: tuple | None  # (host, pid, process start) when the resource has them
     hint: int | None  # a launcher's attempt number (env) or the declared one (no identity)
     legacy: tuple | None  # (declared attempt, part) for runs without OS process identity
+    explicit_start: bool  # its start marker is the incumbent's record_job_start_time
     interval: int  # heartbeat interval, ms
     errors: int
     dropped: int
@@ -282,6 +290,7 @@ def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None, memo=None) -> 
         os_process=(proc.host, proc.pid, proc.process_start_ns) if has_os else None,
         hint=hint,
         legacy=legacy,
+        explicit_start=proc.run.get(schema.RES_RECORDER_API) in schema.RECORDER_APIS,
         interval=DEFAULT_HEARTBEAT_INTERVAL_MS if interval is None else interval,
         errors=errors or 0,
         dropped=dropped or 0,
@@ -330,7 +339,31 @@ def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
                  (attempt, part)) for part, p in enumerate(_split_runs(proc))]
 
 
-def _group(runs: list[_Run]) -> list[list[_Run]]:
+def _first_step_done(d: np.ndarray) -> int | None:
+    """The earliest end of a step that ended as recorded (not in flight at a kill, not
+    inferred) among rows ``d`` (ns; None: none)."""
+    done = d[(d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & (F_OPEN | F_ENDLESS)) == 0)]
+    return int(done[:, C_END].min()) if len(done) else None
+
+
+def _earlier(a: int | None, b: int | None) -> int | None:
+    return a if b is None else b if a is None else min(a, b)
+
+
+def _restarts(r: _Run, current: list[_Run], memo) -> bool:
+    """Whether ``r`` (another OS process, of unknown slot) begins a new attempt by its
+    explicit ``record_job_start_time``: a step of ``current`` had ended at or before its
+    start marker (module docstring)."""
+    if not (r.explicit_start and not r.slot_known and r.os_process is not None):
+        return False
+    for c in current:
+        done = folded(memo, "first_step_done", c.proc, _first_step_done, _earlier)
+        if done is not None and done <= r.start:
+            return True
+    return False
+
+
+def _group(runs: list[_Run], memo=None) -> list[list[_Run]]:
     """Runs grouped into attempts (see the module docstring), each group by start."""
     groups: list[list[_Run]] = []
     legacy: dict[tuple, list[_Run]] = {}
@@ -345,6 +378,7 @@ def _group(runs: list[_Run]) -> list[list[_Run]]:
             or (r.slot_known and r.slot in slots)
             or (r.hint is not None and hints and r.hint not in hints)
             or r.launched + _START_RESOLUTION_NS > alive
+            or _restarts(r, current, memo)
         )
         if new:
             current = []
@@ -397,7 +431,7 @@ def build_attempts(job: JobSpans, now_ns: int | None = None,
     """
     if now_ns is None:
         now_ns = clock_ns()
-    groups = _group(_runs(job, memo))
+    groups = _group(_runs(job, memo), memo)
     numbers = _number(groups)
     attempts = []
     for i, (g, number) in enumerate(zip(groups, numbers, strict=True)):

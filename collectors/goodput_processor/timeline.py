@@ -93,9 +93,11 @@ F_ENDLESS = 8
 RUN_ATTRIBUTES = (schema.RES_RUN_NAME, schema.RES_RUN_GROUP, schema.RES_FLOPS_PER_STEP,
                   schema.RES_PEAK_FLOPS, schema.RES_DEVICE_COUNT)
 #: Resource attributes of the launch (schema 1.3) kept per process in ``ProcessSpans.run``
-#: too: the process's role and its Kubernetes pod's times (:mod:`.recovery`, ETTR).
+#: too: the process's role and its Kubernetes pod's times (:mod:`.recovery`, ETTR), and
+#: the recording API its attempts were started through (:mod:`.attempts`).
 LAUNCH_ATTRIBUTES = (schema.RES_PROCESS_ROLE, schema.RES_K8S_POD_CREATED,
-                     schema.RES_K8S_POD_SCHEDULED, schema.RES_K8S_POD_STARTED)
+                     schema.RES_K8S_POD_SCHEDULED, schema.RES_K8S_POD_STARTED,
+                     schema.RES_RECORDER_API)
 #: Reasons a record is skipped (keys of the ``skipped`` counters); see
 #: :mod:`goodput_processor.reader`.
 SKIP_REASONS = ("torn", "malformed", "invalid_span", "duplicate", "unknown", "unsupported_schema",

@@ -213,6 +213,12 @@ RES_DEVICE_COUNT = "ml.device.count"  # int: devices of the job
 #: process that records only LAUNCHER_EVENT spans; it is no process of any attempt)
 RES_PROCESS_ROLE = "goodput.process.role"
 PROCESS_ROLES = ("worker", "launcher")
+#: str: the recording API this process's attempts were started through, when not this
+#: package's own (absent): ``ml-goodput-measurement`` (``goodput.mgm``'s recorders, where
+#: each ``goodput.job_start`` is an explicit ``record_job_start_time`` call: the
+#: incumbent's attempt boundary; docs/accounting.md, "Attempts")
+RES_RECORDER_API = "goodput.recorder.api"
+RECORDER_APIS = ("ml-goodput-measurement",)
 #: ints, ns since the Unix epoch, of the Kubernetes pod this process runs in, when the job
 #: reports them (from the pod's status: ``metadata.creationTimestamp``, the
 #: ``PodScheduled`` condition's ``lastTransitionTime``, the container's

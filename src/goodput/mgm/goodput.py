@@ -121,7 +121,13 @@ class GoodputRecorder:
             same = (rec is not None and not rec._shut and rec.job_name == job_name
                     and (run_dir is None or rec.run_dir == os.fspath(run_dir)))
             if not same:
-                api.configure(job_name, start=False, **configure_kwargs)
+                # each job start of this process is an explicit record_job_start_time: the
+                # processor takes it for an attempt boundary (docs/accounting.md, "Attempts")
+                kw = dict(configure_kwargs)
+                kw["resource_attributes"] = {
+                    **(kw.get("resource_attributes") or {}),
+                    schema.RES_RECORDER_API: schema.RECORDER_APIS[0]}
+                api.configure(job_name, start=False, **kw)
         except Exception as e:  # never into the training program
             self.logging_enabled = False
             log.error("goodput: recorder for job %r not configured: %s", job_name, e)
@@ -148,7 +154,13 @@ class GoodputRecorder:
         """A no-op, as in the incumbent (0.2.3 records nothing here)."""
 
     def record_job_start_time(self, start_time=None) -> None:
-        """Begin a new attempt of the job at ``start_time`` (default now)."""
+        """Begin a new attempt of the job at ``start_time`` (default now).
+
+        As for the incumbent, each call begins an attempt: a second call in this process,
+        or the first call of a restarted process once the job has completed a step, also
+        while a process of the earlier attempt is still alive (e.g. finishing a checkpoint
+        save): the process's resource says ``goodput.recorder.api =
+        ml-goodput-measurement`` (``docs/accounting.md``, "Attempts")."""
         if self.logging_enabled:
             api.job_start(start_time)
 
