@@ -7,6 +7,7 @@ It configures goodput for JOB with its spool in RUN_DIR, records training prep, 
 and a checkpoint save every 10 steps, after which it flushes and prints ``checkpoint S``.
 With ``--steps K`` it ends cleanly after K steps; without, it trains until it is killed
 (at most ``--max-seconds``, so a test that dies leaves no process behind for long).
+``--step-seconds S``: each step sleeps S seconds (default 0.02).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     p.add_argument("--restore", action="store_true")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--max-seconds", type=float, default=120.0)
+    p.add_argument("--step-seconds", type=float, default=STEP_S)
     a = p.parse_args()
     goodput.configure(a.job, run_dir=a.run_dir, flush_interval_s=0.2)
     deadline = time.monotonic() + a.max_seconds
@@ -40,7 +42,7 @@ def main() -> None:
         with goodput.data_loading():
             time.sleep(0.002)
         with goodput.step(n):
-            time.sleep(STEP_S)
+            time.sleep(a.step_seconds)
         if n % 10 == 0:
             with goodput.checkpoint_save(step=n):
                 time.sleep(0.005)
