@@ -264,8 +264,9 @@ def step_start(step: int, at=None) -> None:
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Write everything recorded so far to the exporters now (blocking, at most
-    ``timeout_s`` seconds, a finite number >= 0; another value: 5 s, with a warning).
-    Returns False if that did not finish in time or failed; never raises."""
+    ``timeout_s`` seconds, a finite number >= 0, at most 3600; another value: 5 s, or 3600
+    above it, with a warning). Returns False if that did not finish in time or failed;
+    never raises."""
     try:
         t = float(timeout_s)
         if not (math.isfinite(t) and t >= 0) or isinstance(timeout_s, bool):
@@ -273,6 +274,9 @@ def flush(timeout_s: float = 5.0) -> bool:
     except Exception:
         config.bad_setting("flush(timeout_s)", timeout_s, "not a finite number >= 0", "5")
         t = 5.0
+    if t > 3600:
+        config.bad_setting("flush(timeout_s)", timeout_s, "above 3600", "3600")
+        t = 3600.0
     try:
         return get_recorder().flush(t)
     except Exception as exc:

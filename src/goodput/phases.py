@@ -171,7 +171,7 @@ class Phase:
         if not callable(func):
             _error("%s used as a decorator of %r, which is not callable: not recorded",
                    name, func)
-            return func
+            return _Dropped(name)
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
@@ -230,9 +230,29 @@ def _flag(value, what: str, default: bool = True) -> bool:
 
 
 class _Step(Phase):
-    """A step whose number, if not given, is the recorder's next step number."""
+    """A step whose number, if not given, is the recorder's next step number: taken when
+    it begins (a context manager, :meth:`begin`), or at each call (a decorator)."""
 
     __slots__ = ()
+
+    def _number(self) -> None:
+        if self.attrs is None and not self._done:
+            try:
+                rec = _recorder()
+                n = rec.next_step
+                rec.next_step = n + 1
+                self.attrs = {schema.ATTR_STEP: n}
+            except Exception as exc:
+                self._done = True
+                _error("%s not recorded: %r", self.name, exc)
+
+    def __enter__(self) -> Phase:
+        self._number()
+        return super().__enter__()
+
+    def begin(self, at=None) -> Phase:
+        self._number()
+        return super().begin(at)
 
     def __call__(self, func):
         if self.attrs is not None:
