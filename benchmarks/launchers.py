@@ -44,7 +44,9 @@ configure               ``goodput.configure()`` (a spawned rank imports torch be
 torchrun_restart_       torchrun_kill_worker under ``python -m goodput.torchrun`` (its
 phases                  agent's events recorded): the recovery phases of the restart, each
                         within 0.5 s of the driver's (:func:`phase_truth`); the first failure
-                        is the killed rank, seen as a signal. 2 x 2.
+                        is the killed rank, seen as a signal; ``launcher_rendezvous_s``
+                        present and within 0.1 s of the agent's own rendezvous event
+                        (:func:`compare_launcher_evidence`). 2 x 2.
 slow_rank               torchrun, 2 ranks, no restart; rank 1 sleeps 200 ms more in every step
                         from step 31; the ranks meet at an all-reduce marked
                         ``goodput.collective_wait()``: rank 1 must carry > 90 % of
@@ -120,6 +122,7 @@ Run from the repository root (about 2 minutes on a 2-core machine)::
 
     .venv/bin/python benchmarks/launchers.py                 # every case, summary table
     .venv/bin/python benchmarks/launchers.py --cases mp_spawn,lightning_ddp --keep
+    .venv/bin/python benchmarks/launchers.py --cases torchrun_restart_phases --repeat 10
 
 Linux only (``/proc``); needs torch (gloo) and, for ``lightning_ddp``, Lightning.
 """
