@@ -17,13 +17,16 @@ collective wait was recorded) stays *unattributed*. An attempt with a single pro
 all of its slowdown.
 
 **Disruptions.** Each disruption (:mod:`.recovery`) is charged to the process that failed
-first, with the badput it caused (:attr:`~.recovery.Recovery.lost_s`). The warm-up excess of
-the steps after a restart (:func:`~.recovery.warmup`) is part of that, so it is taken out of
-those steps' excess before the slowdown is split among hosts.
+first, with the badput it caused (:attr:`~.recovery.Recovery.lost_ns`), on that failure's
+evidence: ``observed`` or ``inferred`` (its last sign of life only), kept apart. The
+warm-up excess of the steps after a restart (:func:`~.recovery.warmup`) is part of that,
+so it is taken out of those steps' excess before the slowdown is split among hosts.
 
-The table lists hosts by ``badput_s`` = attributed slowdown + the badput of the disruptions
-they caused. Vectorised over all processes of an attempt (one concatenation, a sort and a
-few cumulative sums).
+Each second of badput is charged once: the disruptions' windows do not overlap and hold no
+kept step, so in integer ns over all hosts, observed + inferred + unattributed = the job's
+badput (:class:`HostCharges`). The table lists hosts by ``badput_s`` = attributed slowdown
++ the badput of the disruptions they caused, observed and inferred apart. Vectorised over
+all processes of an attempt (one concatenation, a sort and a few cumulative sums).
 """
 
 from __future__ import annotations

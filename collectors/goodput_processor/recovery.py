@@ -3,7 +3,8 @@
 
 For each disruption (an attempt followed by another), the time from the failed attempt's last
 progress to the next attempt's first kept step, plus the excess of that attempt's first steps,
-is cut into seven phases, in order:
+is cut into seven phases, in order (when the next attempt was itself thrown away, its
+phases end where its own wasted region starts: see "windows" below):
 
 ==========================  ===================================================================
 phase                       from -> to (all times ns since the epoch)
@@ -43,6 +44,13 @@ warm-up part of its ``training_slowdown``. The buckets do not change. A phase th
 cannot show is None ("unknown"): detection without any completed step in the failed attempt;
 restore when the next attempt resumed past step 0 without recording a restore (its time is
 then inside ``rendezvous_init``).
+
+Each disruption owns a window of the timeline (:attr:`Recovery.window_ns`): from the start of
+the failed attempt's wasted region (its end without one) to the next attempt's first kept
+step or the start of that attempt's own wasted region, whichever is first. Detection and
+termination start no earlier than the wasted region; the phases from startup on end at the
+window's end. The windows of a job do not overlap, so no second of badput is in two
+disruptions (:mod:`.attribution` charges each once).
 
 Evidence of launchers and schedulers refines it where the job has it (schema 1.3): torchelastic
 events written by ``python -m goodput.torchrun`` (the worker the agent saw fail, its exit code:
