@@ -30,7 +30,10 @@ the recorder writes; see :mod:`goodput.mgm.goodput`):
   Monitoring; ``start_goodput_interval_uploader(window_size_seconds)`` (the name of
   releases before 0.2) is the same with one window.
 
-Each ``stop_*`` asks for one final upload (unless ``skip_final_flush``) and returns within
+Each ``stop_*`` asks for one final upload (unless ``skip_final_flush``), first writing what
+this process's recorder of the job holds to the spool (so the final numbers count every
+call recorded until then, as ``goodput report --definitions mgm`` and the calculator
+would at that moment), and returns within
 ``final_flush_timeout_seconds`` (default 10) whatever happens: a stuck upload is abandoned on
 its daemon thread, so the monitor never holds up the end of the job. Nothing raises into
 the training program: failures are logged and counted in :attr:`GoodputMonitor.errors`.
@@ -56,6 +59,7 @@ import logging
 import os
 import threading
 
+from goodput import api
 from goodput.mgm import goodput, goodput_utils
 
 __all__ = ["ACTIVITY_EXCLUSION_LIST", "BadputType", "GCPOptions", "GoodputCalculator",
@@ -357,10 +361,22 @@ class GoodputMonitor:
         except Exception as e:
             self._failed(f"starting the {key} uploader", e)
 
+    def _flush_recorder(self, timeout_s: float | None) -> None:
+        """Write what this process's recorder of the job holds to the spool (within
+        ``timeout_s`` seconds, at most 2), so that a final upload counts it."""
+        try:
+            rec = api.current_recorder()
+            if rec is not None and not rec._shut and rec.job_name == self.job_name:
+                rec.flush(min(2.0, timeout_s or 2.0), exporters=False)
+        except Exception as e:
+            self._failed("writing the recorder's spool before the final upload", e)
+
     def _stop(self, key: str, skip_final_flush: bool | None, final_once) -> None:
         skip = self._skip_final_flush if skip_final_flush is None else skip_final_flush
         timeout = (_PROCESS_TERMINATION_TIMEOUT_SECONDS if skip
                    else self._final_flush_timeout_seconds)
+        if not skip:
+            self._flush_recorder(timeout)
         up, self._uploaders[key] = self._uploaders[key], None
         try:
             if up is not None:
