@@ -42,7 +42,8 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
         found, reached = cached(memo, key, lambda a=a, i=i, r=reached, c=saved: (
             _attempt_warnings(a, i, r, memo, c)))
         out += found
-        saved = saved or any(_checkpointed(p, memo) for p in a.processes)
+        if i + 1 < len(attempts):  # (what the last attempt saved matters to none)
+            saved = saved or any(_checkpointed(p, memo) for p in a.processes)
     counts = [(a.attempt, a.declared_process_count) for a in attempts
               if a.declared_process_count is not None]
     for (a0, n0), (a1, n1) in zip(counts, counts[1:], strict=False):
