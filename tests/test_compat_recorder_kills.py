@@ -5,11 +5,14 @@ real processes that are really killed, give ``--definitions mgm`` the numbers of
 The scenarios are the tests of mgm 0.2.3's ``ml_goodput_measurement/tests/goodput_test.py``
 (shipped in its wheel) that consist of recorder calls, each written below as that test
 writes it, with its fixed ``_TEST_JOB_START_TIME`` as the base of every time (tests that use
-``datetime.now()`` as their base get the same fixed base). Not here, because
-``GoodputRecorder`` cannot express it: ``BadputTest.test_badput_calculator_checkpoint_
-badput`` (its save and restore statistics are Orbax checkpoint-logger entries written
-straight to the log, not recorder calls; so are all of ``checkpoint_badput_calculator_
-test.py``), nor ``goodput_elastic_test.py`` (``ElasticGoodputRecorder.record_elastic_*``).
+``datetime.now()`` as their base get the same fixed base). Not here:
+``BadputTest.test_badput_calculator_checkpoint_badput`` (its save statistics are an Orbax
+checkpoint-logger entry written straight to the log, not a recorder call; through the
+drop-in recorder it is a ``goodput.checkpoint_save`` in the old process, with the restart
+up while that save runs: ``tests/test_mgm_scenarios.py``), and ``goodput_elastic_test.py``
+(``ElasticGoodputRecorder.record_elastic_*``, also there). With this module's 28
+scenarios that have a job start, those are the 31 upstream scenarios with a number, all
+through the drop-in recorder in killed processes.
 The exclusion tests' ``get_job_goodput_with_exclusions`` query has no ``--definitions mgm``
 counterpart: their calls are compared on the whole-job query. The recorder-only tests
 without ``record_job_start_time`` have no number on either side (checked as such).
@@ -27,6 +30,10 @@ Each scenario runs in child processes (``compat_recorder_child.py``, which impor
   launchers set it).
 - ``inproc``: the test as written, the restart by a second ``record_job_start_time`` in
   the same process.
+- ``overlap``: as ``kill``, but each restarted process starts while the one before is
+  still alive, and records its calls (its ``record_job_start_time`` first) before that one
+  is killed: a restart whose old process lingers (the explicit job start begins the
+  attempt all the same).
 
 The same calls go through mgm's ``GoodputRecorder`` with an in-memory logger and its
 ``GoodputCalculator`` (a fresh one per query, over every entry so far). A job without
@@ -39,7 +46,7 @@ step time and step deviation; the interval test's two intervals; the caching tes
 in the middle of the run (while the restarted process is alive); and, for jobs with an
 end, the CLI's ``goodput report --definitions mgm --format json``.
 
-Takes about 45 s (some 70 child processes).
+Takes about 75 s (some 90 child processes).
 """
 
 from __future__ import annotations
@@ -499,7 +506,7 @@ NO_JOB = {name for name, sc in SCENARIOS.items()
 
 def _cases():
     for name, sc in SCENARIOS.items():
-        modes = ("kill", "kill-rank", "inproc") if sc.restarts else ("single",)
+        modes = ("kill", "kill-rank", "inproc", "overlap") if sc.restarts else ("single",)
         for mode in modes:
             yield pytest.param(name, mode, id=f"{name}-{mode}")
 
@@ -509,7 +516,7 @@ def _cases():
 
 def _processes(calls: list, mode: str) -> list[list]:
     """The calls of each OS process: one per attempt (``kill*``) or one in all."""
-    if mode not in ("kill", "kill-rank"):
+    if mode not in ("kill", "kill-rank", "overlap"):
         return [calls]
     out: list[list] = []
     for c in calls:
@@ -540,6 +547,16 @@ def run_processes(calls: list, mode: str, run_dir: Path, on_pause) -> None:
     ``k``-th pause while the process waits."""
     pauses = 0
     procs = _processes(calls, mode)
+    prev = None  # (overlap) the process before, alive until this one has recorded
+
+    def end_prev():
+        nonlocal prev
+        if prev is not None:
+            time.sleep(SETTLE_S)  # what this one recorded is on disk, the old one alive
+            prev.send_signal(signal.SIGKILL)
+            assert prev.wait(10) == -signal.SIGKILL
+            prev = None
+
     for i, part in enumerate(procs):
         ended = part[-1][0] == "record_job_end_time"
         plan = {"calls": _wire(part), "end": "exit" if ended else "hang"}
@@ -551,6 +568,7 @@ def run_processes(calls: list, mode: str, run_dir: Path, on_pause) -> None:
             p.stdin.flush()
             while True:
                 line = p.stdout.readline().strip()
+                end_prev()
                 if line == "PAUSED":
                     time.sleep(SETTLE_S)
                     on_pause(pauses)
@@ -559,6 +577,9 @@ def run_processes(calls: list, mode: str, run_dir: Path, on_pause) -> None:
                     p.stdin.flush()
                     continue
                 if line == "READY":
+                    if mode == "overlap" and i + 1 < len(procs):
+                        prev, p = p, None  # killed once the next one has recorded
+                        break
                     time.sleep(SETTLE_S)  # what a real process flushed is on disk
                     sig = signal.SIGKILL if i + 1 < len(procs) else signal.SIGTERM
                     p.send_signal(sig)
@@ -566,8 +587,13 @@ def run_processes(calls: list, mode: str, run_dir: Path, on_pause) -> None:
                 else:
                     assert line == "" and p.wait(10) == 0, f"child failed: {line!r}"
                 break
+        except BaseException:
+            if prev is not None and prev.poll() is None:
+                prev.kill()
+                prev.wait()
+            raise
         finally:
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
 

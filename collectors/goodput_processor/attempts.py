@@ -26,11 +26,13 @@ skeleton of the timeline is built from evidence:
   counts as up to 10 ms later). A run of unknown slot whose process recorded through the
   incumbent's API (resource ``goodput.recorder.api = ml-goodput-measurement``: its start
   marker is an explicit ``record_job_start_time``, which begins an attempt there) also
-  begins a new attempt when a step of the current attempt had already ended, as recorded,
-  at or before that start: a restart, even while a process of the attempt before still
-  runs (finishing a checkpoint save); the processes of one launch record their starts
-  before any step of theirs can end (a step's collectives need them all). Otherwise it
-  joins the current attempt.
+  begins a new attempt when a step of the current attempt had started, as recorded, before
+  that start: a restart, even while a process of the attempt before still runs (finishing
+  a checkpoint save). The incumbent takes each ``record_job_start_time`` for the start of
+  an attempt, and its processes of one launch start recording before training: one
+  process writes (its README's rule; several would duplicate its log), or, where several
+  do, each begins before the steps, which need them all. Otherwise it joins the current
+  attempt.
 - an attempt starts at its earliest start marker and ends at the last sign of life of any
   of its processes: its latest end marker or span end. Phases still in flight when a
   process died are in the spool as ``goodput.open`` records (:func:`resolve_open`).
@@ -339,11 +341,10 @@ def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
                  (attempt, part)) for part, p in enumerate(_split_runs(proc))]
 
 
-def _first_step_done(d: np.ndarray) -> int | None:
-    """The earliest end of a step that ended as recorded (not in flight at a kill, not
-    inferred) among rows ``d`` (ns; None: none)."""
-    done = d[(d[:, C_KIND] == K_STEP) & ((d[:, C_FLAGS] & (F_OPEN | F_ENDLESS)) == 0)]
-    return int(done[:, C_END].min()) if len(done) else None
+def _first_step(d: np.ndarray) -> int | None:
+    """The earliest recorded start of a step among rows ``d`` (ns; None: none)."""
+    steps = d[d[:, C_KIND] == K_STEP]
+    return int(steps[:, C_START].min()) if len(steps) else None
 
 
 def _earlier(a: int | None, b: int | None) -> int | None:
@@ -352,13 +353,13 @@ def _earlier(a: int | None, b: int | None) -> int | None:
 
 def _restarts(r: _Run, current: list[_Run], memo) -> bool:
     """Whether ``r`` (another OS process, of unknown slot) begins a new attempt by its
-    explicit ``record_job_start_time``: a step of ``current`` had ended at or before its
-    start marker (module docstring)."""
+    explicit ``record_job_start_time``: a step of ``current`` had started before its start
+    marker (module docstring)."""
     if not (r.explicit_start and not r.slot_known and r.os_process is not None):
         return False
     for c in current:
-        done = folded(memo, "first_step_done", c.proc, _first_step_done, _earlier)
-        if done is not None and done <= r.start:
+        first = folded(memo, "first_step", c.proc, _first_step, _earlier)
+        if first is not None and first < r.start:
             return True
     return False
 

@@ -157,10 +157,10 @@ class GoodputRecorder:
         """Begin a new attempt of the job at ``start_time`` (default now).
 
         As for the incumbent, each call begins an attempt: a second call in this process,
-        or the first call of a restarted process once the job has completed a step, also
-        while a process of the earlier attempt is still alive (e.g. finishing a checkpoint
-        save): the process's resource says ``goodput.recorder.api =
-        ml-goodput-measurement`` (``docs/accounting.md``, "Attempts")."""
+        or the first call of a restarted process once the job's steps had begun, also while
+        a process of the earlier attempt is still alive (e.g. finishing a checkpoint save):
+        the process's resource says ``goodput.recorder.api = ml-goodput-measurement``
+        (``docs/accounting.md``, "Attempts")."""
         if self.logging_enabled:
             api.job_start(start_time)
 
