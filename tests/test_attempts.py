@@ -242,3 +242,43 @@ def test_spools_of_recorders_before_1_1_keep_their_declared_attempts(tmp_path):
         write_spool(tmp_path / "spans-p00000-a0000.jsonl", tl.resource, tl.spans, mode="a")
     r = result(tmp_path)
     assert [(a.attempt, a.steps_kept) for a in r.attempts] == [(0, 5), (1, 5)]
+
+
+def _mgm(p):
+    """``p`` recorded through ``goodput.mgm`` (its resource says so, as its recorder's)."""
+    p.resource[schema.RES_RECORDER_API] = "ml-goodput-measurement"
+    return p
+
+
+def test_an_explicit_job_start_after_the_steps_began_is_a_restart_while_the_old_lives(
+        tmp_path):
+    """``goodput.mgm``: the restarted process records ``record_job_start_time`` at 30 s,
+    while the first one, alive until 32 s, still saves a checkpoint (25-31 s); no rank
+    variable. Two attempts (the old one cut at the restart), not one with
+    two processes claiming rank 0; without the mgm mark, one (the alive rule)."""
+    for mark, attempts in ((True, 2), (False, 1)):
+        d = tmp_path / str(mark)
+        old = proc(0, pid=101, start=0, index_source="default").job_start(0)
+        old.steps(0, 4, start=5, step_time=4).save(25, 31, step=1).heartbeat(31, 32)
+        new = proc(0, pid=102, start=29, index_source="default").job_start(30)
+        new.steps(2, 4, start=35, step_time=3).job_end(44)
+        for p in (old, new):
+            (_mgm(p) if mark else p).write(d)
+        r = result(d)
+        assert len(r.attempts) == attempts, mark
+        if mark:
+            assert r.attempts[1].start_ns - r.attempts[0].start_ns == 30 * 10**9
+            assert r.attempts[0].end_reason == "killed" and r.attempts[1].steps_kept == 3
+            assert "process_rank_unknown" not in [w.code for w in r.warnings]
+
+
+def test_explicit_job_starts_of_one_launch_before_its_steps_are_one_attempt(tmp_path):
+    """Two processes of one launch both record through ``goodput.mgm`` without a rank
+    variable (against its README's one-writer rule): both start before any step, so they
+    stay one attempt (with the rank warning)."""
+    for pid, t in ((101, 0), (102, 0.5)):
+        p = _mgm(proc(0, pid=pid, start=0, index_source="default")).job_start(t)
+        p.steps(0, 9, start=2, step_time=1).job_end(12).write(tmp_path)
+    r = result(tmp_path)
+    assert len(r.attempts) == 1
+    assert [w.code for w in r.warnings] == ["process_rank_unknown"]
