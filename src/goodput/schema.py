@@ -216,7 +216,8 @@ PROCESS_ROLES = ("worker", "launcher")
 #: str: the recording API this process's attempts were started through, when not this
 #: package's own (absent): ``ml-goodput-measurement`` (``goodput.mgm``'s recorders, where
 #: each ``goodput.job_start`` is an explicit ``record_job_start_time`` call: the
-#: incumbent's attempt boundary; docs/accounting.md, "Attempts")
+#: incumbent's attempt boundary; docs/accounting.md, "Structure: attempts and processes
+#: from evidence")
 RES_RECORDER_API = "goodput.recorder.api"
 RECORDER_APIS = ("ml-goodput-measurement",)
 #: ints, ns since the Unix epoch, of the Kubernetes pod this process runs in, when the job

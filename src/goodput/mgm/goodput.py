@@ -122,7 +122,8 @@ class GoodputRecorder:
                     and (run_dir is None or rec.run_dir == os.fspath(run_dir)))
             if not same:
                 # each job start of this process is an explicit record_job_start_time: the
-                # processor takes it for an attempt boundary (docs/accounting.md, "Attempts")
+                # processor takes it for an attempt boundary (docs/accounting.md,
+                # "Structure: attempts and processes from evidence")
                 kw = dict(configure_kwargs)
                 kw["resource_attributes"] = {
                     **(kw.get("resource_attributes") or {}),
@@ -160,7 +161,7 @@ class GoodputRecorder:
         or the first call of a restarted process once the job's steps had begun, also while
         a process of the earlier attempt is still alive (e.g. finishing a checkpoint save):
         the process's resource says ``goodput.recorder.api = ml-goodput-measurement``
-        (``docs/accounting.md``, "Attempts")."""
+        (``docs/accounting.md``, "Structure: attempts and processes from evidence")."""
         if self.logging_enabled:
             api.job_start(start_time)
 
