@@ -99,13 +99,14 @@ def _lines(data: bytes) -> list[bytes]:
     flushed, pending = state
     recs = []
     for i in range(ring):
-        rec = _REC.unpack_from(data, ring_at + i * rec_size)
-        seq = rec[9]
-        if seq > flushed and seq % ring == i and rec[0] in (1, 2, 3):
-            recs.append(rec)
+        word, value, t0, t1, seq = _REC.unpack_from(data, ring_at + i * rec_size)
+        kind = word & 0xFF
+        if seq > flushed and seq % ring == i and kind in (1, 2, 3):
+            recs.append((seq, kind, word >> 8 & 0xFF, word >> 16 & 0xFFFF, word >> 32 & 0xFFFF,
+                         word >> 48, value, t0, t1))
     if not recs:
         return []
-    recs.sort(key=lambda r: r[9])
+    recs.sort()
     spans = _spans(recs, pending, data, blob_at, blobs, trace.hex(), id_base)
     prefix, suffix = template
     return [(prefix + ",".join(spans[i : i + _BATCH]) + suffix).encode()
@@ -175,7 +176,7 @@ def _spans(recs, pending, data, blob_at, blobs, trace_hex, id_base) -> list[str]
 
     step = pending  # (number, start) of the step in flight
     step_seq = None  # its start's record, when in the tail
-    for kind, flags, nid, blen, _, boff, value, t0, t1, seq in recs:
+    for seq, kind, flags, nid, blen, boff, value, t0, t1 in recs:
         attrs, err, name = {}, None, names[nid - 1] if 0 < nid <= len(names) else None
         if flags & schema.TAIL_F_BLOB:
             blob = data[blob_at + boff : blob_at + boff + blen]

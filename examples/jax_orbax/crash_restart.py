@@ -224,9 +224,10 @@ def print_comparison(truth: dict, job: dict) -> None:
           f"{badput['checkpoint_save']:.3f} s, checkpoint_restore "
           f"{badput['checkpoint_restore']:.3f} s, asynchronous checkpoint writes "
           f"{job['async_work_s'].get('checkpoint_save', 0.0):.3f} s")
-    print(f"  (a killed attempt ends at its last flushed span or heartbeat, up to one flush\n"
-          f"   interval, {truth['flush_interval_s']} s, before the kill: wasted progress reads "
-          f"low and\n   infrastructure recovery high by up to about that much)")
+    print("  (a killed attempt ends at its last record, which reached the OS before the kill\n"
+          "   (the spool tail): wasted progress reads low and infrastructure recovery high by\n"
+          "   the time from that record to the kill, at most a step; whatever the flush\n"
+          f"   interval, {truth['flush_interval_s']} s here)")
 
 
 def main(argv: list[str] | None = None) -> int:

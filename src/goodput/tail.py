@@ -61,11 +61,23 @@ _RING_AT = schema.TAIL_DATA_AT + 2 * TEMPLATE
 _BLOB_AT = _RING_AT + RING * _REC.size
 SIZE = _BLOB_AT + BLOBS
 _MASK = RING - 1
-assert _REC.size == 48  # the record offsets below multiply by it
+assert _REC.size == 40  # the record offsets below multiply by it
 _NAME_IDS = {name: i + 1 for i, name in enumerate(schema.TAIL_NAMES)}
 _STEP, _CKPT, _BLOCKING = schema.ATTR_STEP, schema.ATTR_CHECKPOINT_STEP, schema.ATTR_BLOCKING
 _BEGIN, _END, _STEP_START = schema.TAIL_BEGIN, schema.TAIL_END, schema.TAIL_STEP_START
 _F_STEP, _F_BLOB = schema.TAIL_F_STEP, schema.TAIL_F_BLOB
+
+
+def _word(kind: int, flags: int, nid: int, blob_len: int = 0, blob_off: int = 0) -> int:
+    """A record's first field (:data:`goodput.schema.TAIL_RECORD`)."""
+    return kind | flags << 8 | nid << 16 | blob_len << 32 | blob_off << 48
+
+
+# The words of the usual records, by span name: a phase's end, with a step number, a start.
+_W_END = {n: _word(_END, 0, i) for n, i in _NAME_IDS.items()}
+_W_END_STEP = {n: _word(_END, _F_STEP, i) for n, i in _NAME_IDS.items()}
+_W_BEGIN = {n: _word(_BEGIN, 0, i) for n, i in _NAME_IDS.items()}
+_W_STEP_START = _word(_STEP_START, _F_STEP, 0)
 
 _open_tails: weakref.WeakSet = weakref.WeakSet()
 
@@ -152,19 +164,19 @@ class Tail:
     def end(self, seq: int, name: str, t0: int, t1: int, attrs, err) -> None:
         """A phase ``name`` ran from ``t0`` to ``t1`` (ns): record ``seq``. Never raises."""
         try:
-            nid = _NAME_IDS.get(name, 0)
-            if err is None and nid:
+            if err is None:
                 if attrs is None:
-                    self._pack(self._mm, _RING_AT + (seq & _MASK) * 48, _END, 0, nid, 0, 0, 0,
-                               0, t0, t1, seq)
-                    return
-                if len(attrs) == 1:
-                    v = attrs.get(_STEP)
-                    if type(v) is int:
-                        self._pack(self._mm, _RING_AT + (seq & _MASK) * 48, _END, _F_STEP, nid,
-                                   0, 0, 0, v, t0, t1, seq)
+                    w = _W_END.get(name)
+                    if w is not None:
+                        self._pack(self._mm, _RING_AT + (seq & _MASK) * 40, w, 0, t0, t1, seq)
                         return
-            self._general(seq, _END, nid, name, t0, t1, attrs, err)
+                elif len(attrs) == 1:
+                    v = attrs.get(_STEP)
+                    w = _W_END_STEP.get(name)
+                    if type(v) is int and w is not None:
+                        self._pack(self._mm, _RING_AT + (seq & _MASK) * 40, w, v, t0, t1, seq)
+                        return
+            self._general(seq, _END, name, t0, t1, attrs, err)
         except Exception:
             self._failed()
 
@@ -173,25 +185,25 @@ class Tail:
         :class:`goodput.phases.Phase`) began: record ``seq``. Never raises."""
         try:
             name, t0, attrs = entry.name, entry._t0, entry.attrs
-            nid = _NAME_IDS.get(name, 0)
-            if attrs is None and nid:
-                self._pack(self._mm, _RING_AT + (seq & _MASK) * 48, _BEGIN, 0, nid, 0, 0, 0, 0,
-                           t0, t0, seq)
+            w = _W_BEGIN.get(name) if attrs is None else None
+            if w is not None:
+                self._pack(self._mm, _RING_AT + (seq & _MASK) * 40, w, 0, t0, t0, seq)
             else:
-                self._general(seq, _BEGIN, nid, name, t0, t0, attrs, None)
+                self._general(seq, _BEGIN, name, t0, t0, attrs, None)
         except Exception:
             self._failed()
 
     def step_start(self, seq: int, step: int, at: int) -> None:
         """Step ``step`` began at ``at`` (ns) (``goodput.step_start``): record ``seq``."""
         try:
-            self._pack(self._mm, _RING_AT + (seq & _MASK) * 48, _STEP_START, _F_STEP, 0, 0, 0,
-                       0, step, at, at, seq)
+            self._pack(self._mm, _RING_AT + (seq & _MASK) * 40, _W_STEP_START, step, at, at,
+                       seq)
         except Exception:
             self._failed()
 
-    def _general(self, seq, kind, nid, name, t0, t1, attrs, err) -> None:
+    def _general(self, seq, kind, name, t0, t1, attrs, err) -> None:
         """A record with attributes beyond a step number, an error or a custom name."""
+        nid = _NAME_IDS.get(name, 0)
         flags, value, blob = 0, 0, {}
         rest = dict(attrs) if attrs else {}
         for key, flag in ((_STEP, schema.TAIL_F_STEP), (_CKPT, schema.TAIL_F_CKPT_STEP)):
@@ -223,7 +235,7 @@ class Tail:
                 flags |= _F_BLOB
             elif not nid:
                 return  # a custom name too long to keep: the journal alone has it
-        self._pack(self._mm, _RING_AT + (seq & _MASK) * 48, kind, flags, nid, size, 0, off,
+        self._pack(self._mm, _RING_AT + (seq & _MASK) * 40, _word(kind, flags, nid, size, off),
                    value, t0, t1, seq)
 
     def _failed(self) -> None:
