@@ -366,7 +366,8 @@ class GoodputMonitor:
         ``timeout_s`` seconds, at most 2), so that a final upload counts it."""
         try:
             rec = api.current_recorder()
-            if rec is not None and not rec._shut and rec.job_name == self.job_name:
+            if (rec is not None and not getattr(rec, "_shut", False)
+                    and rec.job_name == self.job_name):
                 rec.flush(min(2.0, timeout_s or 2.0), exporters=False)
         except Exception as e:
             self._failed("writing the recorder's spool before the final upload", e)
