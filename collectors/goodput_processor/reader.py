@@ -153,6 +153,11 @@ class _Reader(SpanRows):
                 proc = same.get((attempt, instance))
                 if proc is not None:
                     return proc
+            proc = job.processes[key] = ProcessSpans(job.name, attempt, index, instance=instance)
+            if same is not None:
+                same[(attempt, instance)] = proc
+                self._instances[job.name] = (job, len(job.processes), same)
+        return proc
 
     def _skip(self, job: JobSpans | None, reason: str, where, why: str, n: int = 1):
         self._flush()
