@@ -214,7 +214,10 @@ def account_excluding(
         productive_time_s=buckets[schema.PRODUCTIVE] / _NS, goodput=goodput,
         useful_compute=None if result.mfu is None else goodput * result.mfu,
         badput_s={k: v / _NS for k, v in buckets.items() if k != schema.PRODUCTIVE},
-        buckets_ns=buckets, excluded_time_s=excluded / _NS)
+        buckets_ns=buckets, excluded_time_s=excluded / _NS,
+        # the hosts' charges are over the whole timeline: they do not split the badput
+        # left after the exclusions, so that split is not given
+        badput_charged={})
 
 
 def _slow_fractions(result: JobResult):
