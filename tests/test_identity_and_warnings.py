@@ -27,6 +27,7 @@ import pytest
 
 from goodput import schema
 from goodput_processor.accounting import report_run_dir
+from goodput_processor.reader import _Reader
 
 HERE = Path(__file__).resolve().parent
 
@@ -99,9 +100,35 @@ def test_spawned_ranks_resources_carry_their_rank(tmp_path, mode) -> None:
                                                                 1: list(range(6))}
     # the processor: one attempt of 2 processes, not 3 or 4
     (job,) = report_run_dir(run)
+    if mode == "before":  # also read in two ranges, cut where the resource changes
+        for f in files:
+            _one_process_in_two_ranges(f)
     assert [a.processes for a in job.attempts] == [2]
     assert job.disruptions == 0 and job.max_productive_step == 5
     assert job.recorder_errors == 0
+
+
+def _one_process_in_two_ranges(path: Path) -> None:
+    """The file read in two ranges, cut before the first line with the rank in its
+    resource, by one reader (a tailing reader reads on), then by two merged (parallel
+    ranges): one process either way (the reader maps a resource's ``service.instance.id``
+    to the process it already has)."""
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
+    cut = next(i for i, ln in enumerate(lines) if b'"framework"' in ln)
+    at = sum(len(ln) for ln in lines[:cut])
+    one = _Reader()
+    one.read_range(str(path), 0, at)
+    one.read_range(str(path), at, None)
+    one.finish()
+    a, b = _Reader(), _Reader()
+    a.read_range(str(path), 0, at)
+    b.read_range(str(path), at, None)
+    a.merge(b, cut, a.last_job)
+    a.finish()
+    for reader in (one, a):
+        (job,) = reader.jobs.values()
+        assert len(job.processes) == 1, list(job.processes)
 
 
 # --- part 6 ---------------------------------------------------------------------------------
