@@ -78,7 +78,7 @@ def _ignoring_lines(stderr: str) -> list[str]:
 # --- environment values, real processes --------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None, derandomize=True,
+@settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(env=st.dictionaries(st.sampled_from(ENV_VARS), env_values, max_size=6),
        flush=env_values)
@@ -154,7 +154,7 @@ configure_kwargs = st.fixed_dictionaries({}, optional={
     "handle_signals": values})
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
+@settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(kwargs=configure_kwargs, run_dir=st.one_of(st.none(), _text.map(_safe_dir), values),
        program=st.lists(calls, max_size=8))

@@ -218,11 +218,6 @@ def process_count(explicit: int | None, index: int = 0) -> int:
     return value
 
 
-def run_dir_is_default(explicit) -> bool:
-    """Whether :func:`run_dir` falls back to ``./goodput-runs/<job>``."""
-    return explicit is None and _env("GOODPUT_RUN_DIR") is None
-
-
 def run_dir(explicit, job: str) -> str:
     """The spool directory: ``explicit``, ``GOODPUT_RUN_DIR``, or ``./goodput-runs/<job>``.
     An ``explicit`` that is not a non-empty path (str, bytes, ``os.PathLike``) is warned

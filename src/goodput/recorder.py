@@ -172,8 +172,9 @@ class Recorder:
         self.spool = config.spool_enabled(spool)
         self.run_dir = config.run_dir(run_dir, self.job_name) if self.spool else None
         #: Where the spool goes was nobody's choice: said once, at the first attempt.
-        self._say_where = self.spool and (self.job_name == config.DEFAULT_JOB_NAME
-                                          or config.run_dir_is_default(run_dir))
+        self._say_where = self.spool and (
+            self.job_name == config.DEFAULT_JOB_NAME
+            or self.run_dir == schema.default_run_dir(self.job_name))
         self._window_ns = int(config.trace_window_s(trace_window_s) * 1e9)
         self._window_spans = config.trace_window_spans(trace_window_spans)
         extra = _exporters(exporters) + _named_exporters(traces_exporter)
