@@ -158,9 +158,12 @@ def test_entry_points_name_every_instrumentor():
         assert eps.get(name) == target
 
 
-def test_unknown_option_is_a_clear_error_and_instruments_nothing():
+def test_unknown_option_is_a_clear_error_and_instruments_nothing(caplog):
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['detect_evals'\]; these take"):
-        goodput.instrument(["torch"], detect_evals=False)
+        goodput_instrumentation.instrument(["torch"], detect_evals=False)
+    with caplog.at_level("WARNING", logger="goodput"):  # goodput.instrument never raises
+        assert goodput.instrument(["torch"], detect_evals=False) == []
+    assert "unknown option(s) ['detect_evals']; these take" in caplog.text
     from goodput_instrumentation.torch import TorchInstrumentor
 
     assert not TorchInstrumentor().is_instrumented_by_opentelemetry

@@ -218,6 +218,16 @@ def test_an_exception_in_the_block_still_reaches_the_caller(configured) -> None:
         goodput.training_prep()(lambda: {}["x"])()
 
 
+def test_instrument_with_a_bad_name_or_option_warns_and_instruments_nothing(caplog) -> None:
+    with caplog.at_level("WARNING", logger="goodput"):
+        assert goodput.instrument(["torch", "tensorflow"]) == []
+        assert goodput.instrument(["torch"], detect_evals=True) == []
+        goodput.uninstrument(["mxnet"])
+    assert "unknown ['tensorflow']" in caplog.text
+    assert "unknown option(s) ['detect_evals']" in caplog.text
+    assert "goodput.uninstrument(['mxnet']) failed" in caplog.text
+
+
 # --- settings: one warning, naming the setting and what is used --------------------------
 
 

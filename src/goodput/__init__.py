@@ -65,20 +65,35 @@ def instrument(frameworks=None, **kwargs) -> list[str]:
     :func:`goodput_instrumentation.instrument` (this forwards to it) and
     ``docs/instrumentation/``. Returns the short names of the frameworks enabled.
 
-    Raises:
-        ValueError: an unknown name in ``frameworks``.
+    Never raises: an unknown name in ``frameworks`` or an unknown option (or any other
+    failure) is logged as a warning naming it, and nothing is instrumented (``[]``);
+    :func:`goodput_instrumentation.instrument` itself raises ``ValueError`` for those.
     """
-    from goodput_instrumentation import instrument as _instrument
+    try:
+        from goodput_instrumentation import instrument as _instrument
 
-    return _instrument(frameworks, **kwargs)
+        return _instrument(frameworks, **kwargs)
+    except Exception as exc:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "goodput: goodput.instrument(%r%s) failed: %s; nothing instrumented", frameworks,
+            "".join(f", {k}={v!r}" for k, v in kwargs.items()), exc)
+        return []
 
 
 def uninstrument(frameworks=None) -> None:
     """Undo :func:`instrument` (default: for every framework); forwards to
-    :func:`goodput_instrumentation.uninstrument`."""
-    from goodput_instrumentation import uninstrument as _uninstrument
+    :func:`goodput_instrumentation.uninstrument`. Never raises (an unknown name is logged)."""
+    try:
+        from goodput_instrumentation import uninstrument as _uninstrument
 
-    _uninstrument(frameworks)
+        _uninstrument(frameworks)
+    except Exception as exc:
+        import logging
+
+        logging.getLogger(__name__).warning("goodput: goodput.uninstrument(%r) failed: %s",
+                                            frameworks, exc)
 
 
 __version__ = "0.1.0"
