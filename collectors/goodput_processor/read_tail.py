@@ -103,7 +103,7 @@ def _lines(data: bytes) -> list[bytes]:
         kind = word & 0xFF
         if seq > flushed and seq % ring == i and kind in (1, 2, 3):
             recs.append((seq, kind, word >> 8 & 0xFF, word >> 16 & 0xFFFF, word >> 32 & 0xFFFF,
-                         word >> 48, value, t0, t1))
+                         word >> 48, value, t0, t0 if kind == schema.TAIL_BEGIN else t1))
     if not recs:
         return []
     recs.sort()

@@ -53,6 +53,11 @@ WAKE_EVERY = 1024  # records between two wake-ups of the background thread (a po
 _MAX_BLOB = 4096
 
 _REC = struct.Struct(schema.TAIL_RECORD)
+# The same record, its fields a phase's start or a record without a value leave 0 unset
+# (fewer arguments to pack: about 30 % cheaper each)
+_REC_START = struct.Struct("<Q8xq8xQ")  # word, start, seq
+_REC_VALUE_START = struct.Struct("<Qqq8xQ")  # word, value, start, seq
+_REC_SPAN = struct.Struct("<Q8xqqQ")  # word, start, end, seq
 _HEAD = struct.Struct(schema.TAIL_HEAD)
 _STATE = struct.Struct(schema.TAIL_STATE)
 _TMPL = struct.Struct(schema.TAIL_TEMPLATE)
@@ -77,6 +82,7 @@ def _word(kind: int, flags: int, nid: int, blob_len: int = 0, blob_off: int = 0)
 _W_END = {n: _word(_END, 0, i) for n, i in _NAME_IDS.items()}
 _W_END_STEP = {n: _word(_END, _F_STEP, i) for n, i in _NAME_IDS.items()}
 _W_BEGIN = {n: _word(_BEGIN, 0, i) for n, i in _NAME_IDS.items()}
+_W_BEGIN_STEP = {n: _word(_BEGIN, _F_STEP, i) for n, i in _NAME_IDS.items()}
 _W_STEP_START = _word(_STEP_START, _F_STEP, 0)
 
 _open_tails: weakref.WeakSet = weakref.WeakSet()
@@ -157,6 +163,9 @@ class Tail:
         self.template(prefix, suffix)
         self.flushed(seq, None)
         self._pack = _REC.pack_into
+        self._pack_start = _REC_START.pack_into
+        self._pack_value_start = _REC_VALUE_START.pack_into
+        self._pack_span = _REC_SPAN.pack_into
         _open_tails.add(self)
 
     # --- the recording threads (hot path) ----------------------------------------------
@@ -168,7 +177,7 @@ class Tail:
                 if attrs is None:
                     w = _W_END.get(name)
                     if w is not None:
-                        self._pack(self._mm, _RING_AT + (seq & _MASK) * 40, w, 0, t0, t1, seq)
+                        self._pack_span(self._mm, _RING_AT + (seq & _MASK) * 40, w, t0, t1, seq)
                         return
                 elif len(attrs) == 1:
                     v = attrs.get(_STEP)
@@ -185,11 +194,19 @@ class Tail:
         :class:`goodput.phases.Phase`) began: record ``seq``. Never raises."""
         try:
             name, t0, attrs = entry.name, entry._t0, entry.attrs
-            w = _W_BEGIN.get(name) if attrs is None else None
-            if w is not None:
-                self._pack(self._mm, _RING_AT + (seq & _MASK) * 40, w, 0, t0, t0, seq)
-            else:
-                self._general(seq, _BEGIN, name, t0, t0, attrs, None)
+            if attrs is None:
+                w = _W_BEGIN.get(name)
+                if w is not None:
+                    self._pack_start(self._mm, _RING_AT + (seq & _MASK) * 40, w, t0, seq)
+                    return
+            elif len(attrs) == 1:
+                v = attrs.get(_STEP)
+                w = _W_BEGIN_STEP.get(name)
+                if type(v) is int and w is not None:
+                    self._pack_value_start(self._mm, _RING_AT + (seq & _MASK) * 40, w, v, t0,
+                                           seq)
+                    return
+            self._general(seq, _BEGIN, name, t0, t0, attrs, None)
         except Exception:
             self._failed()
 
