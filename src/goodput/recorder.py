@@ -43,7 +43,7 @@ from goodput import config, export, forward, schema
 from goodput.encode import Encoder
 from goodput.segments import MemorySink, SpoolWriter
 from goodput.tail import NULL as _NO_TAIL
-from goodput.tail import open_tail
+from goodput.tail import InFlight, open_tail
 from goodput.traces import AttemptIds, TraceWindows
 
 _log = logging.getLogger(__name__)
@@ -95,21 +95,6 @@ def _named_exporters(names) -> list:
         except Exception as exc:
             config.bad_setting("traces_exporter", name, str(exc), "the others")
     return out
-
-
-class _InFlight(set):
-    """The phases in flight: a set whose :meth:`add` (called by :mod:`goodput.phases` on
-    the training thread) also writes the phase's start to the spool tail."""
-
-    __slots__ = ("rec",)
-
-    def add(self, entry) -> None:
-        _set_add(self, entry)
-        rec = self.rec
-        rec._tail.begin(rec._next_seq(), entry)
-
-
-_set_add = set.add
 
 
 class Recorder:
@@ -205,13 +190,13 @@ class Recorder:
         self._exception_seen = False
         self._prev_excepthook = None
         #: Phases in flight on the training thread (see :meth:`phase_begin`).
-        self._open: set = _InFlight()
-        self._open.rec = self
         #: Sequence numbers of the records (1, 2, ...: a C counter, safe from any thread), in
         #: the deque's tuples and the tail; the largest drained one, and the tail it went to.
         self._next_seq = itertools.count(1).__next__
         self._drained_seq = 0
         self._tail = _NO_TAIL
+        self._open: set = InFlight()  # adding a phase writes its start to the tail
+        self._open.tail, self._open.next_seq = _NO_TAIL, self._next_seq
         self._tail_suffix: str | None = None  # the line template the tail holds
         self._tail_failures = self._tail_overruns = 0  # of the attempts closed
         self._tail_encoder = None  # the encoder whose line template the tail holds
@@ -546,6 +531,7 @@ class Recorder:
                                      on_failed=self._spool_line_failed)
             self._forward.attach(path)
             self._tail = open_tail(path, encoder.prefix, encoder.suffix, self._drained_seq)
+            self._open.tail = self._tail
             self._tail_encoder, self._tail_suffix = encoder, encoder.suffix
             if self._say_where:  # the default job name or run directory: say where it goes
                 self._say_where = False
@@ -633,6 +619,7 @@ class Recorder:
         """The attempt ended: its journal holds everything, the tail goes (it stays, for the
         processor, if the journal lost a write)."""
         tail, self._tail, self._tail_encoder = self._tail, _NO_TAIL, None
+        self._open.tail = _NO_TAIL
         self._tail_failures += tail.failures
         self._tail_overruns += tail.overruns
         if self._sink is not None and self._sink.failures:

@@ -103,9 +103,6 @@ class NullTail:
     def end(self, seq, name, t0, t1, attrs, err) -> None:
         pass
 
-    def begin(self, seq, entry) -> None:
-        pass
-
     def step_start(self, seq, step, at) -> None:
         pass
 
@@ -128,7 +125,7 @@ NULL = NullTail()
 class Tail:
     """The tail file of one attempt (see the module docstring).
 
-    :meth:`end`, :meth:`begin` and :meth:`step_start` run on any recording thread;
+    :meth:`end`, :meth:`step_start` and :meth:`InFlight.add` run on any recording thread;
     :meth:`flushed`, :meth:`template` and :meth:`remove` on the background thread (under the
     recorder's lock). Use :func:`open_tail`, which never raises.
     """
@@ -186,27 +183,6 @@ class Tail:
                         self._pack(self._mm, _RING_AT + (seq & _MASK) * 40, w, v, t0, t1, seq)
                         return
             self._general(seq, _END, name, t0, t1, attrs, err)
-        except Exception:
-            self._failed()
-
-    def begin(self, seq: int, entry) -> None:
-        """The phase ``entry`` (``name``, ``_t0``, ``attrs``: a
-        :class:`goodput.phases.Phase`) began: record ``seq``. Never raises."""
-        try:
-            name, t0, attrs = entry.name, entry._t0, entry.attrs
-            if attrs is None:
-                w = _W_BEGIN.get(name)
-                if w is not None:
-                    self._pack_start(self._mm, _RING_AT + (seq & _MASK) * 40, w, t0, seq)
-                    return
-            elif len(attrs) == 1:
-                v = attrs.get(_STEP)
-                w = _W_BEGIN_STEP.get(name)
-                if type(v) is int and w is not None:
-                    self._pack_value_start(self._mm, _RING_AT + (seq & _MASK) * 40, w, v, t0,
-                                           seq)
-                    return
-            self._general(seq, _BEGIN, name, t0, t0, attrs, None)
         except Exception:
             self._failed()
 
@@ -318,6 +294,41 @@ class Tail:
                 os.close(fd)
             except OSError:
                 pass
+
+
+class InFlight(set):
+    """The recorder's set of phases in flight (:mod:`goodput.phases` adds and discards them
+    on the training thread; each is an object with ``name``, ``_t0`` and ``attrs``): adding
+    one also writes its start to :attr:`tail` (record ``next_seq()``), in one call."""
+
+    __slots__ = ("tail", "next_seq")
+
+    def add(self, entry) -> None:
+        _set_add(self, entry)
+        tail = self.tail
+        if tail is NULL:
+            return
+        try:
+            seq = self.next_seq()
+            attrs = entry.attrs
+            if attrs is None:
+                w = _W_BEGIN.get(entry.name)
+                if w is not None:
+                    tail._pack_start(tail._mm, _RING_AT + (seq & _MASK) * 40, w, entry._t0, seq)
+                    return
+            elif len(attrs) == 1:
+                v = attrs.get(_STEP)
+                w = _W_BEGIN_STEP.get(entry.name)
+                if type(v) is int and w is not None:
+                    tail._pack_value_start(tail._mm, _RING_AT + (seq & _MASK) * 40, w, v,
+                                           entry._t0, seq)
+                    return
+            tail._general(seq, _BEGIN, entry.name, entry._t0, entry._t0, attrs, None)
+        except Exception:
+            tail._failed()
+
+
+_set_add = set.add
 
 
 def _plain(v):
