@@ -148,6 +148,10 @@ class Tail:
             except OSError as exc:  # a file system without locks: readers cannot tell
                 _log.debug("goodput: no lock on %s: %s", path, exc)
             os.ftruncate(fd, SIZE)
+            # Blocks reserved now: a page of a sparse file written through the map on a
+            # full disk is a SIGBUS that kills the training process. ENOSPC here is an
+            # OSError instead, and the attempt goes on without a tail.
+            os.posix_fallocate(fd, 0, SIZE)
             self._mm = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
