@@ -155,6 +155,10 @@ class Tail:
             self._mm = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
+            try:
+                os.remove(path)  # no tail rather than one readers would find empty
+            except OSError:
+                pass
             raise
         self._fd = fd
         rnd = random.Random()
