@@ -266,8 +266,9 @@ TAIL_DATA_AT = 256
 #: records``; then the blob ring): a word (kind in bits 0-7, flags 8-15, name id 16-31: 1 +
 #: index in TAIL_NAMES, 0: in the blob; blob length 32-47, blob offset 48-63), value (step
 #: or checkpoint step), start ns, end ns, seq (written last: a record is whole when its
-#: seq is). A phase's start may leave value and end 0; a record without a value, value. A blob is the seq (8 bytes) then JSON ``{"n": name, "a": attributes, "e":
-#: error}`` (the keys present that the record needs).
+#: seq is). A phase's start may leave value and end 0; a record without a value, value.
+#: A blob is the seq (8 bytes) then JSON ``{"n": name, "a": attributes, "e": error}``
+#: (the keys present that the record needs).
 TAIL_RECORD = "<QqqqQ"
 TAIL_BEGIN, TAIL_END, TAIL_STEP_START = 1, 2, 3
 TAIL_F_STEP, TAIL_F_CKPT_STEP, TAIL_F_BLOCKING, TAIL_F_ASYNC, TAIL_F_BLOB = 1, 2, 4, 8, 16
