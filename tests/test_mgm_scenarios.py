@@ -568,20 +568,25 @@ def _checkpoint_badput_calls() -> tuple[list, int]:
     return s.calls, where
 
 
-def test_checkpoint_badput_by_import(tmp_path, oracle, capsys):
-    """BadputTest.test_badput_calculator_checkpoint_badput: its Orbax save statistics are
-    written straight to the log (no recorder call), so this one goes through ``goodput
-    import`` only (its times, 10 s after the epoch, included)."""
-    calls, where = _checkpoint_badput_calls()
-    entries = mgm_log(calls[:where])
-    entries.append({  # the test's MockSaveStepStatistics, as asdict() gives it
+def _save_statistics() -> dict:
+    """BadputTest's MockSaveStepStatistics as ``asdict()`` gives it (a 6 s blocking save)."""
+    return {
         "step": 1, "event_type": "save", "directory": "gs://bucket/path",
         "wait_for_prev_start_time": 10.0, "wait_for_prev_duration_secs": 1.0,
         "checkpointer_blocking_start_time": 12.0, "checkpointer_blocking_duration_secs": 2.0,
         "get_old_steps_start_time": 13.0, "get_old_steps_duration_secs": 3.0,
         "checkpoint_manager_blocking_start_time": 10.0,
         "checkpoint_manager_blocking_duration_secs": 6.0, "reached_preemption": True,
-        "preemption_received_at": 10.0, "synchronous": True})
+        "preemption_received_at": 10.0, "synchronous": True}
+
+
+def test_checkpoint_badput_by_import(tmp_path, oracle, capsys):
+    """BadputTest.test_badput_calculator_checkpoint_badput: its Orbax save statistics are
+    written straight to the log (no recorder call), so this one goes through ``goodput
+    import`` only (its times, 10 s after the epoch, included)."""
+    calls, where = _checkpoint_badput_calls()
+    entries = mgm_log(calls[:where])
+    entries.append(_save_statistics())  # the test's MockSaveStepStatistics
     entries += mgm_log(calls[where:])  # the statistics entry names no job: it is the job's
     at = last_time(entries) + 2 * SEC
     theirs = answers(oracle(entries, at))
@@ -658,14 +663,7 @@ def test_checkpoint_badput_by_the_recorder_with_the_old_process_alive(tmp_path, 
     _overlapping_restart(run_dir, old_calls, calls[where:])
 
     entries = mgm_log(calls[:where])
-    entries.append({  # the test's MockSaveStepStatistics (only its duration counts)
-        "step": 1, "event_type": "save", "directory": "gs://bucket/path",
-        "wait_for_prev_start_time": 10.0, "wait_for_prev_duration_secs": 1.0,
-        "checkpointer_blocking_start_time": 12.0, "checkpointer_blocking_duration_secs": 2.0,
-        "get_old_steps_start_time": 13.0, "get_old_steps_duration_secs": 3.0,
-        "checkpoint_manager_blocking_start_time": 10.0,
-        "checkpoint_manager_blocking_duration_secs": 6.0, "reached_preemption": True,
-        "preemption_received_at": 10.0, "synchronous": True})
+    entries.append(_save_statistics())  # only its duration counts
     entries += mgm_log(calls[where:])
     at = last_time(entries) + 2 * SEC
     theirs = answers(oracle(entries, at))
