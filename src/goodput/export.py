@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 
+from goodput import config
 from goodput.links import install_hint
 
 _log = logging.getLogger(__name__)
@@ -245,3 +246,46 @@ def gcp_otlp_exporter(project_id: str | None = None, credentials=None,
     attrs["gcp.project_id"] = project_id
     setattr(exporter, RESOURCE_ATTRIBUTES_ATTR, attrs)
     return exporter
+
+
+def given(exporters) -> list:
+    """``exporters`` (``SpanExporter`` objects, or one) as a list; anything else warned
+    about (once, naming the setting ``exporters``) and left out. Never raises."""
+    if exporters is None:
+        return []
+    try:
+        items = list(exporters)
+    except TypeError:
+        items = [exporters]  # one exporter rather than a list of them
+    out = []
+    for e in items:
+        if callable(getattr(e, "export", None)):
+            out.append(e)
+        else:
+            config.bad_setting("exporters", e, "not a SpanExporter (no export method)",
+                               "the others")
+    return out
+
+
+def named(names) -> list:
+    """The exporters ``names`` (or the environment) asks for (:func:`from_config`);
+    a name that cannot be made is warned about and left out: the spool still works. Never
+    raises."""
+    try:
+        return from_config(names)
+    except Exception as exc:
+        if names is None:  # from the environment: from_config warns itself, never raises
+            config.bad_setting("GOODPUT_TRACES_EXPORTER", None, str(exc), "the spool only")
+            return []
+    parts = names.split(",") if isinstance(names, str) else names
+    if not isinstance(parts, (list, tuple)):
+        config.bad_setting("traces_exporter", names, "not a name or a list of names",
+                           "the spool only")
+        return []
+    out = []
+    for name in parts:
+        try:
+            out += from_config([name])
+        except Exception as exc:
+            config.bad_setting("traces_exporter", name, str(exc), "the others")
+    return out

@@ -56,47 +56,6 @@ _SYNC = "<sync>"
 _VERSION = "0.1.0"
 
 
-def _exporters(given) -> list:
-    """``given`` ``SpanExporter`` objects as a list; anything else warned about, left out."""
-    if given is None:
-        return []
-    try:
-        items = list(given)
-    except TypeError:
-        items = [given]  # one exporter rather than a list of them
-    out = []
-    for e in items:
-        if callable(getattr(e, "export", None)):
-            out.append(e)
-        else:
-            config.bad_setting("exporters", e, "not a SpanExporter (no export method)",
-                               "the others")
-    return out
-
-
-def _named_exporters(names) -> list:
-    """The exporters ``names`` (or the environment) asks for (:func:`export.from_config`);
-    a name that cannot be made is warned about and left out: the spool still works."""
-    try:
-        return export.from_config(names)
-    except Exception as exc:
-        if names is None:  # from the environment: from_config warns itself, never raises
-            config.bad_setting("GOODPUT_TRACES_EXPORTER", None, str(exc), "the spool only")
-            return []
-    parts = names.split(",") if isinstance(names, str) else names
-    if not isinstance(parts, (list, tuple)):
-        config.bad_setting("traces_exporter", names, "not a name or a list of names",
-                           "the spool only")
-        return []
-    out = []
-    for name in parts:
-        try:
-            out += export.from_config([name])
-        except Exception as exc:
-            config.bad_setting("traces_exporter", name, str(exc), "the others")
-    return out
-
-
 class Recorder:
     """Records the phases of one training process as OpenTelemetry spans.
 
@@ -162,7 +121,7 @@ class Recorder:
             or self.run_dir == schema.default_run_dir(self.job_name))
         self._window_ns = int(config.trace_window_s(trace_window_s) * 1e9)
         self._window_spans = config.trace_window_spans(trace_window_spans)
-        extra = _exporters(exporters) + _named_exporters(traces_exporter)
+        extra = export.given(exporters) + export.named(traces_exporter)
         self._resource_extra = {**config.resource_attributes(resource_attributes),
                                 **export.resource_attributes(extra)}
         self._forward = forward.Forwarding(extra, self.run_dir, self.process_index,
