@@ -191,7 +191,8 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
         "report",
         help="goodput and badput of the jobs in a run directory",
         description="Account the spans in RUN_DIR (every *.jsonl and *.jsonl.gz span file, "
-        "and the *.tail of a killed process, under it, recursively) into goodput buckets, per job, and print the report.",
+        "and the *.tail of a killed process, under it, recursively) into goodput buckets, "
+        "per job, and print the report.",
         epilog="Example: goodput report goodput-runs/my-run. The recorder writes to "
         "goodput.configure(run_dir=...), else $GOODPUT_RUN_DIR, else "
         "./goodput-runs/JOB_NAME. Exit status: 0; 2: bad command line or unreadable "
@@ -200,7 +201,8 @@ def add_report_command(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="the run directory the training job's recorder wrote (spool files "
-                   "spans-*.jsonl, and the .tail a killed process left); a parent of several run directories is read whole: "
+                   "spans-*.jsonl, and the .tail a killed process left); a parent of several "
+                   "run directories is read whole: "
                    "spools with the same job name are one job (a run_dirs_merged warning "
                    "names the directories), so report each run's directory alone")
     p.add_argument("--format", choices=("table", "json"), default="table",
