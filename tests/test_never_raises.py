@@ -308,3 +308,12 @@ def test_acceptance_flush_interval_and_odd_steps(tmp_path, flush) -> None:
     named = [ln for ln in _ignoring_lines(stderr) if "GOODPUT_FLUSH_INTERVAL_S" in ln]
     assert len(named) == 1, stderr
     assert Counter(_ignoring_lines(stderr)).most_common(1)[0][1] == 1
+
+
+def test_the_step_limit_literal_is_max_step():
+    """phases.py writes api.MAX_STEP as a literal on the hot path: the two agree."""
+    import inspect
+
+    from goodput import api, phases
+    assert api.MAX_STEP == 0x8000000000000000
+    assert "0x8000000000000000" in inspect.getsource(phases)

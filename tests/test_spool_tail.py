@@ -217,3 +217,9 @@ def test_plain_torch_killed_under_opentelemetry_instrument(tmp_path):
     assert trial.lost == trial.truth_lost
     assert abs(trial.wasted_s - trial.truth_wasted_s) <= kill_tail.TOL_S
     assert abs(trial.recovery_s - trial.truth_recovery_s) <= kill_tail.TOL_S
+
+
+def test_record_size_is_the_one_the_offsets_use():
+    """goodput.tail multiplies record offsets by 40: the packed record is 40 bytes."""
+    from goodput import tail
+    assert tail._REC.size == 40
