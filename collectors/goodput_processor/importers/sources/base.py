@@ -1,0 +1,412 @@
+"""What every foreign-telemetry source shares: its records in one plain form, a translator,
+and the emitter that turns what it finds into this project's own spans.
+
+A *source* reads the telemetry another tool already emits (NVIDIA one-logger's spans,
+torchtitan's JSON lines, torchft's OTLP log records, a launcher's log lines, ...) and
+produces goodput spans of ``docs/span-schema.md`` (``goodput.step``,
+``goodput.checkpoint_save``, ...), as OTLP JSON ``ResourceSpans`` dicts, one resource per
+OS process incarnation. The accounting never sees the foreign vocabulary: ``goodput
+report``, ``goodput serve`` and ``goodput import`` take the emitted spans down the one code
+path the project's own recorder's spans take.
+
+The pieces:
+
+- :class:`ForeignSpan` / :class:`ForeignLog`: one OTLP span or log record, whatever its
+  encoding (OTLP JSON dict or protobuf message): :func:`spans_of`, :func:`logs_of`.
+- :class:`Translator`: the per-stream state of one source (subclassed by each source);
+  fed with :meth:`~Translator.spans`, :meth:`~Translator.logs` or
+  :meth:`~Translator.line`, closed with :meth:`~Translator.finish`.
+- :class:`Emitter`: what a translator writes into: :meth:`~Emitter.process` names an OS
+  process incarnation (job, rank, attempt hint, identity) and :meth:`~Emitter.span` adds
+  one goodput span to it; :meth:`~Emitter.take` hands over what was added since the last
+  take.
+- :class:`Source`: a source's registration (name, what it reads, how it is recognised,
+  its translator class); see :mod:`goodput_processor.importers.sources`.
+
+Times are integer nanoseconds since the Unix epoch everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from goodput import schema
+
+from ..common import Problems
+
+__all__ = ["ForeignLog", "ForeignSpan", "Emitter", "Source", "Translator", "attrs_of",
+           "logs_of", "pb_attrs", "spans_of", "value_of"]
+
+#: Spans per emitted ``scopeSpans`` list (as the recorder's journal lines).
+SPANS_PER_LIST = 512
+
+
+# --- foreign records in one plain form ----------------------------------------------------
+
+def value_of(v: Any) -> Any:
+    """Python value of an OTLP JSON ``AnyValue`` dict (``{"intValue": "3"}`` -> 3); arrays
+    and maps become lists and dicts; None for anything unreadable."""
+    if not isinstance(v, dict):
+        return None
+    for key, val in v.items():
+        if key == "stringValue":
+            return val if isinstance(val, str) else None
+        if key == "intValue":
+            try:
+                return int(val)
+            except (TypeError, ValueError):
+                return None
+        if key == "doubleValue":
+            try:
+                return float(val)
+            except (TypeError, ValueError):
+                return None
+        if key == "boolValue":
+            return bool(val)
+        if key == "arrayValue":
+            return [value_of(x) for x in (val or {}).get("values") or ()]
+        if key == "kvlistValue":
+            return attrs_of((val or {}).get("values"))
+        if key == "bytesValue":
+            return val
+    return None
+
+
+def attrs_of(kvs) -> dict[str, Any]:
+    """``{key: python value}`` of an OTLP JSON attribute list (bad entries left out)."""
+    out: dict[str, Any] = {}
+    for kv in kvs or ():
+        try:
+            out[kv["key"]] = value_of(kv.get("value"))
+        except (TypeError, KeyError, AttributeError):
+            continue
+    return out
+
+
+def _pb_value(v) -> Any:
+    which = v.WhichOneof("value")
+    if which in ("int_value", "string_value", "bool_value", "double_value"):
+        return getattr(v, which)
+    if which == "array_value":
+        return [_pb_value(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return pb_attrs(v.kvlist_value.values)
+    if which == "bytes_value":
+        return v.bytes_value.hex()
+    return None
+
+
+def pb_attrs(kvs) -> dict[str, Any]:
+    """``{key: python value}`` of a protobuf ``KeyValue`` list."""
+    return {kv.key: _pb_value(kv.value) for kv in kvs}
+
+
+def _int(v, default: int = 0) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(slots=True)
+class ForeignSpan:
+    """One OTLP span of a foreign producer.
+
+    ``trace_id``/``span_id``/``parent_id``: lowercase hex ("" when absent); ``start_ns``/
+    ``end_ns``: ns since the epoch; ``attrs``: ``{key: value}``; ``events``: ``[(name,
+    time_ns, attrs)]``; ``links``: ``[(trace_id, span_id)]``; ``error``: status ERROR.
+    """
+
+    name: str
+    start_ns: int
+    end_ns: int
+    attrs: dict = field(default_factory=dict)
+    trace_id: str = ""
+    span_id: str = ""
+    parent_id: str = ""
+    events: list = field(default_factory=list)
+    links: list = field(default_factory=list)
+    error: bool = False
+
+
+@dataclass(slots=True)
+class ForeignLog:
+    """One OTLP log record of a foreign producer: ``time_ns`` (its ``timeUnixNano``, else
+    ``observedTimeUnixNano``), ``body`` (str, dict, ... as sent), ``attrs``, ``severity``
+    (text, "" when absent), ``trace_id``/``span_id`` (hex, "" when absent)."""
+
+    time_ns: int
+    body: Any = None
+    attrs: dict = field(default_factory=dict)
+    severity: str = ""
+    trace_id: str = ""
+    span_id: str = ""
+
+
+def _hex(v) -> str:
+    """Hex of an id given as JSON hex text (the OTLP JSON encoding) or protobuf bytes."""
+    if isinstance(v, (bytes, bytearray)):
+        return v.hex()
+    return v.lower() if isinstance(v, str) else ""
+
+
+def spans_of(spans) -> list[ForeignSpan]:
+    """:class:`ForeignSpan` of each span of an OTLP ``scopeSpans``'s list: JSON dicts or
+    protobuf ``Span`` messages.
+
+    Raises:
+        TypeError, KeyError, ValueError, AttributeError: a span is not an OTLP span (the
+            caller counts it as malformed).
+    """
+    out = []
+    for s in spans:
+        if isinstance(s, dict):
+            out.append(ForeignSpan(
+                name=str(s.get("name", "")), start_ns=_int(s.get("startTimeUnixNano")),
+                end_ns=_int(s.get("endTimeUnixNano")), attrs=attrs_of(s.get("attributes")),
+                trace_id=_hex(s.get("traceId")), span_id=_hex(s.get("spanId")),
+                parent_id=_hex(s.get("parentSpanId")),
+                events=[(str(e.get("name", "")), _int(e.get("timeUnixNano")),
+                         attrs_of(e.get("attributes"))) for e in s.get("events") or ()],
+                links=[(_hex(lk.get("traceId")), _hex(lk.get("spanId")))
+                       for lk in s.get("links") or ()],
+                error=(s.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR")))
+        else:
+            out.append(ForeignSpan(
+                name=s.name, start_ns=int(s.start_time_unix_nano),
+                end_ns=int(s.end_time_unix_nano), attrs=pb_attrs(s.attributes),
+                trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
+                parent_id=s.parent_span_id.hex(),
+                events=[(e.name, int(e.time_unix_nano), pb_attrs(e.attributes))
+                        for e in s.events],
+                links=[(lk.trace_id.hex(), lk.span_id.hex()) for lk in s.links],
+                error=s.status.code == 2))
+    return out
+
+
+def logs_of(records) -> list[ForeignLog]:
+    """:class:`ForeignLog` of each record of an OTLP ``scopeLogs``'s ``logRecords``: JSON
+    dicts or protobuf ``LogRecord`` messages.
+
+    Raises:
+        TypeError, KeyError, ValueError, AttributeError: not an OTLP log record.
+    """
+    out = []
+    for r in records:
+        if isinstance(r, dict):
+            t = _int(r.get("timeUnixNano")) or _int(r.get("observedTimeUnixNano"))
+            out.append(ForeignLog(time_ns=t, body=value_of(r.get("body")),
+                                  attrs=attrs_of(r.get("attributes")),
+                                  severity=str(r.get("severityText") or ""),
+                                  trace_id=_hex(r.get("traceId")),
+                                  span_id=_hex(r.get("spanId"))))
+        else:
+            t = int(r.time_unix_nano) or int(r.observed_time_unix_nano)
+            out.append(ForeignLog(time_ns=t, body=_pb_value(r.body) if r.HasField("body")
+                                  else None, attrs=pb_attrs(r.attributes),
+                                  severity=r.severity_text, trace_id=r.trace_id.hex(),
+                                  span_id=r.span_id.hex()))
+    return out
+
+
+# --- the emitter --------------------------------------------------------------------------
+
+def _kv(key: str, value) -> dict:
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    return {"key": key, "value": {"stringValue": str(value)}}
+
+
+def _digest(text: str, nbytes: int) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=nbytes).hexdigest()
+
+
+class _Proc:
+    __slots__ = ("key", "job", "resource", "trace_id", "spans", "start_ns", "fixed")
+
+    def __init__(self, key: str, job: str, attrs: dict, start_ns: int | None):
+        self.key, self.job, self.resource = key, job, attrs
+        self.trace_id = _digest("trace\0" + key, 16)
+        self.spans: list[dict] = []
+        self.start_ns = start_ns
+        self.fixed = False  # the resource was handed out: it never changes after that
+
+
+class Emitter:
+    """Collects the goodput spans a translator makes, grouped by OS process incarnation.
+
+    ``imported_from`` is written as the ``goodput.imported_from`` resource attribute (the
+    source's :attr:`Source.imported_from`). Span ids are deterministic: the foreign span's
+    own id when the translator passes it, else a hash of (process key, name, start, end,
+    step), so a record received twice (a resent export, a file read again) gives one span,
+    which the processor keeps once.
+    """
+
+    def __init__(self, imported_from: str):
+        self.imported_from = imported_from
+        self._procs: dict[str, _Proc] = {}
+
+    def has(self, key: str) -> bool:
+        """Whether process ``key`` was named with :meth:`process`."""
+        return key in self._procs
+
+    def process(self, key: str, *, job: str, rank: int = 0, count: int | None = None,
+                attempt: int = 0, host: str | None = None, pid: int | None = None,
+                start_ns: int | None = None, role: str | None = None,
+                extra: dict | None = None) -> str:
+        """Name one OS process incarnation (idempotent for the same ``key``); returns ``key``.
+
+        Args:
+            key: unique text for this incarnation within the input (e.g. ``run_uuid`` +
+                rank, or file path + restart number); it becomes ``service.instance.id``
+                (hashed).
+            job: the job name (``goodput.job.name``, ``service.name``).
+            rank: ``goodput.process.index``; count: ``goodput.process.count`` (None: 1).
+            attempt: ``goodput.attempt``, a hint (the processor derives attempts from
+                evidence); host, pid: ``host.name``, ``process.pid`` when known.
+            start_ns: when the OS process started (``goodput.process.start_time_unix_nano``);
+                None: the start of its first span.
+            role: ``launcher`` for a launcher's own process (``goodput.launcher_event``).
+            extra: other resource attributes kept as they are (e.g. ``ml.run.name``).
+        """
+        if key in self._procs:
+            return key
+        attrs: dict[str, Any] = {
+            schema.RES_SERVICE_NAME: job, schema.RES_JOB_NAME: job,
+            schema.RES_SERVICE_INSTANCE_ID: _digest("proc\0" + key, 16),
+            schema.RES_ATTEMPT: int(attempt), schema.RES_ATTEMPT_SOURCE: "env",
+            schema.RES_PROCESS_INDEX: int(rank),
+            schema.RES_PROCESS_INDEX_SOURCE: "env",
+            schema.RES_PROCESS_COUNT: int(count) if count else 1,
+            schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
+            schema.RES_IMPORTED_FROM: self.imported_from,
+        }
+        if host is not None:
+            attrs[schema.RES_HOST_NAME] = str(host)
+        if pid is not None:
+            attrs[schema.RES_PROCESS_PID] = int(pid)
+        if role is not None:
+            attrs[schema.RES_PROCESS_ROLE] = role
+        for k, v in (extra or {}).items():
+            if isinstance(v, (bool, int, str)):
+                attrs.setdefault(k, v)
+        self._procs[key] = _Proc(key, job, attrs, start_ns)
+        return key
+
+    def span(self, key: str, name: str, start_ns: int, end_ns: int,
+             attrs: dict | None = None, *, span_id: str | None = None,
+             error: bool = False) -> None:
+        """Add one goodput span (``name``: a ``goodput.schema`` span name) to process
+        ``key``. ``attrs``: ``{key: bool | int | str}`` (e.g. ``{schema.ATTR_STEP: 12}``).
+
+        Raises:
+            KeyError: ``key`` was never named with :meth:`process`.
+        """
+        p = self._procs[key]
+        start_ns, end_ns = int(start_ns), int(end_ns)
+        if end_ns < start_ns:
+            end_ns = start_ns
+        if p.start_ns is None:
+            p.start_ns = start_ns
+        attrs = attrs or {}
+        if not span_id:
+            step = attrs.get(schema.ATTR_STEP, attrs.get(schema.ATTR_CHECKPOINT_STEP, ""))
+            span_id = _digest(f"{key}\0{name}\0{start_ns}\0{end_ns}\0{step}", 8)
+        s = {"traceId": p.trace_id, "spanId": span_id, "name": name, "kind": 1,
+             "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(end_ns),
+             "attributes": [_kv(k, v) for k, v in attrs.items()]}
+        if error:
+            s["status"] = {"code": 2}
+        p.spans.append(s)
+
+    def take(self) -> list[dict]:
+        """The OTLP JSON ``ResourceSpans`` of the spans added since the last take (one per
+        process with new spans, up to :data:`SPANS_PER_LIST` spans per ``scopeSpans``)."""
+        out = []
+        for p in self._procs.values():
+            if not p.spans:
+                continue
+            if not p.fixed:
+                if p.start_ns is not None:
+                    p.resource[schema.RES_PROCESS_START] = int(p.start_ns)
+                p.fixed = True
+            spans, p.spans = p.spans, []
+            out.append({"resource": {"attributes": [_kv(k, v) for k, v in p.resource.items()]},
+                        "scopeSpans": [{"scope": {"name": schema.SCOPE_NAME},
+                                        "spans": spans[i:i + SPANS_PER_LIST]}
+                                       for i in range(0, len(spans), SPANS_PER_LIST)]})
+        return out
+
+
+# --- translators and sources -------------------------------------------------------------
+
+class Translator:
+    """The state of one source over one stream of input (every file of one ``goodput
+    import``, or everything ``goodput serve`` receives from that source).
+
+    Subclasses override the methods for what their source reads; the defaults ignore the
+    input. They never raise on bad input: a record that cannot be read is counted in
+    :attr:`problems` (``Problems.add(where, reason, detail)``, reasons such as
+    ``malformed``, ``truncated``, ``unknown_record``) and skipped. What they infer rather
+    than read (a lost end, an attempt told from a gap) is named in :attr:`warnings`
+    (``{name: count}``), which the import summary and the report show.
+    """
+
+    def __init__(self, emitter: Emitter, problems: Problems | None = None):
+        self.emit = emitter
+        self.problems = problems if problems is not None else Problems()
+        self.warnings: dict[str, int] = {}
+
+    def warn(self, name: str, n: int = 1) -> None:
+        """Count ``n`` occurrences of the named warning ``name``."""
+        self.warnings[name] = self.warnings.get(name, 0) + n
+
+    def spans(self, resource: dict, scope: str, spans: list[ForeignSpan], where: str) -> None:
+        """Take the spans of one ``ResourceSpans``/``ScopeSpans`` (``resource``: its
+        attributes; ``where``: names the input in problems, e.g. ``"file:12"``)."""
+
+    def logs(self, resource: dict, scope: str, records: list[ForeignLog], where: str) -> None:
+        """Take the log records of one ``ResourceLogs``/``ScopeLogs``."""
+
+    def line(self, text: str, where: str) -> None:
+        """Take one line of a text or JSON-lines file (without its newline)."""
+
+    def start_file(self, path: str) -> None:
+        """A new input file begins (file sources: per-file state, e.g. the rank)."""
+
+    def finish(self) -> None:
+        """The input has ended (import: every file read): close what is still open."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A registered source of foreign telemetry.
+
+    Attributes:
+        name: the ``goodput import --from`` value, e.g. ``"torchtitan"``.
+        imported_from: the ``goodput.imported_from`` value written on its spans.
+        reads: what it reads: a subset of ``{"traces", "logs", "lines"}`` (OTLP spans,
+            OTLP log records, lines of files).
+        translator: ``translator(emitter, problems) -> Translator``.
+        matches: for OTLP input, ``matches(resource_attrs, scope_name, names) -> bool``:
+            whether a ``ResourceSpans``/``ResourceLogs`` is this source's (``names``: its
+            first span names or log record bodies). None: never taken from OTLP.
+        sniff: for files, ``sniff(head) -> bool`` on a file's first 64 KiB (bytes), for
+            ``--from`` detection. None: never detected.
+        doc: the docs page (relative to ``docs/``), e.g. ``"sources/torchtitan.md"``.
+        checked: the versions the source was checked against, e.g. ``"torchtitan 0.3.0"``.
+    """
+
+    name: str
+    imported_from: str
+    reads: frozenset
+    translator: Callable[[Emitter, Problems], Translator]
+    matches: Callable[[dict, str, Iterable[str]], bool] | None = None
+    sniff: Callable[[bytes], bool] | None = None
+    doc: str = ""
+    checked: str = ""

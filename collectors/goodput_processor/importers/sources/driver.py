@@ -1,0 +1,385 @@
+"""Run sources over their input: files (``goodput import``, ``goodput report`` of a foreign
+producer's OTLP JSON directory) and OTLP requests (``goodput serve``).
+
+- :func:`translate_files`: every file through one translator; returns a :class:`SourceRun`.
+- :class:`OtlpTranslation`: the translators ``goodput serve`` keeps, one per source; it
+  splits a request into this project's own ``ResourceSpans`` (passed on untouched) and the
+  goodput spans translated from a foreign producer's.
+- :func:`write_spool`: emitted ``ResourceSpans`` as spool files under ``RUN_DIR/<job>/``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from goodput import schema
+
+from ..common import OutputExistsError, Problems, check_readable
+from .base import Emitter, Source, Translator, attrs_of, logs_of, pb_attrs, spans_of
+
+__all__ = ["OtlpTranslation", "SourceRun", "detect_file_source", "match_otlp",
+           "translate_files", "translate_otlp", "write_spool"]
+
+_HEAD_BYTES = 64 << 10
+#: Span names (or log bodies) handed to :attr:`Source.matches`, at most.
+_NAMES = 8
+
+
+@dataclass
+class SourceRun:
+    """What :func:`translate_files` made: ``resource_spans`` (OTLP JSON ``ResourceSpans``
+    of goodput spans), ``problems`` (skipped records by reason, with examples),
+    ``warnings`` (``{name: count}``: what was inferred, not read), ``records`` (lines,
+    spans and log records read)."""
+
+    source: str
+    resource_spans: list = field(default_factory=list)
+    problems: Problems = field(default_factory=Problems)
+    warnings: dict = field(default_factory=dict)
+    records: int = 0
+
+
+def _open(path: str):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="")
+    return open(path, encoding="utf-8", errors="replace", newline="")
+
+
+def _head(path: str) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(_HEAD_BYTES)
+    if head[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as g:
+                head = g.read(_HEAD_BYTES)
+        except (OSError, EOFError):
+            pass
+    return head
+
+
+def _otlp_first(head: bytes) -> dict | None:
+    """The first line of ``head`` as an OTLP JSON request dict, else None."""
+    line = head.split(b"\n", 1)[0].strip()
+    if not line.startswith(b"{"):
+        return None
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and ("resourceSpans" in doc or "resourceLogs" in doc):
+        return doc
+    return None
+
+
+def _names(items, key: str) -> list[str]:
+    out = []
+    for s in items:
+        if isinstance(s, dict):
+            v = s.get(key)
+            if key == "body":
+                v = (v or {}).get("stringValue") if isinstance(v, dict) else None
+        else:
+            v = s.name if key == "name" else (s.body.string_value if s.HasField("body")
+                                              else None)
+        if isinstance(v, str):
+            out.append(v)
+        if len(out) >= _NAMES:
+            break
+    return out
+
+
+def match_otlp(resource: dict, scope: str, names: Iterable[str]) -> Source | None:
+    """The source whose :attr:`~Source.matches` takes a ``ResourceSpans``/``ResourceLogs``
+    with these resource attributes, scope name and first span names (or log bodies); None
+    for this project's own scope and for what no source takes."""
+    if scope == schema.SCOPE_NAME:
+        return None
+    from . import all_sources
+
+    names = list(names)
+    for src in all_sources().values():
+        if src.matches is not None:
+            try:
+                if src.matches(resource, scope, names):
+                    return src
+            except Exception:  # noqa: BLE001 - a source's test never stops the processor
+                continue
+    return None
+
+
+def detect_file_source(path: str) -> str | None:
+    """The name of the source that recognises file ``path`` (its first 64 KiB), else None.
+
+    An OTLP JSON file (the Collector's file exporter) is told by its first resource;
+    anything else by each source's :attr:`~Source.sniff`.
+
+    Raises:
+        InputError: the file cannot be read.
+    """
+    from . import all_sources
+
+    check_readable(path)
+    head = _head(path)
+    doc = _otlp_first(head)
+    if doc is not None:
+        for key, inner, leaf, nkey in (("resourceSpans", "scopeSpans", "spans", "name"),
+                                       ("resourceLogs", "scopeLogs", "logRecords", "body")):
+            for rs in doc.get(key) or ():
+                attrs = attrs_of((rs.get("resource") or {}).get("attributes"))
+                for ss in rs.get(inner) or ():
+                    scope = (ss.get("scope") or {}).get("name") or ""
+                    src = match_otlp(attrs, scope, _names(ss.get(leaf) or (), nkey))
+                    if src is not None:
+                        return src.name
+        return None
+    for src in all_sources().values():
+        if src.sniff is not None:
+            try:
+                if src.sniff(head):
+                    return src.name
+            except Exception:  # noqa: BLE001
+                continue
+    return None
+
+
+def _feed_otlp(tr: Translator, src: Source, doc: dict, where: str,
+               problems: Problems) -> int:
+    """Feed the parts of OTLP JSON request ``doc`` that ``src`` takes to ``tr``."""
+    n = 0
+    for key, inner, leaf in (("resourceSpans", "scopeSpans", "spans"),
+                             ("resourceLogs", "scopeLogs", "logRecords")):
+        for rs in doc.get(key) or ():
+            attrs = attrs_of((rs.get("resource") or {}).get("attributes"))
+            for ss in rs.get(inner) or ():
+                scope = (ss.get("scope") or {}).get("name") or ""
+                items = ss.get(leaf) or []
+                n += len(items)
+                try:
+                    if leaf == "spans":
+                        tr.spans(attrs, scope, spans_of(items), where)
+                    else:
+                        tr.logs(attrs, scope, logs_of(items), where)
+                except (TypeError, KeyError, ValueError, AttributeError) as e:
+                    problems.add(where, "malformed", f"bad OTLP structure ({e!r})",
+                                 len(items))
+    return n
+
+
+def translate_files(source: Source, paths, progress=None) -> SourceRun:
+    """Run ``source`` over ``paths`` (in order) with one translator; returns what it made.
+
+    A file is read as lines (``.gz`` is inflated). For a source that reads OTLP
+    (``traces``/``logs``), a line that is an OTLP JSON request is handed over whole (the
+    Collector's file exporter writes one request per line); other lines go to
+    :meth:`Translator.line`. ``progress(n_bytes)`` is called as files are read.
+
+    Raises:
+        InputError: a file is missing or unreadable.
+    """
+    run = SourceRun(source.name)
+    emitter = Emitter(source.imported_from)
+    tr = source.translator(emitter, run.problems)
+    otlp = bool(source.reads & {"traces", "logs"})
+    for path in paths:
+        path = os.fspath(path)
+        size = check_readable(path)
+        tr.start_file(path)
+        with _open(path) as f:
+            for lineno, text in enumerate(f, 1):
+                text = text.rstrip("\r\n")
+                where = f"{path}:{lineno}"
+                if otlp and text.startswith("{") and ('"resourceSpans"' in text
+                                                      or '"resourceLogs"' in text):
+                    try:
+                        doc = json.loads(text)
+                    except ValueError as e:
+                        run.problems.add(where, "malformed", f"not JSON ({e})")
+                        continue
+                    if not isinstance(doc, dict):
+                        run.problems.add(where, "malformed", "not a JSON object")
+                        continue
+                    run.records += _feed_otlp(tr, source, doc, where, run.problems)
+                elif text.strip():
+                    run.records += 1
+                    tr.line(text, where)
+        if progress is not None:
+            progress(size)
+    tr.finish()
+    run.resource_spans = emitter.take()
+    run.warnings = dict(tr.warnings)
+    return run
+
+
+def translate_otlp(source: Source, doc: dict, where: str = "input") -> SourceRun:
+    """Run ``source`` over one OTLP JSON request ``doc`` alone (a fresh translator,
+    finished at its end): for tests and one-shot conversions."""
+    run = SourceRun(source.name)
+    emitter = Emitter(source.imported_from)
+    tr = source.translator(emitter, run.problems)
+    run.records = _feed_otlp(tr, source, doc, where, run.problems)
+    tr.finish()
+    run.resource_spans = emitter.take()
+    run.warnings = dict(tr.warnings)
+    return run
+
+
+class OtlpTranslation:
+    """The sources' state in a long-lived receiver (``goodput serve``): one translator per
+    source, kept across requests (a step told from two consecutive records needs the one
+    before). Not thread-safe: the caller holds its lock.
+
+    ``problems`` and ``warnings`` (per source name) accumulate what the translators found.
+    """
+
+    def __init__(self) -> None:
+        self._tr: dict[str, tuple[Emitter, Translator]] = {}
+        self.problems = Problems()
+        self.warnings: dict[str, dict] = {}
+        #: Log records no source took.
+        self.ignored = 0
+
+    def _translator(self, src: Source) -> tuple[Emitter, Translator]:
+        got = self._tr.get(src.name)
+        if got is None:
+            em = Emitter(src.imported_from)
+            got = self._tr[src.name] = (em, src.translator(em, self.problems))
+            self.warnings[src.name] = got[1].warnings
+        return got
+
+    def traces(self, resource_spans, where: str) -> tuple[list, list]:
+        """Split ``resource_spans`` (OTLP JSON dicts or protobuf ``ResourceSpans``) into
+        ``(own, translated)``: the ones no source takes, untouched (this project's spans,
+        and foreign ones the reader counts as unknown), and the goodput ``ResourceSpans``
+        (JSON dicts) the sources made of the others."""
+        own, used = [], set()
+        for rs in resource_spans:
+            pb = not isinstance(rs, dict)
+            if pb:
+                attrs = pb_attrs(rs.resource.attributes)
+                scopes = [(ss.scope.name, ss.spans) for ss in rs.scope_spans]
+            else:
+                attrs = attrs_of((rs.get("resource") or {}).get("attributes"))
+                scopes = [((ss.get("scope") or {}).get("name") or "", ss.get("spans") or [])
+                          for ss in rs.get("scopeSpans") or ()]
+            taken = False
+            for scope, spans in scopes:
+                src = match_otlp(attrs, scope, _names(spans, "name"))
+                if src is None:
+                    continue
+                taken = True
+                em, tr = self._translator(src)
+                used.add(src.name)
+                try:
+                    tr.spans(attrs, scope, spans_of(spans), where)
+                except (TypeError, KeyError, ValueError, AttributeError) as e:
+                    self.problems.add(where, "malformed", f"bad OTLP span ({e!r})", len(spans))
+            if not taken:
+                own.append(rs)
+        return own, self._take(used)
+
+    def logs(self, resource_logs, where: str) -> list:
+        """The goodput ``ResourceSpans`` (JSON dicts) made of ``resource_logs`` (OTLP JSON
+        dicts or protobuf ``ResourceLogs``); records no source takes are dropped (counted
+        in :attr:`ignored`)."""
+        used = set()
+        for rl in resource_logs:
+            if isinstance(rl, dict):
+                attrs = attrs_of((rl.get("resource") or {}).get("attributes"))
+                scopes = [((sl.get("scope") or {}).get("name") or "",
+                           sl.get("logRecords") or []) for sl in rl.get("scopeLogs") or ()]
+            else:
+                attrs = pb_attrs(rl.resource.attributes)
+                scopes = [(sl.scope.name, sl.log_records) for sl in rl.scope_logs]
+            for scope, records in scopes:
+                src = match_otlp(attrs, scope, _names(records, "body"))
+                if src is None:
+                    self.ignored += len(records)
+                    continue
+                em, tr = self._translator(src)
+                used.add(src.name)
+                try:
+                    tr.logs(attrs, scope, logs_of(records), where)
+                except (TypeError, KeyError, ValueError, AttributeError) as e:
+                    self.problems.add(where, "malformed", f"bad OTLP log record ({e!r})",
+                                      len(records))
+        return self._take(used)
+
+    def _take(self, used) -> list:
+        out = []
+        for name in sorted(used):
+            out.extend(self._tr[name][0].take())
+        return out
+
+
+# --- writing spool files -----------------------------------------------------------------
+
+def _res_value(rs: dict, key: str):
+    for kv in rs["resource"]["attributes"]:
+        if kv["key"] == key:
+            v = kv["value"]
+            return int(v["intValue"]) if "intValue" in v else v.get("stringValue")
+    return None
+
+
+def write_spool(resource_spans: list, run_dir, *, overwrite: bool = False) -> dict:
+    """Write emitted ``ResourceSpans`` as spool files: ``RUN_DIR/<job dir>/spans-p<rank>-
+    a<attempt>-<instance>.jsonl``, one file per process incarnation, one OTLP JSON request
+    per line (a ``ResourceSpans`` with up to 512 spans), written as ``*.tmp`` and renamed
+    once every file of the job is complete. Returns ``{job: {"run_dir", "processes",
+    "attempts", "spans", "files"}}``.
+
+    Raises:
+        OutputExistsError: a job directory already holds spans and ``overwrite`` is False
+            (nothing written).
+        OSError: the files cannot be written.
+    """
+    from ..writer import job_dir_name
+
+    by_job: dict[str, dict[str, list]] = {}
+    for rs in resource_spans:
+        job = str(_res_value(rs, schema.RES_JOB_NAME))
+        inst = str(_res_value(rs, schema.RES_SERVICE_INSTANCE_ID))
+        by_job.setdefault(job, {}).setdefault(inst, []).append(rs)
+    root = Path(run_dir)
+    for job in by_job:
+        d = root / job_dir_name(job)
+        old = sorted(d.glob("spans-*.jsonl*")) if d.is_dir() else []
+        if old and not overwrite:
+            raise OutputExistsError(f"{d} already holds spans ({len(old)} files); pass "
+                                    "--overwrite to replace them")
+    out = {}
+    for job, procs in by_job.items():
+        d = root / job_dir_name(job)
+        d.mkdir(parents=True, exist_ok=True)
+        for p in d.glob("spans-*.jsonl*"):
+            p.unlink()
+        written, nspans, attempts = [], 0, set()
+        for inst, parts in sorted(procs.items()):
+            rank = _res_value(parts[0], schema.RES_PROCESS_INDEX) or 0
+            attempt = _res_value(parts[0], schema.RES_ATTEMPT) or 0
+            attempts.add(attempt)
+            tag = hashlib.blake2b(inst.encode(), digest_size=4).hexdigest()
+            final = d / f"spans-p{rank:05d}-a{attempt:04d}-{tag}.jsonl"
+            tmp = final.with_name(final.name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                for rs in parts:
+                    for ss in rs["scopeSpans"]:
+                        nspans += len(ss["spans"])
+                        f.write(json.dumps({"resourceSpans": [
+                            {"resource": rs["resource"], "scopeSpans": [ss]}]},
+                            separators=(",", ":")) + "\n")
+            written.append((tmp, final))
+        for tmp, final in written:
+            os.replace(tmp, final)
+        out[job] = {"run_dir": str(d), "processes": len(procs), "attempts": len(attempts),
+                    "spans": nspans, "files": len(written)}
+    return out
+
