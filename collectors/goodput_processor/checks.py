@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from goodput import schema
+
 from .attempts import Attempt
 from .memo import cached, folded, proc_key
 from .report import JobResult, ReportWarning
@@ -23,7 +25,7 @@ CODES = (
     "orphaned_processes", "process_rank_unknown", "missing_attempt",
     "steps_restart_without_restore", "steps_backwards", "clock_jump", "world_size_changed",
     "spool_file_skipped", "empty_spool_file", "spans_rejected", "ideal_step_time_contradicted",
-    "over_limit", "first_failure_uncertain", "run_dirs_merged",
+    "over_limit", "first_failure_uncertain", "run_dirs_merged", "source_records_lost",
 )
 _MS = 1_000_000
 
@@ -34,6 +36,7 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
     :class:`~goodput_processor.memo.AccountingMemo` keeping each attempt's."""
     out = [w for a in attempts for w in a.warnings]
     out += _missing_attempts(attempts)
+    out += _source_losses(attempts)
     reached = None  # highest step of the attempts so far
     saved = False  # a checkpoint saved or restored in the attempts so far
     for i, a in enumerate(attempts):
@@ -81,6 +84,35 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
             f"job: {', '.join(dirs)}. If they are separate runs that share the job name, "
             "report each directory on its own (or give each run its own job name); if they "
             "are one run's (e.g. a directory per host), nothing is wrong"))
+    return out
+
+
+#: ``goodput.imported_from`` values of the log importers (whole logs, nothing held back).
+_LOG_IMPORTS = ("ml-goodput-measurement", "resiliency")
+
+
+def _source_losses(attempts: list[Attempt]) -> list:
+    """``source_records_lost``: an attempt whose spans a source translated from another
+    tool's telemetry ended with no end record (killed): that tool drops what it still held
+    (open spans, records queued for its next export), so the attempt's last work is told
+    from its last record, not read."""
+    out = []
+    for a in attempts:
+        if a.end_reason != "killed":
+            continue
+        src = a.primary.run.get(schema.RES_IMPORTED_FROM)
+        if not isinstance(src, str) or src in _LOG_IMPORTS:
+            continue
+        delay = a.primary.run.get(schema.RES_SOURCE_EXPORT_DELAY)
+        held = (f"; {src} holds records up to {delay / 1000:g} s before it exports them, "
+                "so up to that much of its last work may be missing" if isinstance(
+                    delay, int) and not isinstance(delay, bool) and delay > 0 else "")
+        out.append(ReportWarning(
+            "source_records_lost",
+            f"attempt {a.attempt} ({src} telemetry) ended without its end records (the "
+            f"process was killed or its last export lost): its end is its last record "
+            f"received, and the open phase it was in is inferred{held}",
+            a.attempt, a.primary.index))
     return out
 
 

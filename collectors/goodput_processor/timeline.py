@@ -97,7 +97,8 @@ RUN_ATTRIBUTES = (schema.RES_RUN_NAME, schema.RES_RUN_GROUP, schema.RES_FLOPS_PE
 #: the recording API its attempts were started through (:mod:`.attempts`).
 LAUNCH_ATTRIBUTES = (schema.RES_PROCESS_ROLE, schema.RES_K8S_POD_CREATED,
                      schema.RES_K8S_POD_SCHEDULED, schema.RES_K8S_POD_STARTED,
-                     schema.RES_RECORDER_API)
+                     schema.RES_RECORDER_API, schema.RES_IMPORTED_FROM,
+                     schema.RES_SOURCE_EXPORT_DELAY)
 #: Reasons a record is skipped (keys of the ``skipped`` counters); see
 #: :mod:`goodput_processor.reader`.
 SKIP_REASONS = ("torn", "malformed", "invalid_span", "duplicate", "unknown", "unsupported_schema",

@@ -198,6 +198,10 @@ RES_SCHEMA_VERSION = "goodput.schema.version"  # str: SCHEMA_VERSION
 #: (one of IMPORT_SOURCES). Absent on spans the recorder wrote.
 RES_IMPORTED_FROM = "goodput.imported_from"
 IMPORT_SOURCES = ("ml-goodput-measurement", "resiliency")
+#: int (ms), on spans a source translated from another tool's telemetry (``goodput import
+#: --from``, ``goodput serve``): how long that tool may hold records before it exports them
+#: (its batch delay); a process killed loses up to that much of its last records.
+RES_SOURCE_EXPORT_DELAY = "goodput.source.export_delay_ms"
 
 # ML run (``goodput.diagnostics``), read by the processor for MFU:
 RES_RUN_NAME = "ml.run.name"  # str

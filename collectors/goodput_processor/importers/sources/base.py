@@ -241,14 +241,22 @@ class Emitter:
     """Collects the goodput spans a translator makes, grouped by OS process incarnation.
 
     ``imported_from`` is written as the ``goodput.imported_from`` resource attribute (the
-    source's :attr:`Source.imported_from`). Span ids are deterministic: the foreign span's
+    source's :attr:`Source.imported_from`); ``job``: the job name of every process (``goodput
+    import --job``), overriding what the translator names; ``export_delay_ms``: the tool's
+    export delay (:attr:`Source.export_delay_ms`), written as
+    ``goodput.source.export_delay_ms``. Span ids are deterministic: the foreign span's
     own id when the translator passes it, else a hash of (process key, name, start, end,
     step), so a record received twice (a resent export, a file read again) gives one span,
     which the processor keeps once.
     """
 
-    def __init__(self, imported_from: str):
+    def __init__(self, imported_from: str, *, job: str | None = None,
+                 export_delay_ms: int | None = None):
         self.imported_from = imported_from
+        #: ``--job NAME``: every process is written into this job, whatever the source says
+        self.job = job
+        #: the source tool's export delay (``goodput.source.export_delay_ms``), if any
+        self.export_delay_ms = export_delay_ms
         self._procs: dict[str, _Proc] = {}
 
     def has(self, key: str) -> bool:
@@ -276,6 +284,7 @@ class Emitter:
         """
         if key in self._procs:
             return key
+        job = self.job or job
         attrs: dict[str, Any] = {
             schema.RES_SERVICE_NAME: job, schema.RES_JOB_NAME: job,
             schema.RES_SERVICE_INSTANCE_ID: _digest("proc\0" + key, 16),
@@ -292,6 +301,8 @@ class Emitter:
             attrs[schema.RES_PROCESS_PID] = int(pid)
         if role is not None:
             attrs[schema.RES_PROCESS_ROLE] = role
+        if self.export_delay_ms:
+            attrs[schema.RES_SOURCE_EXPORT_DELAY] = int(self.export_delay_ms)
         for k, v in (extra or {}).items():
             if isinstance(v, (bool, int, str)):
                 attrs.setdefault(k, v)
@@ -400,6 +411,9 @@ class Source:
             ``--from`` detection. None: never detected.
         doc: the docs page (relative to ``docs/``), e.g. ``"sources/torchtitan.md"``.
         checked: the versions the source was checked against, e.g. ``"torchtitan 0.3.0"``.
+        export_delay_ms: how long the tool holds records before it exports them (its batch
+            delay; 0: it writes each record at once), for the ``source_records_lost``
+            warning.
     """
 
     name: str
@@ -410,3 +424,4 @@ class Source:
     sniff: Callable[[bytes], bool] | None = None
     doc: str = ""
     checked: str = ""
+    export_delay_ms: int = 0

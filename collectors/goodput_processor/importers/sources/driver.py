@@ -173,19 +173,21 @@ def _feed_otlp(tr: Translator, src: Source, doc: dict, where: str,
     return n
 
 
-def translate_files(source: Source, paths, progress=None) -> SourceRun:
+def translate_files(source: Source, paths, progress=None, *,
+                    job: str | None = None) -> SourceRun:
     """Run ``source`` over ``paths`` (in order) with one translator; returns what it made.
 
     A file is read as lines (``.gz`` is inflated). For a source that reads OTLP
     (``traces``/``logs``), a line that is an OTLP JSON request is handed over whole (the
     Collector's file exporter writes one request per line); other lines go to
-    :meth:`Translator.line`. ``progress(n_bytes)`` is called as files are read.
+    :meth:`Translator.line`. ``progress(n_bytes)`` is called as files are read. ``job``:
+    write every process into this job (``goodput import --job``).
 
     Raises:
         InputError: a file is missing or unreadable.
     """
     run = SourceRun(source.name)
-    emitter = Emitter(source.imported_from)
+    emitter = Emitter(source.imported_from, job=job, export_delay_ms=source.export_delay_ms)
     tr = source.translator(emitter, run.problems)
     otlp = bool(source.reads & {"traces", "logs"})
     for path in paths:
@@ -222,7 +224,7 @@ def translate_otlp(source: Source, doc: dict, where: str = "input") -> SourceRun
     """Run ``source`` over one OTLP JSON request ``doc`` alone (a fresh translator,
     finished at its end): for tests and one-shot conversions."""
     run = SourceRun(source.name)
-    emitter = Emitter(source.imported_from)
+    emitter = Emitter(source.imported_from, export_delay_ms=source.export_delay_ms)
     tr = source.translator(emitter, run.problems)
     run.records = _feed_otlp(tr, source, doc, where, run.problems)
     tr.finish()
@@ -249,7 +251,7 @@ class OtlpTranslation:
     def _translator(self, src: Source) -> tuple[Emitter, Translator]:
         got = self._tr.get(src.name)
         if got is None:
-            em = Emitter(src.imported_from)
+            em = Emitter(src.imported_from, export_delay_ms=src.export_delay_ms)
             got = self._tr[src.name] = (em, src.translator(em, self.problems))
             self.warnings[src.name] = got[1].warnings
         return got
