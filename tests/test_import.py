@@ -989,7 +989,8 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["import", str(path), "--timezone", "Nowhere/Land", "--to", str(tmp_path)]) == 2
     assert "unknown time zone" in capsys.readouterr().err
     assert main(["import", str(path), "--from", "csv"]) == 2
-    assert "invalid choice" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown source 'csv'" in err and "mgm, resiliency" in err
 
 
 def test_console_script_import_then_report(tmp_path):

@@ -537,6 +537,9 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
                      for p in files)
     except OSError as e:
         raise RunDirError(f"cannot list run directory {str(root)!r}: {e.strerror or e}") from e
+    foreign = _foreign_files(root, files)
+    if foreign:
+        return _read_with_foreign(root, files, foreign, workers)
     if not files:
         raise RunDirError(f"run directory {str(root)!r} holds no *.jsonl span files")
     try:
@@ -576,3 +579,64 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
     if use_cache:
         _cache.save(root, files + tails, spans)
     return spans
+
+
+def _foreign_files(root: Path, files: list[Path]) -> dict:
+    """The OTLP JSON files under ``root`` that a source of another tool's telemetry takes
+    (the Collector's file exporter writes them: ``*.json``/``*.jsonl``, ``.gz``), as
+    ``{source name: [paths]}``; files named like the spool (``spans-*``) are not looked at.
+    Each other file costs a read of its first 64 KiB."""
+    from .importers.sources import detect_file_source
+
+    try:
+        extra = sorted(p for pat in ("*.json", "*.json.gz") for p in root.rglob(pat)
+                       if p.is_file())
+    except OSError:
+        extra = []
+    found: dict = {}
+    for p in [*files, *extra]:
+        if p.name.startswith(("spans-", schema.METRICS_SPOOL_PREFIX)):
+            continue
+        try:
+            name = detect_file_source(str(p))
+        except Exception:  # noqa: BLE001 - unreadable here: the reader reports it
+            name = None
+        if name is not None:
+            found.setdefault(name, []).append(p)
+    return found
+
+
+def _read_with_foreign(root: Path, files: list[Path], foreign: dict,
+                       workers: int | None) -> SpanSet:
+    """:func:`read_run_dir` of a directory holding another tool's OTLP JSON: each source's
+    files are translated into goodput spans in a temporary spool (the
+    ``goodput import --from`` path, :mod:`goodput_processor.importers.sources`), read with
+    the directory's own spool files (no columnar cache); skipped records and the sources'
+    warnings are counted in the job's ``skipped`` as ``malformed``."""
+    import shutil
+    import tempfile
+
+    from .importers.sources import get_source, translate_files, write_spool
+
+    taken = {str(p) for ps in foreign.values() for p in ps}
+    own = [p for p in files if str(p) not in taken]
+    tmp = Path(tempfile.mkdtemp(prefix="goodput-sources-"))
+    try:
+        problems = []
+        for name, paths in sorted(foreign.items()):
+            run = translate_files(get_source(name), paths)
+            write_spool(run.resource_spans, tmp / name, overwrite=True)
+            problems.append(run.problems)
+        reader = _Reader()
+        for p in own + span_files(tmp):
+            reader.read_range(str(p))
+        for pr in problems:
+            reader.skipped.update(pr.counts)
+            reader.examples.extend(pr.examples[: max(0, 20 - len(reader.examples))])
+        if reader.finish() == 0:
+            raise RunDirError(f"run directory {str(root)!r} holds no goodput spans: the "
+                              f"files of {', '.join(sorted(foreign))} gave none")
+        return SpanSet(str(root), reader.jobs, reader.skipped, reader.examples,
+                       reader.strings, len(own) + len(taken), reader.file_problems())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

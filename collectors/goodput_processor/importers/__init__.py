@@ -1,6 +1,8 @@
 """``goodput import``: convert other tools' goodput logs into goodput spans.
 
-Two formats are read (``docs/span-schema.md`` describes the spans written):
+Two log formats are read here (``docs/span-schema.md`` describes the spans written), and
+every source of :mod:`.sources` (other tools' own telemetry: ``--from torchtitan``,
+``onelogger``, ``megatron-log``, ...; ``docs/sources/``):
 
 - ``mgm``: entries of Google's ``ml-goodput-measurement`` recorder and of the Orbax
   checkpoint logger, exported from Cloud Logging (``gcloud logging read --format=json``,
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import timezone as _timezone
 from datetime import tzinfo
 
-from . import mgm, resiliency
+from . import mgm, resiliency, sources
 from .common import (
     EntryReader,
     InputError,
@@ -43,7 +45,7 @@ from .resiliency_attempts import DEFAULT_DUPLICATE_WINDOW_S
 from .writer import SpanWriter
 
 __all__ = ["SOURCES", "ImportSummary", "ImportedJob", "InputError", "LogImportError",
-           "OutputExistsError", "detect_source", "import_logs"]
+           "OutputExistsError", "detect_source", "import_logs", "source_names"]
 
 #: Accepted ``source`` names -> the ``goodput.imported_from`` value written.
 SOURCES = {
@@ -85,6 +87,8 @@ class ImportSummary:
     examples: list[str] = field(default_factory=list)
     duplicates: int = 0
     files: tuple[str, ...] = ()
+    #: what a source inferred rather than read: ``{warning name: count}`` (sources only)
+    warnings: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """A JSON-serialisable dict of the summary."""
@@ -96,6 +100,7 @@ class ImportSummary:
             "problems": dict(sorted(self.problems.items())),
             "problem_examples": list(self.examples),
             "duplicates": self.duplicates,
+            "warnings": dict(sorted(self.warnings.items())),
         }
 
 
@@ -124,8 +129,14 @@ def _classify(value) -> str | None:
     return None
 
 
+def source_names() -> list[str]:
+    """Every ``--from`` value: ``mgm``, ``resiliency`` and the names of :mod:`.sources`."""
+    return ["mgm", "resiliency", *sorted(sources.all_sources())]
+
+
 def detect_source(paths) -> str:
-    """``"mgm"`` or ``"resiliency"``, from the first recognisable entries of each file.
+    """``"mgm"``, ``"resiliency"`` or a source's name (:mod:`.sources`), from the first
+    recognisable entries of each file (a source: its first 64 KiB).
 
     Raises:
         InputError: a file cannot be read, no file has a recognisable entry among its
@@ -142,11 +153,17 @@ def detect_source(paths) -> str:
                 break
             if n >= _PEEK_ENTRIES:
                 break
+    for path in paths:
+        if path not in found:
+            name = sources.detect_file_source(path)
+            if name is not None:
+                found[path] = name
     kinds = set(found.values())
     if not kinds:
         raise InputError(f"cannot tell the format of {', '.join(map(str, paths))}: no "
                          "ml-goodput-measurement or resiliency entry among the first "
-                         f"{_PEEK_ENTRIES}; pass --from mgm or --from resiliency")
+                         f"{_PEEK_ENTRIES}, and no source recognises it; pass --from "
+                         f"(one of: {', '.join(source_names())})")
     if len(kinds) > 1:
         detail = ", ".join(f"{p}: {k}" for p, k in found.items())
         raise InputError(f"the input files are of different formats ({detail}); import "
@@ -192,12 +209,16 @@ def import_logs(paths, run_dir, *, source: str = "auto", job: str | None = None,
     paths = [os.fspath(p) for p in paths]
     if not paths:
         raise InputError("no input file given")
-    if source != "auto" and source not in SOURCES:
-        raise ValueError(f"source must be 'auto', 'mgm' or 'resiliency', got {source!r}")
+    if source != "auto" and source not in SOURCES and source not in sources.all_sources():
+        raise ValueError(f"unknown source {source!r}: --from is auto or one of "
+                         f"{', '.join(source_names())}")
     tz = _tz(timezone)
     total = sum(check_readable(p) for p in paths)
     if source == "auto":
         source = detect_source(paths)
+    if source not in SOURCES:
+        return _import_source(sources.get_source(source), paths, run_dir, job=job,
+                              overwrite=overwrite, progress=progress, total=total)
     name = SOURCES[source]
     writer = SpanWriter(run_dir, name, overwrite=overwrite)
     if job is not None:
@@ -241,3 +262,29 @@ def import_logs(paths, run_dir, *, source: str = "auto", job: str | None = None,
                          problems=Counter(problems.counts), examples=list(problems.examples),
                          duplicates=duplicates, files=tuple(paths))
 
+
+
+def _import_source(src, paths, run_dir, *, job, overwrite, progress, total) -> ImportSummary:
+    """``import_logs`` of a :mod:`.sources` source: translate, then write the spool."""
+    read_cb = None
+    if progress is not None:
+        def read_cb(n, _total=total):
+            progress("read", n, _total)
+
+    run = sources.translate_files(src, paths, progress=read_cb, job=job)
+    problems = run.problems
+    if not run.resource_spans:
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(problems.counts.items()))
+        first = f"; first: {problems.examples[0]}" if problems.examples else ""
+        raise InputError(f"nothing to import from {', '.join(paths)} as {src.name}: "
+                         f"{run.records} record(s) read, no span made "
+                         f"({detail or 'no known record'}){first}")
+    written = sources.write_spool(run.resource_spans, run_dir, overwrite=overwrite)
+    if progress is not None:
+        n = sum(w["spans"] for w in written.values())
+        progress("write", n, n)
+    jobs = {name: ImportedJob(w["run_dir"], w["attempts"], w["processes"], w["spans"],
+                              w["files"]) for name, w in written.items()}
+    return ImportSummary(source=src.imported_from, jobs=jobs, entries=run.records,
+                         problems=Counter(problems.counts), examples=list(problems.examples),
+                         files=tuple(paths), warnings=dict(run.warnings))

@@ -1,6 +1,6 @@
 """The ``goodput import`` subcommand (registered by :mod:`goodput_processor.cli`).
 
-``goodput import FILE... [--to RUN_DIR] [--from auto|mgm|resiliency] [--job NAME]
+``goodput import FILE... [--to RUN_DIR] [--from auto|mgm|resiliency|SOURCE] [--job NAME]
 [--timezone TZ] [--duplicate-window SECONDS] [--overwrite] [--format table|json]``
 converts ml-goodput-measurement or resiliency logs into spool files under
 ``RUN_DIR/<job>/`` (:func:`~.import_logs`), prints a summary (jobs, attempts, processes,
@@ -100,6 +100,8 @@ def _render(summary, console) -> None:
     if total > len(summary.examples):
         console.print(f"  ... and {total - len(summary.examples):,} more", style="dim",
                       markup=False)
+    for name, n in sorted(summary.warnings.items()):
+        console.print(f"warning [{name}]: {n:,}", style="yellow", markup=False)
     for cmd in _next_commands(summary):
         console.print(f"next: {cmd}", markup=False, highlight=False)
 
@@ -136,13 +138,21 @@ def _run(import_logs, args, progress):
                        duplicate_window_s=args.duplicate_window, progress=progress)
 
 
+def _builtin_sources() -> list[str]:
+    from .sources import BUILTIN
+
+    return sorted(BUILTIN)
+
+
 def add_import_command(subparsers) -> argparse.ArgumentParser:
     """Add the ``import`` subcommand to ``subparsers``; returns its parser."""
     p = subparsers.add_parser(
         "import",
-        help="convert ml-goodput-measurement or resiliency logs into goodput spans",
+        help="convert other tools' logs and telemetry into goodput spans",
         description="Convert ml-goodput-measurement entries (Cloud Logging JSON export, log "
-        "sink, or its local timeline cache) or resiliency event logs into spool files under "
+        "sink, or its local timeline cache), resiliency event logs, or another tool's own "
+        "telemetry (--from SOURCE: NVIDIA one-logger, Megatron-LM, torchtitan, torchft, the "
+        "NVRx launcher, plain Megatron/NeMo/MaxText logs) into spool files under "
         "RUN_DIR/<job>/, which `goodput report` reads.",
         epilog="Example: goodput import my-run.json --to goodput-runs, then goodput report "
         "goodput-runs/my-run. How entries become spans, and the options: "
@@ -153,10 +163,14 @@ def add_import_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="RUN_DIR", default=schema.DEFAULT_RUN_ROOT,
                    help=f"directory to write RUN_DIR/<job>/ into (default: "
                    f"{schema.DEFAULT_RUN_ROOT})")
-    p.add_argument("--from", dest="source", choices=("auto", "mgm", "resiliency"),
-                   default="auto", help="input format (default: auto, from the first entries)")
+    p.add_argument("--from", dest="source", default="auto", metavar="SOURCE",
+                   help="input format: auto (default: told from the first entries), mgm, "
+                   "resiliency, or a source of another tool's telemetry: "
+                   + ", ".join(_builtin_sources()) + " (docs/sources/)")
     p.add_argument("--job", metavar="NAME", default=None,
-                   help="import only this job (entries without a job name belong to it)")
+                   help="mgm, resiliency: import only this job (entries without a job name "
+                   "belong to it); a source: write every record into job NAME (e.g. to merge "
+                   "a launcher's log with the workers' spans)")
     p.add_argument("--timezone", metavar="TZ", default="UTC",
                    help="time zone of resiliency timestamps without an offset (default: UTC)")
     p.add_argument("--duplicate-window", metavar="SECONDS", type=float,

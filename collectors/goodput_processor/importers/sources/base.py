@@ -28,6 +28,8 @@ Times are integer nanoseconds since the Unix epoch everywhere.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -146,11 +148,24 @@ class ForeignLog:
     span_id: str = ""
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
 def _hex(v) -> str:
-    """Hex of an id given as JSON hex text (the OTLP JSON encoding) or protobuf bytes."""
+    """Lowercase hex of an id given as OTLP JSON hex text, as base64 text (protobuf's own
+    JSON mapping, ``json_format.MessageToJson``, writes bytes so) or as protobuf bytes;
+    "" when absent or unreadable."""
     if isinstance(v, (bytes, bytearray)):
         return v.hex()
-    return v.lower() if isinstance(v, str) else ""
+    if not isinstance(v, str) or not v:
+        return ""
+    if len(v) in (16, 32) and _HEX.issuperset(v):
+        return v.lower()
+    try:
+        raw = base64.b64decode(v, validate=True)
+    except (ValueError, binascii.Error):
+        return ""
+    return raw.hex() if len(raw) in (8, 16) else ""
 
 
 def spans_of(spans) -> list[ForeignSpan]:
