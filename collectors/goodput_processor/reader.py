@@ -610,33 +610,26 @@ def _read_with_foreign(root: Path, files: list[Path], foreign: dict,
                        workers: int | None) -> SpanSet:
     """:func:`read_run_dir` of a directory holding another tool's OTLP JSON: each source's
     files are translated into goodput spans in a temporary spool (the
-    ``goodput import --from`` path, :mod:`goodput_processor.importers.sources`), read with
-    the directory's own spool files (no columnar cache); skipped records and the sources'
-    warnings are counted in the job's ``skipped`` as ``malformed``."""
-    import shutil
-    import tempfile
-
-    from .importers.sources import get_source, translate_files, write_spool
+    ``goodput import --from`` path, :mod:`goodput_processor.importers.sources`) and read as
+    spool lines, with the directory's own spool files (no columnar cache); the records a
+    source skipped are counted in the report's skipped records."""
+    from .importers.sources import get_source, translate_files
 
     taken = {str(p) for ps in foreign.values() for p in ps}
     own = [p for p in files if str(p) not in taken]
-    tmp = Path(tempfile.mkdtemp(prefix="goodput-sources-"))
-    try:
-        problems = []
-        for name, paths in sorted(foreign.items()):
-            run = translate_files(get_source(name), paths)
-            write_spool(run.resource_spans, tmp / name, overwrite=True)
-            problems.append(run.problems)
-        reader = _Reader()
-        for p in own + span_files(tmp):
-            reader.read_range(str(p))
-        for pr in problems:
-            reader.skipped.update(pr.counts)
-            reader.examples.extend(pr.examples[: max(0, 20 - len(reader.examples))])
-        if reader.finish() == 0:
-            raise RunDirError(f"run directory {str(root)!r} holds no goodput spans: the "
-                              f"files of {', '.join(sorted(foreign))} gave none")
-        return SpanSet(str(root), reader.jobs, reader.skipped, reader.examples,
-                       reader.strings, len(own) + len(taken), reader.file_problems())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    reader = _Reader()
+    for p in own:
+        reader.read_range(str(p))
+    for name, paths in sorted(foreign.items()):
+        run = translate_files(get_source(name), paths)
+        for rs in run.resource_spans:  # the dicts as a spool line would hold them
+            job = reader._request({"resourceSpans": [rs]}, (name, "translated"))
+            if job is not None:
+                job.run_dirs.add(str(root))
+        reader.skipped.update(run.problems.counts)
+        reader.examples.extend(run.problems.examples[: max(0, 20 - len(reader.examples))])
+    if reader.finish() == 0:
+        raise RunDirError(f"run directory {str(root)!r} holds no goodput spans: the "
+                          f"files of {', '.join(sorted(foreign))} gave none")
+    return SpanSet(str(root), reader.jobs, reader.skipped, reader.examples,
+                   reader.strings, len(own) + len(taken), reader.file_problems())

@@ -42,6 +42,9 @@ ENTRY_POINT_GROUP = "goodput_processor.sources"
 #: Built-in sources: ``--from`` name -> ``"module:attribute"`` of its :class:`Source`
 #: (imported on first use).
 BUILTIN: dict[str, str] = {
+    "nvrx": ".nvrx:SOURCE",
+    "onelogger": ".onelogger:SOURCE",
+    "torchft": ".torchft:SOURCE",
 }
 
 _cache: dict[str, Source] | None = None

@@ -113,25 +113,77 @@ def _int(v, default: int = 0) -> int:
         return default
 
 
-@dataclass(slots=True)
 class ForeignSpan:
     """One OTLP span of a foreign producer.
 
-    ``trace_id``/``span_id``/``parent_id``: lowercase hex ("" when absent); ``start_ns``/
-    ``end_ns``: ns since the epoch; ``attrs``: ``{key: value}``; ``events``: ``[(name,
-    time_ns, attrs)]``; ``links``: ``[(trace_id, span_id)]``; ``error``: status ERROR.
+    ``name``; ``start_ns``/``end_ns``: ns since the epoch; ``attrs``: ``{key: value}``;
+    ``error``: status ERROR. Read on first use (most translators need none of them):
+    ``trace_id``/``span_id``/``parent_id``: lowercase hex ("" when absent); ``events``:
+    ``[(name, time_ns, attrs)]``; ``links``: ``[(trace_id, span_id)]``.
     """
 
-    name: str
-    start_ns: int
-    end_ns: int
-    attrs: dict = field(default_factory=dict)
-    trace_id: str = ""
-    span_id: str = ""
-    parent_id: str = ""
-    events: list = field(default_factory=list)
-    links: list = field(default_factory=list)
-    error: bool = False
+    __slots__ = ("name", "start_ns", "end_ns", "attrs", "error", "_raw", "_ids", "_events",
+                 "_links")
+
+    def __init__(self, name: str, start_ns: int, end_ns: int, attrs: dict | None = None,
+                 trace_id: str = "", span_id: str = "", parent_id: str = "",
+                 events: list | None = None, links: list | None = None,
+                 error: bool = False, raw=None):
+        self.name, self.start_ns, self.end_ns = name, start_ns, end_ns
+        self.attrs = attrs if attrs is not None else {}
+        self.error, self._raw = error, raw
+        self._ids = None if raw is not None else (trace_id, span_id, parent_id)
+        self._events = events if raw is None else None
+        self._links = links if raw is None else None
+
+    def _id3(self) -> tuple:
+        if self._ids is None:
+            r = self._raw
+            if isinstance(r, dict):
+                self._ids = (_hex(r.get("traceId")), _hex(r.get("spanId")),
+                             _hex(r.get("parentSpanId")))
+            else:
+                self._ids = (r.trace_id.hex(), r.span_id.hex(), r.parent_span_id.hex())
+        return self._ids
+
+    @property
+    def trace_id(self) -> str:
+        return self._id3()[0]
+
+    @property
+    def span_id(self) -> str:
+        return self._id3()[1]
+
+    @property
+    def parent_id(self) -> str:
+        return self._id3()[2]
+
+    @property
+    def events(self) -> list:
+        if self._events is None:
+            r = self._raw
+            if isinstance(r, dict):
+                self._events = [(str(e.get("name", "")), _int(e.get("timeUnixNano")),
+                                 attrs_of(e.get("attributes"))) for e in r.get("events") or ()]
+            else:
+                self._events = [(e.name, int(e.time_unix_nano), pb_attrs(e.attributes))
+                                for e in r.events]
+        return self._events
+
+    @property
+    def links(self) -> list:
+        if self._links is None:
+            r = self._raw
+            if isinstance(r, dict):
+                self._links = [(_hex(x.get("traceId")), _hex(x.get("spanId")))
+                               for x in r.get("links") or ()]
+            else:
+                self._links = [(x.trace_id.hex(), x.span_id.hex()) for x in r.links]
+        return self._links
+
+    def __repr__(self) -> str:
+        return (f"ForeignSpan({self.name!r}, {self.start_ns}, {self.end_ns}, {self.attrs!r}"
+                f"{', error' if self.error else ''})")
 
 
 @dataclass(slots=True)
@@ -148,24 +200,27 @@ class ForeignLog:
     span_id: str = ""
 
 
-_HEX = frozenset("0123456789abcdefABCDEF")
-
-
 def _hex(v) -> str:
     """Lowercase hex of an id given as OTLP JSON hex text, as base64 text (protobuf's own
     JSON mapping, ``json_format.MessageToJson``, writes bytes so) or as protobuf bytes;
     "" when absent or unreadable."""
+    if isinstance(v, str):
+        if len(v) == 16 or len(v) == 32:
+            try:
+                bytes.fromhex(v)
+                return v.lower()
+            except ValueError:
+                pass
+        if not v:
+            return ""
+        try:
+            raw = base64.b64decode(v, validate=True)
+        except (ValueError, binascii.Error):
+            return ""
+        return raw.hex() if len(raw) in (8, 16) else ""
     if isinstance(v, (bytes, bytearray)):
         return v.hex()
-    if not isinstance(v, str) or not v:
-        return ""
-    if len(v) in (16, 32) and _HEX.issuperset(v):
-        return v.lower()
-    try:
-        raw = base64.b64decode(v, validate=True)
-    except (ValueError, binascii.Error):
-        return ""
-    return raw.hex() if len(raw) in (8, 16) else ""
+    return ""
 
 
 def spans_of(spans) -> list[ForeignSpan]:
@@ -179,26 +234,15 @@ def spans_of(spans) -> list[ForeignSpan]:
     out = []
     for s in spans:
         if isinstance(s, dict):
+            st = s.get("status")
             out.append(ForeignSpan(
-                name=str(s.get("name", "")), start_ns=_int(s.get("startTimeUnixNano")),
-                end_ns=_int(s.get("endTimeUnixNano")), attrs=attrs_of(s.get("attributes")),
-                trace_id=_hex(s.get("traceId")), span_id=_hex(s.get("spanId")),
-                parent_id=_hex(s.get("parentSpanId")),
-                events=[(str(e.get("name", "")), _int(e.get("timeUnixNano")),
-                         attrs_of(e.get("attributes"))) for e in s.get("events") or ()],
-                links=[(_hex(lk.get("traceId")), _hex(lk.get("spanId")))
-                       for lk in s.get("links") or ()],
-                error=(s.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR")))
+                str(s.get("name", "")), _int(s.get("startTimeUnixNano")),
+                _int(s.get("endTimeUnixNano")), attrs_of(s.get("attributes")),
+                error=bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR"), raw=s))
         else:
-            out.append(ForeignSpan(
-                name=s.name, start_ns=int(s.start_time_unix_nano),
-                end_ns=int(s.end_time_unix_nano), attrs=pb_attrs(s.attributes),
-                trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                parent_id=s.parent_span_id.hex(),
-                events=[(e.name, int(e.time_unix_nano), pb_attrs(e.attributes))
-                        for e in s.events],
-                links=[(lk.trace_id.hex(), lk.span_id.hex()) for lk in s.links],
-                error=s.status.code == 2))
+            out.append(ForeignSpan(s.name, int(s.start_time_unix_nano),
+                                   int(s.end_time_unix_nano), pb_attrs(s.attributes),
+                                   error=s.status.code == 2, raw=s))
     return out
 
 

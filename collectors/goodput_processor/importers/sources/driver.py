@@ -20,6 +20,19 @@ from pathlib import Path
 
 from goodput import schema
 
+try:  # optional speed-up, never a dependency (as in goodput_processor.reader)
+    import orjson
+
+    _loads = orjson.loads
+
+    def _dumps(doc) -> str:
+        return orjson.dumps(doc).decode()
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+
+    def _dumps(doc) -> str:
+        return json.dumps(doc, separators=(",", ":"))
+
 from ..common import OutputExistsError, Problems, check_readable
 from .base import Emitter, Source, Translator, attrs_of, logs_of, pb_attrs, spans_of
 
@@ -27,6 +40,8 @@ __all__ = ["OtlpTranslation", "SourceRun", "detect_file_source", "match_otlp",
            "translate_files", "translate_otlp", "write_spool"]
 
 _HEAD_BYTES = 64 << 10
+#: The first line of an OTLP JSON file read to tell its source, at most.
+_LINE_BYTES = 64 << 20
 #: Span names (or log bodies) handed to :attr:`Source.matches`, at most.
 _NAMES = 8
 
@@ -63,6 +78,18 @@ def _head(path: str) -> bytes:
         except (OSError, EOFError):
             pass
     return head
+
+
+def _first_line(path: str) -> bytes:
+    """The first line of ``path`` (inflated if gzip), at most :data:`_LINE_BYTES` bytes:
+    one OTLP request of the Collector's file exporter can be megabytes."""
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+            return f.readline(_LINE_BYTES)
+    except (OSError, EOFError):
+        return b""
 
 
 def _otlp_first(head: bytes) -> dict | None:
@@ -118,7 +145,8 @@ def match_otlp(resource: dict, scope: str, names: Iterable[str]) -> Source | Non
 def detect_file_source(path: str) -> str | None:
     """The name of the source that recognises file ``path`` (its first 64 KiB), else None.
 
-    An OTLP JSON file (the Collector's file exporter) is told by its first resource;
+    An OTLP JSON file (the Collector's file exporter) is told by its first line's
+    resources (up to 64 MiB of it);
     anything else by each source's :attr:`~Source.sniff`.
 
     Raises:
@@ -128,7 +156,7 @@ def detect_file_source(path: str) -> str | None:
 
     check_readable(path)
     head = _head(path)
-    doc = _otlp_first(head)
+    doc = _otlp_first(_first_line(path)) if head.lstrip()[:1] == b"{" else None
     if doc is not None:
         for key, inner, leaf, nkey in (("resourceSpans", "scopeSpans", "spans", "name"),
                                        ("resourceLogs", "scopeLogs", "logRecords", "body")):
@@ -201,7 +229,7 @@ def translate_files(source: Source, paths, progress=None, *,
                 if otlp and text.startswith("{") and ('"resourceSpans"' in text
                                                       or '"resourceLogs"' in text):
                     try:
-                        doc = json.loads(text)
+                        doc = _loads(text)
                     except ValueError as e:
                         run.problems.add(where, "malformed", f"not JSON ({e})")
                         continue
@@ -375,9 +403,8 @@ def write_spool(resource_spans: list, run_dir, *, overwrite: bool = False) -> di
                 for rs in parts:
                     for ss in rs["scopeSpans"]:
                         nspans += len(ss["spans"])
-                        f.write(json.dumps({"resourceSpans": [
-                            {"resource": rs["resource"], "scopeSpans": [ss]}]},
-                            separators=(",", ":")) + "\n")
+                        f.write(_dumps({"resourceSpans": [
+                            {"resource": rs["resource"], "scopeSpans": [ss]}]}) + "\n")
             written.append((tmp, final))
         for tmp, final in written:
             os.replace(tmp, final)
