@@ -52,7 +52,8 @@ _cache: dict[str, Source] | None = None
 
 def all_sources() -> dict[str, Source]:
     """Every source: the built-in ones, then those of entry points (a third-party source
-    with a built-in's name is ignored, with a log line; one that fails to load too).
+    with a built-in's name is ignored, with a log line; one that fails to load, built-in
+    or not, too).
     ``{name: Source}``."""
     global _cache
     if _cache is not None:
@@ -60,7 +61,11 @@ def all_sources() -> dict[str, Source]:
     found: dict[str, Source] = {}
     for name, target in BUILTIN.items():
         mod, _, attr = target.partition(":")
-        found[name] = getattr(importlib.import_module(mod, __name__), attr)
+        try:
+            found[name] = getattr(importlib.import_module(mod, __name__), attr)
+        except Exception as e:  # a broken source never stops the processor
+            _log.warning("goodput: built-in source %r (%s) failed to load: %r", name,
+                         target, e)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in found:
             _log.warning("goodput: source entry point %r ignored: a built-in source has "
