@@ -1,4 +1,5 @@
-"""OTLP/HTTP receiver of ``goodput serve``: ``POST /v1/traces`` and the operations endpoints.
+"""OTLP/HTTP receiver of ``goodput serve``: ``POST /v1/traces``, ``POST /v1/logs`` and the
+operations endpoints.
 
 One thread per connection, at most ``limits.max_connections`` of them: a connection over
 the cap is answered ``503`` (``Retry-After: 1``, ``Connection: close``) by the accepting
@@ -23,10 +24,15 @@ Endpoints (errors carry a ``google.rpc.Status`` in the request's encoding):
   (no ``Content-Length``), 413, 415 (content type or encoding), 500 (an unexpected error,
   logged), 503 + ``Retry-After`` (shutting down, over a ceiling, or the store refused it
   for now: :class:`~goodput_processor.serve.limits.Refused`).
+- ``POST /v1/logs``: the same, for an ``ExportLogsServiceRequest``, read through the
+  sources (:mod:`goodput_processor.serve.foreign`); records no source takes are counted
+  (``log_records_ignored``) and the request is answered 200.
 - ``GET /v1/report``: the JSON of ``goodput report --format json``, one page of jobs
   sorted by name (``?limit=N``, default 100, at most 1000; ``?page_token=NAME`` starts
   after job NAME) with a top-level ``"next_page_token"`` (null on the last page);
-  ``?job=NAME`` for one job. ``GET /v1/report.html``: the HTML report. Token required.
+  ``?job=NAME`` for one job; a top-level ``"sources"`` once a foreign producer's records
+  were seen (``LiveStore.sources_summary``). ``GET /v1/report.html``: the HTML report.
+  Token required.
 - ``GET /metrics``: the Prometheus text exposition (token required when one is set; 404
   when the server has no metrics).
 - ``GET /healthz``: ``ok`` while the process serves; ``GET /readyz``: ``ready``, or ``503``
@@ -50,11 +56,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from .limits import ByteBudget, Limits, Refused
 from .receiver import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    SIGNALS,
     Gate,
     Held,
     Rejected,
@@ -277,6 +283,9 @@ class _Handler(BaseHTTPRequestHandler):
             results = _results_for(store, page)
         doc = to_json_dict(results)
         doc["next_page_token"] = token
+        summary = getattr(store, "sources_summary", None)
+        if summary is not None and (found := summary()):
+            doc["sources"] = found
         self._reply(200, dumps(doc).encode(), "application/json")
 
     def _report_html(self, job: str | None) -> None:
@@ -297,9 +306,10 @@ class _Handler(BaseHTTPRequestHandler):
         held = Held(app.budget)
         unread = _declared_length(self.headers)  # what is still coming, at most
         try:
-            if urlsplit(self.path).path != "/v1/traces":
-                raise Rejected(None, 404, 5, f"no such path {self.path!r} (POST /v1/traces)",
-                               close=True)
+            path = urlsplit(self.path).path
+            if path not in ("/v1/traces", "/v1/logs"):
+                raise Rejected(None, 404, 5, f"no such path {self.path!r} (POST /v1/traces, "
+                               "/v1/logs)", close=True)
             self._check_token()
             if kind is None:
                 raise Rejected("unsupported", 415, 3, f"unsupported Content-Type {ctype!r}: "
@@ -326,7 +336,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = _inflate(body, limit, held)
                 held.give_back(length)  # the compressed body is gone
             held.take(parse_cost(kind, body), "the parsed request")
-            out = self._take_in(kind, body)
+            out = self._take_in(kind, body, path[len("/v1/"):])
         except Rejected as r:
             return self._reject(r, kind or "text", unread or 0)
         finally:
@@ -349,37 +359,40 @@ class _Handler(BaseHTTPRequestHandler):
             body += chunk
         return body
 
-    def _take_in(self, kind: str, body: bytearray) -> tuple[bytes, str]:
-        """Parse ``body`` and hand it to the store; returns the 200 answer's body and type.
+    def _take_in(self, kind: str, body: bytearray, signal: str = "traces") -> tuple[bytes, str]:
+        """Parse ``body`` (``signal``: ``"traces"`` or ``"logs"``) and hand it to the store;
+        returns the 200 answer's body and type.
 
         Raises:
-            Rejected: shutting down (503), not an ``ExportTraceServiceRequest`` (400), the
-                store refused it (503 / 400), or any other error (500, logged).
+            Rejected: shutting down (503), not an ``ExportTraceServiceRequest`` /
+                ``ExportLogsServiceRequest`` (400), the store refused it (503 / 400), or any
+                other error (500, logged).
         """
         app = self.server.app
+        request, response, _, method = SIGNALS[signal]
         if not app.gate.enter():
             raise Rejected("unavailable", 503, 14, "shutting down", close=True, retry_after=1)
         try:
             if kind == "protobuf":
-                req = trace_service_pb2.ExportTraceServiceRequest()
+                req = request()
                 try:
                     req.ParseFromString(body)
                 except DecodeError as e:
                     raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not a "
-                                   f"protobuf ExportTraceServiceRequest ({e})") from None
-                app.store.ingest_request(req, "otlp-http")
-                return (trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
-                        "application/x-protobuf")
+                                   f"protobuf {request.__name__} ({e})") from None
+                getattr(app.store, method)(req, "otlp-http")
+                return response().SerializeToString(), "application/x-protobuf"
             try:
                 doc = json.loads(body)
             except (ValueError, RecursionError) as e:
                 raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not "
                                f"JSON ({e})") from None
+            take = app.store.ingest_logs_json if signal == "logs" else app.store.ingest_json
             try:
-                app.store.ingest_json(doc, ("otlp-http", self.client_address[0]))
+                take(doc, ("otlp-http", self.client_address[0]))
             except ValueError as e:
                 raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not an "
-                               f"OTLP JSON ExportTraceServiceRequest ({e})") from None
+                               f"OTLP JSON {request.__name__} ({e})") from None
             return b"{}", "application/json"
         except Refused as e:
             raise Rejected.from_refused(e) from None

@@ -1,5 +1,7 @@
-"""OTLP trace receivers of ``goodput serve``: gRPC ``TraceService/Export`` (here) and HTTP
-``/v1/traces`` (:mod:`goodput_processor.serve.http`), with what both share.
+"""OTLP receivers of ``goodput serve``: gRPC ``TraceService/Export`` and
+``LogsService/Export`` (here) and HTTP ``/v1/traces`` and ``/v1/logs``
+(:mod:`goodput_processor.serve.http`), with what both share. Log records, and spans of a
+foreign producer, are read through the sources (:mod:`goodput_processor.serve.foreign`).
 
 Both feed a :class:`~goodput_processor.serve.store.LiveStore` under the ceilings of
 :class:`~goodput_processor.serve.limits.Limits`:
@@ -41,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from .limits import ByteBudget, Limits, Refused
@@ -55,6 +58,16 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
 #: at 1.44).
 PROTOBUF_PARSE_FACTOR = 2
 _GRPC_CODES = {c.value[0]: c for c in grpc.StatusCode}
+#: Signal -> (request message, response message, gRPC service, the LiveStore method that
+#: takes the request in).
+SIGNALS = {
+    "traces": (trace_service_pb2.ExportTraceServiceRequest,
+               trace_service_pb2.ExportTraceServiceResponse,
+               "opentelemetry.proto.collector.trace.v1.TraceService", "ingest_request"),
+    "logs": (logs_service_pb2.ExportLogsServiceRequest,
+             logs_service_pb2.ExportLogsServiceResponse,
+             "opentelemetry.proto.collector.logs.v1.LogsService", "ingest_logs"),
+}
 
 
 def _hostport(host: str, port: int) -> str:
@@ -173,11 +186,14 @@ class Held:
 
 
 class _TraceService:
-    """``TraceService/Export`` on raw bytes, so that a body that does not parse gets
-    ``INVALID_ARGUMENT`` with the reason (gRPC's own deserializer answers ``INTERNAL``)."""
+    """``TraceService/Export`` (or ``LogsService/Export``: ``signal="logs"``) on raw bytes,
+    so that a body that does not parse gets ``INVALID_ARGUMENT`` with the reason (gRPC's own
+    deserializer answers ``INTERNAL``)."""
 
-    def __init__(self, store: LiveStore, token: str | None, gate, budget: ByteBudget):
+    def __init__(self, store: LiveStore, token: str | None, gate, budget: ByteBudget,
+                 signal: str = "traces"):
         self.store, self.token, self.gate, self.budget = store, token, gate, budget
+        self.request, self.response, self.service, self.method = SIGNALS[signal]
 
     def Export(self, request: bytes, context):  # noqa: N802 - the gRPC method name
         if not _token_ok(dict(context.invocation_metadata()).get("authorization"), self.token):
@@ -191,7 +207,7 @@ class _TraceService:
             if r.retry_after is not None:
                 context.set_trailing_metadata(_retry_info(r.retry_after))
             context.abort(r.grpc_status, f"goodput serve: {r.message}")
-        return trace_service_pb2.ExportTraceServiceResponse()
+        return self.response()
 
     def _take_in(self, request: bytes, peer: str) -> Rejected | None:
         """Parse and store ``request``; None, or the :class:`Rejected` to answer."""
@@ -201,13 +217,13 @@ class _TraceService:
         held = Held(self.budget)
         try:
             held.take(len(request) + parse_cost("protobuf", request), "the request")
-            req = trace_service_pb2.ExportTraceServiceRequest()
+            req = self.request()
             try:
                 req.ParseFromString(request)
             except DecodeError as e:
                 return Rejected("malformed", 400, 3, f"request of {len(request)} bytes is not "
-                                f"a protobuf ExportTraceServiceRequest ({e})")
-            self.store.ingest_request(req, "otlp-grpc")
+                                f"a protobuf {self.request.__name__} ({e})")
+            getattr(self.store, self.method)(req, "otlp-grpc")
             return None
         except Rejected as r:  # the budget: RESOURCE_EXHAUSTED (never fits), UNAVAILABLE
             return r
@@ -223,9 +239,8 @@ class _TraceService:
     def handler(self) -> grpc.GenericRpcHandler:
         export = grpc.unary_unary_rpc_method_handler(
             self.Export, request_deserializer=None,
-            response_serializer=trace_service_pb2.ExportTraceServiceResponse.SerializeToString)
-        return grpc.method_handlers_generic_handler(
-            "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": export})
+            response_serializer=self.response.SerializeToString)
+        return grpc.method_handlers_generic_handler(self.service, {"Export": export})
 
 
 def _retry_info(seconds: float) -> tuple:
@@ -269,7 +284,8 @@ class Gate:
 
 
 class GrpcReceiver:
-    """OTLP/gRPC ``TraceService`` on ``host:port`` (port 0 = any free port; see :attr:`port`).
+    """OTLP/gRPC ``TraceService`` and ``LogsService`` on ``host:port`` (port 0 = any free
+    port; see :attr:`port`).
 
     Args:
         store: where spans go.
@@ -300,8 +316,9 @@ class GrpcReceiver:
                 ("grpc.max_send_message_length", 1 << 20), ("grpc.so_reuseport", 0)]
         self.server = grpc.server(ThreadPoolExecutor(workers, "goodput-serve-grpc"), options=opts,
                                   maximum_concurrent_rpcs=self.limits.max_connections)
-        service = _TraceService(store, token, self.gate, self.budget)
-        self.server.add_generic_rpc_handlers((service.handler(),))
+        self.server.add_generic_rpc_handlers(tuple(
+            _TraceService(store, token, self.gate, self.budget, signal).handler()
+            for signal in SIGNALS))
         addr = _hostport(host, port)
         if tls:
             with open(tls[0], "rb") as c, open(tls[1], "rb") as k:

@@ -55,6 +55,7 @@ from ..timeline import JobSpans
 from . import compaction
 from .decode import ingest_pb
 from .encode import json_line, pb_line, split_json, split_pb
+from .foreign import ForeignIntake, own_only_json, own_only_pb
 from .limits import Limits, RateLimiter, Refused
 from .rows import PackedProcessSpans, ProcessRows
 from .spill import Spill
@@ -65,8 +66,12 @@ __all__ = ["LiveStore"]
 _log = logging.getLogger(__name__)
 
 
-class LiveStore:
+class LiveStore(ForeignIntake):
     """Thread-safe live state of every job seen, from OTLP requests and spool lines.
+
+    Foreign producers' spans and log records are read through the sources
+    (:class:`~goodput_processor.serve.foreign.ForeignIntake`: :meth:`ingest_logs`,
+    :meth:`ingest_logs_json`, :meth:`sources_summary`).
 
     Args:
         ideal_step_time_s: ideal step time in seconds for the accounting (None = median
@@ -128,6 +133,7 @@ class LiveStore:
         #: What the last :meth:`replay` read (None before).
         self.replayed: ReplayStats | None = None
         self._ready = wal is None
+        self._init_sources()
 
     # --- readiness and replay -----------------------------------------------------
 
@@ -210,6 +216,9 @@ class LiveStore:
         Raises:
             Refused: not ready, over a limit, or the write-ahead log cannot write it.
         """
+        if not own_only_pb(req.resource_spans):  # a foreign producer's: the sources read it
+            req = self._foreign_spans(req.resource_spans, (
+                source, f"request {self.stats['requests'] + 1}"), pb=True)
         groups = split_pb(req)
         lines = {n: pb_line(rss) for n, (rss, _) in groups.items()} if self.wal else {}
         n = sum(c for _, c in groups.values())
@@ -239,11 +248,10 @@ class LiveStore:
                              f"ExportTraceServiceRequest), got {got}")
 
         def take(rss) -> None:
-            try:
-                self._reader._request({"resourceSpans": rss}, where)
-            except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
-                self._reader._skip(None, "malformed", where, f"bad OTLP structure ({e!r})")
+            self._take_json(rss, where)
 
+        if durable and not own_only_json(req["resourceSpans"]):  # through the sources
+            req = self._foreign_spans(req["resourceSpans"], where, pb=False)
         if not durable:
             with self._lock:
                 self.stats["requests"] += 1
@@ -261,6 +269,14 @@ class LiveStore:
             self._admit(groups)
             self.stats["requests"] += 1
             self._log_lines(groups, lines, take)
+
+    def _take_json(self, rss: list, where) -> None:
+        """Under the lock: read OTLP JSON ``ResourceSpans`` ``rss`` (a structure that is
+        not OTLP is counted as malformed)."""
+        try:
+            self._reader._request({"resourceSpans": rss}, where)
+        except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
+            self._reader._skip(None, "malformed", where, f"bad OTLP structure ({e!r})")
 
     def ingest_line(self, line: bytes, where: tuple, count: bool = True) -> None:
         """Take in one complete spool line (OTLP JSON); a bad line is counted as malformed."""
@@ -527,6 +543,7 @@ class LiveStore:
                 self._done.pop(name, None)
                 self._memos.pop(name, None)
                 self._reach.pop(name, None)
+                self._source_job_warnings.pop(name, None)
                 self._rate.forget(name)
             if self.spill is not None:
                 self.spill.forget(name)

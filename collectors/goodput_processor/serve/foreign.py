@@ -1,0 +1,231 @@
+"""Foreign producers' OTLP in ``goodput serve``: their spans and log records read through
+the sources (:mod:`goodput_processor.importers.sources`, ``docs/sources/README.md``).
+
+:class:`ForeignIntake` is a part of :class:`~goodput_processor.serve.store.LiveStore`. It
+keeps the store's one :class:`~goodput_processor.importers.sources.driver.
+OtlpTranslation` (a translator per source, kept across requests, used under the store's
+lock) and takes in what the sources make of a request:
+
+- Traces: a request whose spans are all of this project's own scope (``goodput``) goes
+  the way it always went, with one check per ``ScopeSpans`` (:func:`own_only_pb`,
+  :func:`own_only_json`). Otherwise its ``ResourceSpans`` are split into the own ones
+  (passed on untouched; those no source takes are counted ``skipped.unknown`` as before)
+  and the goodput spans the sources made of the others.
+- Logs (``LogsService/Export``, ``POST /v1/logs``): the ``ResourceLogs`` go to the
+  sources; records no source takes are counted in ``stats["log_records_ignored"]`` and
+  the request is answered as taken in.
+
+The goodput spans a source made are taken in exactly as if a client had POSTed them as
+OTLP JSON: written to the write-ahead log (so a replay gives the same jobs without
+translating again) and read by the JSON path, under the same admission (jobs, rate) and
+limits. They are taken in before the request's own spans: when they are refused
+(retryable), nothing of the request is taken in, and the client's retry is translated
+again (the emitted span ids are deterministic, so what was taken twice counts once).
+
+What the translators found is never raised and never stops serve: records they skipped
+(``OtlpTranslation.problems``) are ``stats["source_skipped"]`` (and, by reason, in
+:meth:`ForeignIntake.sources_summary`), their named warnings (``Translator.warnings``) per
+source and, where one request's translation made the spans of one job only, per job.
+Neither changes the accounting: the job's report equals ``goodput report`` of the same
+translated spans. Both are the store's counters since it started (a replay of the
+write-ahead log does not translate, so it does not count them again).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+from goodput import schema
+
+from ..importers.sources.driver import OtlpTranslation
+from .encode import json_job_name, json_line, split_json
+
+__all__ = ["ForeignIntake", "own_only_json", "own_only_pb"]
+
+_OWN = schema.SCOPE_NAME
+
+
+def own_only_pb(resource_spans) -> bool:
+    """Whether every span of protobuf ``ResourceSpans`` ``resource_spans`` is of this
+    project's own scope (no source to ask)."""
+    for rs in resource_spans:
+        for ss in rs.scope_spans:
+            if ss.scope.name != _OWN and len(ss.spans):
+                return False
+    return True
+
+
+def own_only_json(resource_spans) -> bool:
+    """:func:`own_only_pb` of OTLP JSON ``ResourceSpans`` dicts; True for a structure that
+    is not OTLP (the reader counts it as malformed)."""
+    try:
+        for rs in resource_spans or ():
+            for ss in rs.get("scopeSpans") or ():
+                if (ss.get("scope") or {}).get("name") != _OWN and ss.get("spans"):
+                    return False
+    except (AttributeError, TypeError):
+        return True
+    return True
+
+
+def _where(where) -> str:
+    return where if isinstance(where, str) else ":".join(map(str, where))
+
+
+class ForeignIntake:
+    """The sources' side of a :class:`~goodput_processor.serve.store.LiveStore` (a base
+    class of it: it uses the store's ``_lock``, ``stats``, ``wal``, ``_admit``,
+    ``_log_lines`` and ``_take_json``). See the module docstring."""
+
+    def _init_sources(self) -> None:
+        #: The sources' translators, one per source (used under the store's lock).
+        self.foreign = OtlpTranslation()
+        #: job -> {"<source>.<warning>": count} (warnings of translations that made spans
+        #: of this job only).
+        self._source_job_warnings: dict[str, Counter] = {}
+
+    # --- translating ---------------------------------------------------------------
+
+    def _warning_totals(self) -> Counter:
+        return Counter({f"{src}.{name}": n for src, w in self.foreign.warnings.items()
+                        for name, n in w.items()})
+
+    def _translate(self, logs: bool, items: list, where: str) -> tuple[list, list]:
+        """Under the lock: run the sources over ``items`` (``ResourceLogs`` when ``logs``,
+        else ``ResourceSpans``) -> ``(own, translated)`` (``own``: the ``ResourceSpans``
+        no source takes; none for logs). An item whose structure is not OTLP is passed on
+        as own (spans: the reader counts it) or counted as skipped (logs). Counts what the
+        translators skipped and warned."""
+        tr, before = self.foreign, self._warning_totals()
+
+        def call(part):
+            return ([], tr.logs(part, where)) if logs else tr.traces(part, where)
+
+        try:
+            own, out = call(items)
+        except (AttributeError, TypeError, KeyError, ValueError):
+            own, out = [], []
+            for item in items:  # one at a time: only the bad ones left out
+                try:
+                    o, t = call([item])
+                except (AttributeError, TypeError, KeyError, ValueError) as e:
+                    if logs:
+                        tr.problems.add(where, "malformed", f"not OTLP ({e!r})")
+                    o, t = ([] if logs else [item]), []
+                own += o
+                out += t
+        self.stats["source_skipped"] = len(tr.problems)
+        delta = self._warning_totals() - before
+        if delta and out:
+            jobs = {json_job_name(rs) for rs in out}
+            if len(jobs) == 1:
+                self._source_job_warnings.setdefault(jobs.pop(), Counter()).update(delta)
+        return own, out
+
+    def _foreign_spans(self, resource_spans, where, pb: bool):
+        """Translate the foreign ``ResourceSpans`` of a request and take in what the sources
+        made of them (:meth:`_take_translated`); returns the request of the own ones (a
+        protobuf-like namespace, or an OTLP JSON dict).
+
+        Raises:
+            Refused: the store is not ready, or refused the translated spans.
+        """
+        items = list(resource_spans)
+        with self._lock:
+            self._admit({})  # not while replaying: the client sends it again
+            own, translated = self._translate(False, items, _where(where))
+            kept = {id(rs) for rs in own}
+            self.stats["spans"] += sum(
+                len(ss.spans) if pb else len(ss.get("spans") or ())
+                for rs in items if id(rs) not in kept
+                for ss in (rs.scope_spans if pb else rs.get("scopeSpans") or ()))
+        self._take_translated(translated, where)
+        return SimpleNamespace(resource_spans=own) if pb else {"resourceSpans": own}
+
+    def _take_translated(self, translated: list, where) -> None:
+        """Take in the goodput ``ResourceSpans`` a source made as a client's OTLP JSON
+        request: logged, admitted, read (not counted as a request of its own).
+
+        Raises:
+            Refused: over a limit, or the write-ahead log cannot write them.
+        """
+        if not translated:
+            return
+        groups = split_json({"resourceSpans": translated})
+        lines = {n: json_line(rss) for n, (rss, _) in groups.items()} if self.wal else {}
+        where = where if isinstance(where, tuple) else (where,)
+        with self._lock:
+            self._admit(groups)
+            self._log_lines(groups, lines, lambda rss: self._take_json(rss, where))
+            self.stats["spans_translated"] += sum(n for _, n in groups.values())
+
+    # --- logs ------------------------------------------------------------------------
+
+    def ingest_logs(self, req, source: str = "otlp") -> int:
+        """Take in a protobuf ``ExportLogsServiceRequest`` through the sources; returns its
+        number of log records.
+
+        Raises:
+            Refused: not ready, over a limit, or the write-ahead log cannot write the
+                spans made of it.
+        """
+        return self._ingest_logs(list(req.resource_logs), source, None)
+
+    def ingest_logs_json(self, req: dict, where: tuple) -> int:
+        """Take in one OTLP JSON ``ExportLogsServiceRequest`` (a dict) through the sources;
+        returns its number of log records.
+
+        Raises:
+            ValueError: ``req`` is not a dict with a ``resourceLogs`` list.
+            Refused: as :meth:`ingest_logs`.
+        """
+        if not isinstance(req, dict) or not isinstance(req.get("resourceLogs"), list):
+            got = f"{type(req).__name__}" + (f" with keys {sorted(req)[:5]}"
+                                             if isinstance(req, dict) else "")
+            raise ValueError(f"expected a JSON object with a \"resourceLogs\" list (an OTLP "
+                             f"ExportLogsServiceRequest), got {got}")
+        return self._ingest_logs(req["resourceLogs"], where[0], where)
+
+    def _ingest_logs(self, items: list, source: str, where) -> int:
+        tr = self.foreign
+        with self._lock:
+            self._admit({})
+            self.stats["requests"] += 1
+            where = where or (source, f"request {self.stats['requests']}")
+            text, ignored = _where(where), tr.ignored
+            n = sum(_records(rl) for rl in items)
+            _, translated = self._translate(True, items, text)
+            self.stats["log_records"] += n
+            self.stats["log_records_ignored"] += tr.ignored - ignored
+        self._take_translated(translated, where)
+        return n
+
+    # --- what the sources found ---------------------------------------------------
+
+    def sources_summary(self) -> dict:
+        """What the sources found since the store started: ``{"skipped": {reason: n},
+        "skipped_examples": [...], "warnings": {source: {name: n}}, "job_warnings": {job:
+        {"<source>.<name>": n}}, "log_records_ignored": n, "spans_translated": n}``
+        (empty dict while no foreign record was seen)."""
+        with self._lock:
+            tr = self.foreign
+            if not (tr.warnings or tr.problems.counts or tr.ignored):
+                return {}
+            return {"skipped": dict(tr.problems.counts),
+                    "skipped_examples": list(tr.problems.examples),
+                    "warnings": {s: dict(w) for s, w in tr.warnings.items()},
+                    "job_warnings": {j: dict(c) for j, c in
+                                     sorted(self._source_job_warnings.items())},
+                    "log_records_ignored": self.stats["log_records_ignored"],
+                    "spans_translated": self.stats["spans_translated"]}
+
+
+def _records(rl) -> int:
+    """Log records in one ``ResourceLogs`` (protobuf or JSON; 0 when unreadable)."""
+    try:
+        if isinstance(rl, dict):
+            return sum(len(sl.get("logRecords") or ()) for sl in rl.get("scopeLogs") or ())
+        return sum(len(sl.log_records) for sl in rl.scope_logs)
+    except (AttributeError, TypeError):
+        return 0
