@@ -44,7 +44,9 @@ ENTRY_POINT_GROUP = "goodput_processor.sources"
 BUILTIN: dict[str, str] = {
     "nvrx": ".nvrx:SOURCE",
     "onelogger": ".onelogger:SOURCE",
+    "megatron": ".megatron:SOURCE",
     "torchft": ".torchft:SOURCE",
+    "megatron-log": ".megatron_log:SOURCE",
 }
 
 _cache: dict[str, Source] | None = None

@@ -1,0 +1,162 @@
+"""The plain-log sources (no telemetry at all): ``megatron-log``, ``nemo-log``/``dllogger``,
+``maxtext-log``, on the test data under ``tests/data/sources/<name>/`` (each beside the
+script that regenerates it and its truth), through ``translate_files`` -> ``write_spool``
+-> the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from goodput import schema
+from goodput_processor import report_run_dir
+from goodput_processor.importers.sources import detect_file_source, get_source
+from goodput_processor.importers.sources.driver import translate_files, write_spool
+
+DATA = Path(__file__).parent / "data" / "sources"
+MEG = DATA / "megatron-log"
+FAR = 2**62
+NS = 1_000_000_000
+
+
+def _spans(run) -> list[tuple[str, int, int, dict]]:
+    """(name, start ns, end ns, attrs) of every emitted span, in order, attempt by attempt."""
+    out = []
+    for rs in run.resource_spans:
+        res = {kv["key"]: next(iter(kv["value"].values())) for kv in rs["resource"]["attributes"]}
+        for ss in rs["scopeSpans"]:
+            for s in ss["spans"]:
+                attrs = {kv["key"]: next(iter(kv["value"].values())) for kv in s["attributes"]}
+                attrs["attempt"] = int(res[schema.RES_ATTEMPT])
+                out.append((s["name"], int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]),
+                            attrs))
+    return out
+
+
+def _report(run, tmp_path):
+    write_spool(run.resource_spans, tmp_path)
+    (r,) = report_run_dir(tmp_path, now_ns=FAR)
+    return r
+
+
+def _ns(s: float) -> int:
+    return round(s * NS)
+
+
+# --- megatron-log -------------------------------------------------------------------------
+
+def test_megatron_log_matches_truth_to_the_millisecond(tmp_path):
+    truth = json.loads((MEG / "truth.json").read_text())
+    files = [MEG / "trainer-0.previous.log", MEG / "trainer-0.log"]
+    assert {detect_file_source(str(f)) for f in files} == {"megatron-log"}
+    run = translate_files(get_source("megatron-log"), files)
+    assert len(run.problems) == 0 and run.warnings == {}
+    spans = _spans(run)
+    ms = 1_000_000
+    for a, att in enumerate(truth["attempts"]):
+        steps = [s for s in spans if s[0] == schema.STEP and s[3]["attempt"] == a]
+        assert [int(s[3][schema.ATTR_STEP]) for s in steps] == [x[2] for x in att["steps"]]
+        assert [int(s[3][schema.ATTR_STEP_COUNT]) for s in steps] == [x[3] for x in att["steps"]]
+        for s, (t0, t1, _, _) in zip(steps, att["steps"], strict=True):
+            # the line's end is the runtime's time of the line (0.4 ms after the
+            # measurement); the start, count x the printed 0.1 ms average before it
+            assert abs(s[2] - _ns(t1)) <= ms and abs(s[1] - _ns(t0)) <= ms, (s, t0, t1)
+        saves = [s for s in spans if s[0] == schema.CHECKPOINT_SAVE and s[3]["attempt"] == a]
+        assert [(int(s[3][schema.ATTR_CHECKPOINT_STEP])) for s in saves] == [
+            x[2] for x in att["saves"]]
+        for s, (t0, t1, _) in zip(saves, att["saves"], strict=True):
+            assert abs(s[1] - _ns(t0)) <= ms and abs(s[2] - _ns(t1)) <= ms
+        restores = [s for s in spans if s[0] == schema.CHECKPOINT_RESTORE
+                    and s[3]["attempt"] == a]
+        if att["restore"] is None:
+            assert restores == []
+        else:
+            (r,) = restores
+            t0, t1, step = att["restore"]
+            assert int(r[3][schema.ATTR_CHECKPOINT_STEP]) == step
+            assert abs(r[1] - _ns(t0)) <= ms and abs(r[2] - _ns(t1)) <= ms
+        (start,) = [s for s in spans if s[0] == schema.JOB_START and s[3]["attempt"] == a]
+        assert abs(start[1] - _ns(att["start"])) <= ms
+
+    r = _report(run, tmp_path)
+    a0, a1 = truth["attempts"]
+    assert len(r.attempts) == 2 and r.disruptions == 1
+    assert [x.end_reason for x in r.attempts] == ["killed", "exit"]
+    assert r.attempts[1].resume_step == 50
+    assert sum(x.steps_kept for x in r.attempts) == 100 and r.attempts[0].steps_wasted == 20
+    save_s = sum(t1 - t0 for t0, t1, _ in a0["saves"] + a1["saves"])
+    assert r.badput_s["checkpoint_save"] == pytest.approx(save_s, abs=0.002)
+    assert r.badput_s["checkpoint_restore"] == pytest.approx(
+        a1["restore"][1] - a1["restore"][0], abs=0.002)
+    # wasted: from the end of the save of iteration 50 to the killed launch's last line
+    assert r.badput_s["wasted_progress"] == pytest.approx(
+        a0["last_line"] - a0["saves"][0][1], abs=0.002)
+    # resume: from that last line to the restarted container's first line
+    assert r.badput_s["infrastructure_recovery"] == pytest.approx(
+        a1["start"] - a0["last_line"], abs=0.002)
+    assert r.total_time_s == pytest.approx(a1["end"] - a0["start"], abs=0.002)
+
+
+def test_megatron_log_one_concatenated_file(tmp_path):
+    """One file with both launches: the restarted launch's process start comes from its
+    ``time to initialize megatron`` line, and lines before it are the killed launch's."""
+    truth = json.loads((MEG / "truth.json").read_text())
+    both = tmp_path / "job.log"
+    both.write_text((MEG / "trainer-0.previous.log").read_text()
+                    + (MEG / "trainer-0.log").read_text())
+    run = translate_files(get_source("megatron-log"), [both])
+    r = _report(run, tmp_path / "out")
+    assert len(r.attempts) == 2 and r.attempts[1].resume_step == 50
+    assert sum(x.steps_kept for x in r.attempts) == 100
+    a1 = truth["attempts"][1]
+    # the second launch's process began 4.2 s after its container's first line (imports)
+    assert r.attempts[1].start_ns == pytest.approx(_ns(a1["start"] + 4.2), abs=1_000_000)
+
+
+def test_megatron_log_without_timestamp_prefixes(tmp_path):
+    """No kubectl prefixes: the dates Megatron prints itself (read as UTC) give the times of
+    the iteration, save and print_datetime lines; the rest is not timed."""
+    plain = tmp_path / "plain.log"
+    lines = []
+    for f in ("trainer-0.previous.log", "trainer-0.log"):
+        lines += [ln.split(" ", 1)[1] for ln in (MEG / f).read_text().splitlines()]
+    plain.write_text("\n".join(lines) + "\n")
+    run = translate_files(get_source("megatron-log"), [plain])
+    assert run.warnings.get("megatron_log_naive_time_as_utc") == 1
+    assert "megatron_log_time_chained" in run.warnings   # load lines have no date
+    r = _report(run, tmp_path / "out")
+    assert len(r.attempts) == 2 and sum(x.steps_kept for x in r.attempts) == 100
+    truth = json.loads((MEG / "truth.json").read_text())
+    save_s = sum(t1 - t0 for a in truth["attempts"] for t0, t1, _ in a["saves"])
+    assert r.badput_s["checkpoint_save"] == pytest.approx(save_s, abs=0.002)
+
+
+def test_megatron_log_bad_lines_are_counted_not_raised(tmp_path):
+    src = (MEG / "trainer-0.previous.log").read_text().splitlines()
+    bad = []
+    for ln in src:
+        bad.append(ln)
+        if "iteration       30/" in ln:
+            bad.append(ln[:ln.index("elapsed")])              # cut before its time
+            bad.append("2026-13-45T99:00:00.0Z garbage")       # not a time
+            bad.append("\x00\xff" * 20)
+    bad.append(src[-1][:75])                                   # torn last line
+    f = tmp_path / "bad.log"
+    f.write_text("\n".join(bad))
+    run = translate_files(get_source("megatron-log"), [f])
+    assert run.problems.counts["truncated"] == 2 and run.problems.counts["malformed"] == 1
+    r = _report(run, tmp_path / "out")
+    assert len(r.attempts) == 1 and r.attempts[0].steps_kept == 70
+
+
+def test_megatron_log_copied_data_regenerates(tmp_path):
+    """The regenerate script writes the same files as are kept."""
+    d = tmp_path / "megatron-log"
+    shutil.copytree(MEG, d)
+    import runpy
+    runpy.run_path(str(d / "regenerate.py"), run_name="__main__")
+    for f in ("trainer-0.previous.log", "trainer-0.log", "truth.json"):
+        assert (d / f).read_bytes() == (MEG / f).read_bytes()
