@@ -39,7 +39,7 @@ from collections import deque
 
 from opentelemetry.sdk.resources import Resource
 
-from goodput import config, export, forward, schema
+from goodput import config, export, fork, forward, schema
 from goodput.encode import Encoder
 from goodput.segments import MemorySink, SpoolWriter
 from goodput.tail import NULL as _NO_TAIL
@@ -165,6 +165,9 @@ class Recorder:
         self._shut = False
 
         self._counts = {"recorded": 0, "spans": 0, "errors": 0, "dropped": 0, "export_failures": 0}
+        #: pid of the process this recorder was made in, when this is a fork of it
+        self.forked_from: int | None = None
+        fork.track(self)
 
     # --- hot path ---------------------------------------------------------
 
@@ -229,6 +232,8 @@ class Recorder:
         exporters have sent it. Returns False if the export lock could not be taken, or
         the exporters did not finish, within ``timeout_s``.
         """
+        if self.forked_from is not None:  # the parent's files and lock: not this process's
+            return True
         deadline = time.monotonic() + timeout_s
         if not self._lock.acquire(timeout=timeout_s):
             self.error("flush timed out after %.1f s", timeout_s)
@@ -298,7 +303,7 @@ class Recorder:
 
     def start(self) -> None:
         """Start the background thread and the exit hook (once); no signal handler."""
-        if self._thread is not None:
+        if self._thread is not None or self.forked_from is not None:
             return
         self._thread = threading.Thread(target=self._run, name="goodput-export", daemon=True)
         self._thread.start()
@@ -595,3 +600,4 @@ class Recorder:
             self._counts["export_failures"] += new
             self._counts["errors"] += new
         self._spool_failures_counted = self._sink.failures
+
