@@ -12,6 +12,11 @@ Published next to the goodput metrics by the same meter provider, whose resource
 ``goodput_serve_replay_duration_seconds`` seconds the last start spent replaying it
 ``goodput_serve_inflight_bytes``          request bytes held in memory now
 ========================================  =============================================
+
+Foreign producers (:mod:`goodput_processor.serve.foreign`): ``goodput_serve_log_records_total``
+(OTLP log records received), ``goodput_serve_log_records_ignored_total`` (of them, those no
+source takes), ``goodput_serve_source_skipped_total`` (foreign records the sources skipped)
+and ``goodput_serve_spans_translated_total`` (goodput spans the sources made).
 """
 
 from __future__ import annotations
@@ -54,6 +59,15 @@ def add_serve_instruments(meter, store, budget=lambda: None) -> None:
                                     "Spans in the OTLP requests taken in, of any scope")
     meter.create_observable_counter("goodput.serve.refused", [refused], "{request}",
                                     "Requests refused, by reason")
+    for name, key, unit, text in (
+            ("log_records", "log_records", "{record}", "OTLP log records received"),
+            ("log_records.ignored", "log_records_ignored", "{record}",
+             "OTLP log records no source takes"),
+            ("source.skipped", "source_skipped", "{record}",
+             "Foreign records the sources skipped (malformed)"),
+            ("spans.translated", "spans_translated", "{span}",
+             "Goodput spans the sources made of foreign records")):
+        meter.create_observable_counter("goodput.serve." + name, [stat(key)], unit, text)
     meter.create_observable_gauge("goodput.serve.jobs",
                                   [lambda options: [Observation(len(store.jobs()))]], "{job}",
                                   "Jobs tracked")
