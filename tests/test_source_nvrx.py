@@ -1,0 +1,307 @@
+"""The ``nvrx`` source: NVIDIA resiliency extension 0.7.0's ft_launcher cycle events.
+
+On the kept data of a real run (``tests/data/sources/nvrx/``, made by ``regenerate.py``:
+ft_launcher with 2 gloo workers on the CPU, rank 1 SIGKILLed after step 33, restarted from
+the checkpoint of step 20; the workers recorded with this project's recorder): the events
+read from the launcher's own log, the merged report against the driver's fsync'd truth,
+and that the launcher's events add evidence without adding time. The live test runs
+ft_launcher itself (skipped when its environment, ``venv.sh``, is not there).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from goodput import schema
+from goodput_processor.importers.sources import (
+    detect_file_source,
+    get_source,
+    translate_files,
+    write_spool,
+)
+from goodput_processor.importers.sources.nvrx import NvrxTranslator, sniff
+
+DATA = Path(__file__).parent / "data" / "sources" / "nvrx"
+LOG = DATA / "ft_launcher.log"
+
+_spec = importlib.util.spec_from_file_location("nvrx_regenerate", DATA / "regenerate.py")
+rg = importlib.util.module_from_spec(_spec)
+sys.modules["nvrx_regenerate"] = rg
+_spec.loader.exec_module(rg)
+
+needs_linux_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or not sys.platform.startswith("linux"),
+    reason="the truth harness (benchmarks/launchers.py) needs torch and Linux")
+
+
+def _spans(run) -> list[dict]:
+    out = []
+    for rs in run.resource_spans:
+        for ss in rs["scopeSpans"]:
+            for s in ss["spans"]:
+                at = {a["key"]: next(iter(a["value"].values())) for a in s["attributes"]}
+                out.append({"event": at[schema.ATTR_LAUNCHER_EVENT],
+                            "cycle": int(at[schema.ATTR_LAUNCHER_RESTART_COUNT]),
+                            "start": int(s["startTimeUnixNano"]),
+                            "end": int(s["endTimeUnixNano"]), "attrs": at,
+                            "name": s["name"], "id": s["spanId"]})
+    return sorted(out, key=lambda s: (s["start"], s["end"]))
+
+
+def _resource(run) -> dict:
+    (rs,) = run.resource_spans
+    return {a["key"]: next(iter(a["value"].values())) for a in rs["resource"]["attributes"]}
+
+
+def _translate(tmp_path: Path, text: str, **kw):
+    p = tmp_path / "launcher.log"
+    p.write_text(text)
+    return translate_files(get_source("nvrx"), [p], **kw)
+
+
+def _line(cycle, event, t, rank="0", node="n1_77_0", host="h1", local="UTC"):
+    """One ft_launcher cycle event line as the ``nvrx`` logger writes it (``t`` UTC)."""
+    pre = t if local == "UTC" else local
+    return (f"{pre.replace('.', ',')} [INFO] [{host}] [workload:?(?) infra:?(?)] "
+            f"profiling.py:93   - Cycle: {cycle} Event: {event} Node: {node} Rank: {rank} "
+            f"Time: {t} UTC")
+
+
+# --- the real log ------------------------------------------------------------------------
+
+
+def test_the_log_is_recognised():
+    assert detect_file_source(str(LOG)) == "nvrx"
+    assert sniff(LOG.read_bytes()[:65536])
+    assert not sniff(b'{"resourceSpans": []}\n')
+
+
+def test_events_of_the_real_launcher_log():
+    """Every cycle event of the real run, as launcher_event spans of one launcher process,
+    with the worker torchelastic saw fail (the pid the driver killed, signal 9)."""
+    drv = json.loads((DATA / "driver.json").read_text())
+    run = translate_files(get_source("nvrx"), [LOG], job="j")
+    assert run.warnings == {} and len(run.problems) == 0
+    res = _resource(run)
+    assert res[schema.RES_PROCESS_ROLE] == "launcher"
+    assert int(res[schema.RES_PROCESS_PID]) == drv["agent_pid"]
+    assert res[schema.RES_JOB_NAME] == "j"
+    spans = _spans(run)
+    assert {s["name"] for s in spans} == {schema.LAUNCHER_EVENT}
+    assert [(s["event"], s["cycle"]) for s in spans] == [
+        ("nvrx.rendezvous", 0), ("nvrx.health_check", 0), ("nvrx.worker_start", 0),
+        ("nvrx.worker_failed", 0), ("nvrx.failure_detected", 1),
+        ("nvrx.worker_terminated", 1), ("nvrx.rendezvous", 1), ("nvrx.health_check", 1),
+        ("nvrx.worker_start", 1)]
+    failed = spans[3]["attrs"]
+    (kill,) = drv["kills"]
+    assert int(failed[schema.ATTR_LAUNCHER_WORKER_PID]) == kill["pid"]
+    assert int(failed[schema.ATTR_LAUNCHER_EXIT_CODE]) == -9
+    # the launcher saw it after the kill, within its monitor interval and the machine's load
+    assert 0 < spans[3]["start"] / 1e9 - kill["t"] < 2
+    events = rg.cycle_events(LOG)
+    for s in spans:
+        if s["event"] == "nvrx.rendezvous":
+            c = s["cycle"]
+            assert s["start"] / 1e9 == pytest.approx(events[(c, "rendezvous_started")])
+            assert s["end"] / 1e9 == pytest.approx(events[(c, "rendezvous_completed")])
+    term = next(s for s in spans if s["event"] == "nvrx.worker_terminated")
+    assert term["start"] / 1e9 == pytest.approx(events[(1, "failure_detected")])
+    assert len({s["id"] for s in spans}) == len(spans)  # same-instant events stay apart
+
+
+def test_reading_the_log_twice_gives_the_same_spans(tmp_path):
+    once = _spans(translate_files(get_source("nvrx"), [LOG]))
+    twice = _spans(translate_files(get_source("nvrx"), [LOG, LOG]))
+    assert once == twice
+
+
+# --- merged with the workers' own spool: the report against the driver's truth ----------
+
+
+def _workers(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True)
+    with tarfile.open(DATA / "workers.tar.gz") as tar:
+        tar.extractall(run_dir, filter="data")
+
+
+def _truth(lh):
+    drv = json.loads((DATA / "driver.json").read_text())
+    events = [json.loads(x) for x in (DATA / "truth.jsonl").read_text().splitlines()]
+    kills = [lh.Kill(**k) for k in drv["kills"]]
+    dead = {int(k): v for k, v in drv["dead_at"].items()}
+    procs = lh.processes(events, kills, dead)
+    s = lh.Settings(**drv["settings"])
+    return drv, s, procs, kills, lh.compute_truth(procs, s.flush_interval,
+                                                  margin=s.flushed_margin)
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory):
+    """The kept run's workers' spool plus the imported launcher log, and its report."""
+    lh = rg.harness()
+    drv, s, procs, kills, truth = _truth(lh)
+    d = tmp_path_factory.mktemp("nvrx") / "run"
+    _workers(d)
+    alone = rg.report_json(lh, d)
+    rg.import_launcher_log(LOG, d, drv["case"], drv["agent_pid"])
+    return lh, drv, s, procs, kills, truth, rg.report_json(lh, d), alone, d
+
+
+@needs_linux_torch
+def test_merged_report_agrees_with_the_truth(merged):
+    """Attempts, processes, kept steps, max step exactly; checkpoint save and restore,
+    wasted progress and infrastructure recovery within 0.5 s; every recovery phase within
+    0.5 s; rank 1 failed first, by a signal, as the launcher saw it; the restart's
+    launcher_rendezvous_s is NVRx's rendezvous of cycle 1."""
+    lh, drv, s, procs, kills, truth, rep, _, d = merged
+    out = lh.Outcome(drv["case"])
+    out.kills = kills
+    expect = lh.Expect([2, 2], phases=True, launchers={drv["agent_pid"]})
+    lh.compare(out, truth, rep, procs, d, s, expect)
+    lh.compare_first_failures(out, truth, rep)
+    lh.compare_recovery(out, truth, rep, expect)
+    rg.check(lh, out, truth, rep, LOG)
+    print(lh.summarize([out], s))
+    assert not out.failures, out.failures
+    job = rep["jobs"][0]
+    assert len(job["attempts"]) == 2 and job["max_productive_step"] == 40
+    assert [a["steps_kept"] for a in job["attempts"]] == [20, 20]
+
+
+@needs_linux_torch
+def test_the_launcher_adds_evidence_not_time(merged):
+    """The same report without the launcher's events: every bucket, attempt and phase the
+    same (the events count no time: nothing twice); only the first failure's how and the
+    launcher evidence come from NVRx."""
+    _, _, _, _, _, _, rep, alone, _ = merged
+    a, m = alone["jobs"][0], rep["jobs"][0]
+    assert a["badput_s"] == m["badput_s"]
+    assert (a["productive_time_s"], a["total_time_s"]) == (m["productive_time_s"],
+                                                           m["total_time_s"])
+    for x, y in zip(a["attempts"], m["attempts"], strict=True):
+        assert {k: x[k] for k in ("start_unix_ns", "end_unix_ns", "steps_kept",
+                                  "processes")} == {
+            k: y[k] for k in ("start_unix_ns", "end_unix_ns", "steps_kept", "processes")}
+    (ra,), (rm,) = a["recovery"], m["recovery"]
+    assert ra["phases_s"] == rm["phases_s"]
+    assert "launcher_rendezvous_s" not in ra["evidence"]
+    assert ra["first_failure"]["how"] != "signal"
+    assert rm["first_failure"]["how"] == "signal"
+    assert rm["evidence"]["launcher_rendezvous_s"] > 0
+
+
+def test_the_launcher_alone_has_no_attempts(tmp_path):
+    """NVRx says nothing about steps: its events alone make a job with no attempts and no
+    time (the launcher is no process of any attempt)."""
+    from goodput_processor.accounting import report_run_dir
+
+    run = translate_files(get_source("nvrx"), [LOG], job="alone")
+    write_spool(run.resource_spans, tmp_path)
+    (r,) = report_run_dir(tmp_path)
+    assert r.job == "alone" and r.total_ns == 0 and r.productive_time_s == 0
+    assert len(r.attempts) == 0 and r.max_productive_step is None
+
+
+# --- the translator's rules on made-up lines --------------------------------------------
+
+
+def test_job_name_precedence(tmp_path, monkeypatch):
+    text = ("--rdzv-backend=c10d --rdzv-endpoint=localhost:0 --rdzv-id=abc-123\n"
+            + _line(0, "rendezvous_started", "2026-12-07 14:00:00.000") + "\n")
+    for var in ("GOODPUT_NVRX_JOB", "GOODPUT_JOB_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    assert _resource(_translate(tmp_path, text))[schema.RES_JOB_NAME] == "nvrx-abc-123"
+    monkeypatch.setenv("GOODPUT_JOB_NAME", "from-env")
+    assert _resource(_translate(tmp_path, text))[schema.RES_JOB_NAME] == "from-env"
+    monkeypatch.setenv("GOODPUT_NVRX_JOB", "nvrx-env")
+    assert _resource(_translate(tmp_path, text))[schema.RES_JOB_NAME] == "nvrx-env"
+    assert _resource(_translate(tmp_path, text, job="cli"))[schema.RES_JOB_NAME] == "cli"
+    from goodput_processor.importers.sources.base import Emitter
+
+    em = Emitter("nvrx")
+    tr = NvrxTranslator(em, job="arg")
+    tr.line(_line(0, "rendezvous_started", "2026-12-07 14:00:00.000"), "x:1")
+    tr.finish()
+    (rs,) = em.take()
+    assert {a["key"]: a["value"] for a in rs["resource"]["attributes"]}[
+        schema.RES_JOB_NAME] == {"stringValue": "arg"}
+
+
+def test_local_time_offset_and_glog_year(tmp_path, monkeypatch):
+    """The glog line (local time, no year) is placed by the offset and year the cycle lines
+    show: here UTC+2 across New Year (local 01:00:00.5 on 1 January is 23:00:00.5 UTC)."""
+    monkeypatch.delenv("GOODPUT_NVRX_HOST", raising=False)
+    text = "\n".join([
+        _line(3, "worker_start_completed", "2026-12-31 22:59:00.000",
+              local="2027-01-01 00:59:00.000"),
+        "E0101 01:00:00.500000 77 torch/distributed/elastic/multiprocessing/api.py:1002] "
+        "failed (exitcode: 1) local_rank: 0 (pid: 4242) of binary: /usr/bin/python",
+        _line(4, "failure_detected", "2026-12-31 23:00:00.501",
+              local="2027-01-01 01:00:00.501"),
+    ]) + "\n"
+    run = _translate(tmp_path, text)
+    assert run.warnings == {}
+    failed = next(s for s in _spans(run) if s["event"] == "nvrx.worker_failed")
+    import calendar
+    assert failed["start"] == (calendar.timegm((2026, 12, 31, 23, 0, 0)) * 10**9
+                               + 500_000_000)
+    assert failed["cycle"] == 3 and int(failed["attrs"][schema.ATTR_LAUNCHER_EXIT_CODE]) == 1
+    assert _resource(run)[schema.RES_HOST_NAME] == "h1"  # from the logging prefix
+
+
+def test_bad_and_cut_lines_are_skipped(tmp_path):
+    """A bad time, a cut-short event line, a failure line before any event: each skipped
+    and counted; a rendezvous the log ended inside is kept as its start, with a warning."""
+    text = "\n".join([
+        "E1207 14:00:00.000000 77 api.py:1] failed (exitcode: -9) local_rank: 0 (pid: 1)",
+        _line(0, "rendezvous_started", "2026-13-45 14:00:00.000"),
+        _line(0, "rendezvous_started", "2026-12-07 14:00:00.000"),
+        _line(0, "health_check_completed", "2026-12-07 14:00:00.100"),
+        _line(0, "something_new", "2026-12-07 14:00:00.200"),
+        "2026-12-07 14:00:00,300 [INFO] [h1] [workload:?(?) infra:?(?)] profiling.py:93 "
+        "  - Cycle: 0 Event: rendezvous_comp",
+    ])
+    run = _translate(tmp_path, text)
+    assert run.problems.counts == {"unknown_record": 1, "malformed": 1, "truncated": 1}
+    assert run.warnings == {"nvrx_rendezvous_unfinished": 1, "nvrx_unknown_event": 1}
+    assert [(s["event"], s["end"] - s["start"]) for s in _spans(run)] == [
+        ("nvrx.rendezvous", 0), ("nvrx.health_check", 0), ("nvrx.something_new", 0)]
+
+
+def test_a_failure_without_the_worker_line_is_named(tmp_path):
+    """Only the ``nvrx`` logger's lines (no torchelastic line): the failed worker is not
+    named, and the warning says so."""
+    text = "\n".join(_line(c, e, f"2026-12-07 14:00:0{i}.000") for i, (c, e) in enumerate(
+        [(0, "worker_start_completed"), (1, "failure_detected"), (1, "worker_terminated")]))
+    run = _translate(tmp_path, text)
+    assert run.warnings == {"nvrx_failed_worker_unnamed": 1}
+    term = next(s for s in _spans(run) if s["event"] == "nvrx.worker_terminated")
+    assert term["end"] - term["start"] == 1_000_000_000
+
+
+# --- live: ft_launcher itself ------------------------------------------------------------
+
+
+_why = None if not sys.platform.startswith("linux") else rg.nvrx_missing()
+
+
+@needs_linux_torch
+@pytest.mark.skipif(_why is not None, reason=f"NVRx not runnable: {_why}")
+def test_live_ft_launcher_kill_and_restart(tmp_path):
+    """ft_launcher for real: rank 1 SIGKILLed after step 33, restarted; the merged report
+    against the driver's truth (regenerate.py's checks)."""
+    lh, out, d, truth, rep = rg.run_live(tmp_path)
+    print(lh.summarize([out], lh.Settings()))
+    print(json.dumps(out.notes))
+    assert not out.failures, out.failures
+    if os.environ.get("NVRX_KEEP"):
+        shutil.copytree(d.base, os.environ["NVRX_KEEP"], dirs_exist_ok=True)
