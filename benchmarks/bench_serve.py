@@ -12,6 +12,17 @@ times the same batches through the real gRPC receiver on loopback (client and se
 this machine). The per-job rate limit is lifted for the benchmark.
 
     python benchmarks/bench_serve.py [--batches 2000] [--batch 512]
+
+``--source NAME`` instead compares, side by side in one run, the same job (``--batches`` x
+``--batch`` steps, one span a step) sent as this project's own ``goodput.step`` spans and
+as a foreign producer's spans read through source NAME (``goodput serve``'s intake of
+foreign OTLP, :mod:`goodput_processor.serve.foreign`), without and with the write-ahead
+log, and prints the cost per span of each (the best of ``--rounds``). ``megatron``: Megatron-
+LM's ``megatron.train.iteration`` spans on the resource of the real run in
+``tests/data/sources/megatron/otlp.jsonl``; ``fwtool``: the test-only source of
+``tests/fw_source.py``.
+
+    python benchmarks/bench_serve.py --source megatron --batches 200 --rounds 5
 """
 
 from __future__ import annotations
@@ -64,6 +75,102 @@ def batch(i: int, size: int, job: str = "bench") -> bytes:
     return trace_service_pb2.ExportTraceServiceRequest(resource_spans=[rs]).SerializeToString()
 
 
+def _foreign_batch(source: str, i: int, size: int, resource) -> bytes:
+    """Request ``i`` of the foreign job: ``size`` step spans of ``source``."""
+    spans = []
+    for k in range(size):
+        n = i * size + k
+        t = T0 + n * 100_000_000
+        if source == "megatron":
+            name, attrs = "megatron.train.iteration", [
+                _kv("is_goodput_span", bool_value=True), _kv("megatron.iteration", int_value=n),
+                _kv("megatron.skipped", bool_value=False)]
+        else:
+            name, attrs = "fw.iteration", [_kv("fw.iteration", int_value=n)]
+        spans.append(trace_pb2.Span(trace_id=b"\x02" * 16, span_id=(n + 1).to_bytes(8, "big"),
+                                    parent_span_id=(1 << 62).to_bytes(8, "big"), name=name,
+                                    start_time_unix_nano=t, end_time_unix_nano=t + 95_000_000,
+                                    attributes=attrs))
+    scope = trace_pb2.ScopeSpans(scope=common_pb2.InstrumentationScope(
+        name="nemo.lens" if source == "megatron" else "fwtool"), spans=spans)
+    rs = trace_pb2.ResourceSpans(resource=resource, scope_spans=[scope])
+    return trace_service_pb2.ExportTraceServiceRequest(resource_spans=[rs]).SerializeToString()
+
+
+def _own_steps(i: int, size: int) -> bytes:
+    """Request ``i`` of the same job in this project's own schema: ``size`` step spans."""
+    req = trace_service_pb2.ExportTraceServiceRequest.FromString(batch(i, 2 * size))
+    ss = req.resource_spans[0].scope_spans[0]
+    keep = [sp for sp in ss.spans if sp.name == schema.STEP]
+    for sp in keep:  # one step every 100 ms, as the foreign job's
+        n = sp.attributes[0].value.int_value
+        sp.start_time_unix_nano, sp.end_time_unix_nano = (T0 + n * 100_000_000,
+                                                          T0 + n * 100_000_000 + 95_000_000)
+    del ss.spans[:]
+    ss.spans.extend(keep)
+    return req.SerializeToString()
+
+
+def compare_source(args) -> int:
+    """``--source``: see the module docstring."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.resource.v1 import resource_pb2
+
+    from goodput_processor.importers import sources
+
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    if args.source == "fwtool":
+        sys.path.insert(0, str(tests))
+        from fw_source import SOURCE
+
+        sources._cache = {**sources.all_sources(), "fwtool": SOURCE}
+        res = resource_pb2.Resource(attributes=[
+            _kv("fw.job_id", string_value="bench"), _kv("fw.run_id", string_value="r1"),
+            _kv("fw.rank", int_value=0)])
+    elif args.source == "megatron":
+        sources.get_source("megatron")  # ValueError when it is not registered
+        with open(tests / "data" / "sources" / "megatron" / "otlp.jsonl") as f:
+            doc = json.loads(f.readline())
+        attrs = {"attributes": doc["resourceSpans"][0]["resource"]["attributes"]}
+        res = json_format.ParseDict(attrs, resource_pb2.Resource())
+    else:
+        print(f"--source {args.source}: this benchmark knows megatron and fwtool")
+        return 2
+    own = [_own_steps(i, args.batch) for i in range(args.batches)]
+    foreign = [_foreign_batch(args.source, i, args.batch, res) for i in range(args.batches)]
+    nspans = args.batches * args.batch
+    best: dict = {}
+    for _ in range(args.rounds):
+        for kind, payloads in (("own", own), ("foreign", foreign)):
+            for wal in (False, True):
+                with tempfile.TemporaryDirectory() as d:
+                    log = WriteAheadLog(d).start() if wal else None
+                    store = LiveStore(limits=UNLIMITED, wal=log)
+                    if log is not None:
+                        store.replay()
+                    cpu, _ = _ingest(store, payloads)
+                    if log is not None:
+                        log.close()
+                (r,) = store.results(now_ns=T0 + nspans * 100_000_000)
+                key = (kind, wal)
+                best[key] = min(best.get(key, (cpu, r))[0], cpu), r
+    print(f"the same job ({args.batches} requests x {args.batch} steps, one span a step), "
+          f"best of {args.rounds}; CPU per span, parse + take in:")
+    for wal in (False, True):
+        o, f = best[("own", wal)][0], best[("foreign", wal)][0]
+        print(f"  {'with' if wal else 'without'} the write-ahead log: own schema "
+              f"{o / nspans * 1e6:.2f} us, through source {args.source} {f / nspans * 1e6:.2f} us"
+              f" = {f / o:.2f}x")
+    ro, rf = best[("own", False)][1], best[("foreign", False)][1]
+    print(f"  steps accounted: own {ro.step_time.count:,}, {args.source} "
+          f"{rf.step_time.count:,}; goodput {ro.goodput:.4f} / {rf.goodput:.4f}")
+    return 0
+
+
 def _pct(xs):
     return np.percentile(np.array(xs) * 1e3, [50, 99])
 
@@ -84,7 +191,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, default=2000)
     p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--source", help="compare the own schema with source SOURCE's spans "
+                   "(megatron, fwtool) instead; see the module docstring")
+    p.add_argument("--rounds", type=int, default=3, help="--source: runs, the best kept")
     args = p.parse_args(argv)
+    if args.source:
+        return compare_source(args)
     payloads = [batch(i, args.batch) for i in range(args.batches)]
     store = LiveStore(limits=UNLIMITED)
     cpu, lat = _ingest(store, payloads)
