@@ -196,3 +196,83 @@ def test_live_kill_restart(tmp_path):
     figures = check_against_truth(_report(tmp_path / "run"), _truth(got["truth"]),
                                   export_delay_s=0.5)
     print(figures)
+
+
+# --- the same records live through a real `goodput serve` ---------------------------------
+
+def _pb_request(doc: dict):
+    """The protobuf ``ExportTraceServiceRequest`` of an OTLP JSON line (hex ids)."""
+    import base64
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    doc = json.loads(json.dumps(doc))
+    for rs in doc.get("resourceSpans", ()):
+        for ss in rs.get("scopeSpans", ()):
+            for s in ss.get("spans", ()):
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if s.get(k):
+                        s[k] = base64.b64encode(bytes.fromhex(s[k])).decode()
+    return json_format.ParseDict(doc, ExportTraceServiceRequest())
+
+
+def _send(protocol: str, addr: dict, line: str) -> None:
+    import urllib.request
+
+    if protocol == "grpc":
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+        with grpc.insecure_channel(addr["grpc"]) as ch:
+            trace_service_pb2_grpc.TraceServiceStub(ch).Export(
+                _pb_request(json.loads(line)), timeout=30)
+        return
+    if protocol == "http-protobuf":
+        body, ctype = _pb_request(json.loads(line)).SerializeToString(), "application/x-protobuf"
+    else:
+        body, ctype = line.encode(), "application/json"
+    req = urllib.request.Request(addr["http"] + "/v1/traces", data=body, method="POST",
+                                 headers={"Content-Type": ctype})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http-protobuf", "http-json"])
+def test_serve_live_equals_report(tmp_path, protocol):
+    """The stored records sent as one-logger's exporter sent them (one request per line)
+    to a real ``goodput serve`` process give the offline report."""
+    import re
+    import signal
+    import urllib.parse
+    import urllib.request
+
+    pytest.importorskip("grpc")
+    from instr_util import child_env
+
+    run = translate_files(get_source("onelogger"), [DATA / "spans.jsonl"])
+    write_spool(run.resource_spans, tmp_path / "offline")
+    offline = _report(tmp_path / "offline")
+    cmd = [sys.executable, "-m", "goodput_processor.cli", "serve", "--grpc-port", "0",
+           "--http-port", "0", "--wal-dir", str(tmp_path / "wal")]
+    proc = subprocess.Popen(cmd, env=child_env(), stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    try:
+        first = proc.stderr.readline()
+        addr = {"grpc": re.search(r"grpc=(\S+)", first).group(1),
+                "http": re.search(r"http=(\S+)", first).group(1)}
+        for line in (DATA / "spans.jsonl").read_text().splitlines():
+            _send(protocol, addr, line)
+        url = addr["http"] + "/v1/report?job=" + urllib.parse.quote(JOB, safe="")
+        with urllib.request.urlopen(url, timeout=60) as r:
+            doc = json.loads(r.read())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    (live,) = [j for j in doc["jobs"] if j["job"] == JOB]
+    for job in (live, offline):
+        job.pop("skipped_examples", None)
+    assert live == offline
+    assert doc["sources"]["warnings"]["onelogger"] == {"onelogger_tail_lost": 1}
