@@ -411,6 +411,10 @@ class MegatronLogTranslator(Translator):
             self.warn("megatron_log_restore_unfinished")
             a.spans.append((schema.CHECKPOINT_RESTORE, a.load[1], max(a.last_seen, a.load[1]),
                             {schema.ATTR_CHECKPOINT_STEP: a.load[0]}, True))
+        if not a.ended:
+            # killed (or still running): its end is its last line; the iterations after
+            # the last iteration line, and the time after that line, are not in the log
+            self.warn("megatron_log_end_from_last_line")
         key = self.emit.process(f"megatron-log\0{self.job}\0{a.number}", job=self.job or "",
                                 attempt=a.number, start_ns=a.start)
         self.emit.span(key, schema.JOB_START, a.start, a.start)
