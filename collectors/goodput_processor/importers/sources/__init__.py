@@ -47,6 +47,8 @@ BUILTIN: dict[str, str] = {
     "megatron": ".megatron:SOURCE",
     "torchft": ".torchft:SOURCE",
     "megatron-log": ".megatron_log:SOURCE",
+    "dllogger": ".nemo_log:DLLOGGER_SOURCE",
+    "nemo-log": ".nemo_log:SOURCE",
 }
 
 _cache: dict[str, Source] | None = None
