@@ -137,9 +137,13 @@ def json_resource_attrs(rs: dict) -> dict:
 def job_name(attrs: dict) -> str:
     """The job a resource belongs to, from its attributes ``{key: python value}``:
     ``goodput.job.name``, else ``service.name`` (the recorder sets it to the job name),
-    else ``unknown_job``."""
+    else ``unknown_job``. A name sent as another type than a string is written with its
+    type, ``int:5``, ``bool:True``, ``float:1.0``, so that it is never the job of the string
+    ``"5"``, ``"True"`` or ``"1.0"``."""
     name = attrs.get(schema.RES_JOB_NAME) or attrs.get(schema.RES_SERVICE_NAME)
-    return str(name) if name not in (None, "") else "unknown_job"
+    if name is None or name == "":
+        return "unknown_job"
+    return name if isinstance(name, str) else f"{type(name).__name__}:{name}"
 
 
 class SpanRows:
