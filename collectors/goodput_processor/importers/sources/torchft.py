@@ -61,7 +61,8 @@ What a kill loses: each logger's ``BatchLogRecordProcessor`` sends about once a 
 a SIGKILLed process loses its last records (2.4 s in the checked run). At :meth:`finish` a
 process whose last commit in a quorum is behind its peers' and which is absent from the
 next quorum is named ``torchft_tail_lost`` (killed, its tail lost, or it left). Commits
-arrive in order per process; a duplicate (resent request) is dropped.
+arrive in order per process; a commit received again (a resent request) gives the same
+spans again, with the same ids, which the processor keeps once.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class _Run:
         self.commits: list[tuple[int, int, bool]] = []  # waiting: (time, step, result)
         self.prev_end: int | None = None  # end of its last commit handled
         self.failed: tuple[int, int, int] | None = None  # (start, end, step) undecided
-        self.seen: set = set()
+        self.seen: dict = {}  # (time, step) of a commit -> the spans it made
         self.last_step: int | None = None  # its last successful commit's step
 
 
@@ -144,9 +145,11 @@ class TorchftTranslator(Translator):
                     run.qtime = r.time_ns
             else:
                 ident = (r.time_ns, step)
-                if ident in run.seen:
-                    continue  # (a request sent twice)
-                run.seen.add(ident)
+                if ident in run.seen:  # (a request sent again: its spans again, same ids)
+                    for args, error in run.seen[ident]:
+                        self.emit.span(*args, error=error)
+                    continue
+                run.seen[ident] = []
                 res = a.get("commit_result")
                 ok = res if isinstance(res, bool) else str(res).lower() == "true"
                 if run.prev_end is not None and r.time_ns < run.prev_end:
@@ -216,13 +219,13 @@ class TorchftTranslator(Translator):
                     self.warn("torchft_quorum_record_missing")
                 start = t
             if run.failed is not None:  # another commit followed it in the same quorum
-                fs, fe, _ = run.failed
-                self.emit.span(run.key, schema.CUSTOM_BADPUT, fs, fe,
-                               {schema.ATTR_BADPUT_TYPE: "torchft_failed_commit"})
+                fs, fe, fstep = run.failed
+                self._span(run, (fe, fstep), schema.CUSTOM_BADPUT, fs, fe,
+                           {schema.ATTR_BADPUT_TYPE: "torchft_failed_commit"})
                 run.failed = None
                 self._failed.pop(run.tkey, None)
             if ok:
-                self.emit.span(run.key, schema.STEP, start, t, {schema.ATTR_STEP: step})
+                self._span(run, (t, step), schema.STEP, start, t, {schema.ATTR_STEP: step})
                 run.last_step = step
             else:
                 run.failed = (start, t, step)
@@ -237,8 +240,9 @@ class TorchftTranslator(Translator):
         if run.ended == 1 and run.prev_end is not None and not run.commits:
             if run.failed is not None:
                 self._close_failed(self._failed.pop(run.tkey, run))
-            self.emit.span(run.key, schema.JOB_END, run.prev_end, run.prev_end,
-                           {schema.ATTR_END_REASON: "restart"})
+            last = max(run.seen, default=None)
+            self._span(run, last, schema.JOB_END, run.prev_end, run.prev_end,
+                       {schema.ATTR_END_REASON: "restart"})
             run.ended = 2
 
     def _moved_on(self, job: str, replica: str, rank: int, quorum: int,
@@ -256,8 +260,15 @@ class TorchftTranslator(Translator):
 
     def _close_failed(self, run: _Run) -> None:
         fs, fe, step = run.failed
-        self.emit.span(run.key, schema.STEP, fs, fe, {schema.ATTR_STEP: step}, error=True)
+        self._span(run, (fe, step), schema.STEP, fs, fe, {schema.ATTR_STEP: step}, True)
         run.failed = None
+
+    def _span(self, run: _Run, ident: tuple, name: str, start: int, end: int, attrs: dict,
+              error: bool = False) -> None:
+        """Emit a span made of commit ``ident`` and remember it for a resent request."""
+        args = (run.key, name, start, end, attrs)
+        run.seen.setdefault(ident, []).append((args, error))
+        self.emit.span(*args, error=error)
 
     def finish(self) -> None:
         for run in self._runs.values():
