@@ -46,6 +46,7 @@ BUILTIN: dict[str, str] = {
     "onelogger": ".onelogger:SOURCE",
     "megatron": ".megatron:SOURCE",
     "torchft": ".torchft:SOURCE",
+    "torchtitan": ".torchtitan:SOURCE",
     "megatron-log": ".megatron_log:SOURCE",
     "dllogger": ".nemo_log:DLLOGGER_SOURCE",
     "nemo-log": ".nemo_log:SOURCE",
