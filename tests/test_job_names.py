@@ -32,3 +32,17 @@ def test_typed_job_names_are_apart(tmp_path):
     jobs = read_run_dir(tmp_path, cache=False).jobs
     assert sorted(jobs) == ["1.0", "5", "True", "bool:True", "float:1.0", "int:5"]
     assert all(len(j.processes) == 1 for j in jobs.values())
+
+
+def test_spans_at_the_int64_limit_are_named(tmp_path):
+    """A job whose spans all lie at 2^63 - 1 ns (a sentinel, not a time) gets the
+    clock_jump warning instead of a silent goodput of 0 (issue 38)."""
+    from goodput_processor.accounting import account
+
+    end = 2**63 - 1
+    line = _line({"stringValue": "sentinel"}, 0).replace(str(T0 + S), str(end)).replace(
+        str(T0), str(end))
+    (tmp_path / "spans-p00000-a0000.jsonl").write_text(line + "\n")
+    r = account(read_run_dir(tmp_path, cache=False).jobs["sentinel"])
+    assert [w.code for w in r.warnings] == ["clock_jump"]
+    assert "2^63 - 1" in r.warnings[0].message

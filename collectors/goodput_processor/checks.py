@@ -182,9 +182,10 @@ def _clock(a: Attempt, s: StepOrder) -> list:
     if unset:
         out.append(ReportWarning(
             "clock_jump",
-            f"attempt {a.attempt}: {unset} span(s) start before 2001-09-09: the wall clock "
-            f"of process {a.primary.index} was not set (1970), or explicit timestamps are "
-            "not ns since the epoch; the times of this attempt are not reliable",
+            f"attempt {a.attempt}: {unset} span(s) start before 2001-09-09 or after "
+            f"2191-10-26: the wall clock of process {a.primary.index} was not set (1970), "
+            "or explicit timestamps are not ns since the epoch (or are a sentinel such as "
+            "2^63 - 1); the times of this attempt are not reliable",
             a.attempt, a.primary.index))
     if early or overlap:
         what = []

@@ -52,6 +52,9 @@ CLOCK_SLACK_NS = 1_000_000_000
 #: A span starting before this (2001-09-09) comes from a clock that was never set (a node
 #: booted without NTP reads 1970) or from an explicit timestamp in the wrong unit.
 PLAUSIBLE_NS = 10**18
+#: A span starting after this (2191-10-26) comes from an explicit timestamp in the wrong
+#: unit or a sentinel (2^63 - 1 ns is 2262): no clock reads it.
+LATEST_PLAUSIBLE_NS = 7 * 10**18
 
 
 def step_counts(aux: np.ndarray) -> np.ndarray:
@@ -118,8 +121,9 @@ class StepOrder(NamedTuple):
     :data:`CLOCK_SLACK_NS` before the previous one ended; ``highest``: highest step number
     (None); ``restored``: a checkpoint restore row (any); ``early``: phase rows ending more
     than :data:`CLOCK_SLACK_NS` before the attempt's start; ``unset``: rows starting before
-    :data:`PLAUSIBLE_NS`; ``exact``: False when rows were combined out of time order
-    (``back`` and ``overlap`` are then unknown: summarise all rows at once).
+    :data:`PLAUSIBLE_NS` or after :data:`LATEST_PLAUSIBLE_NS`; ``exact``: False when rows
+    were combined out of time order (``back`` and ``overlap`` are then unknown: summarise
+    all rows at once).
     """
 
     steps: int
@@ -156,7 +160,8 @@ def step_order(d: np.ndarray, start_ns: int) -> StepOrder:
         restored=bool((kinds == K_CHECKPOINT_RESTORE).any()),
         early=int(((kinds >= K_ACCELERATOR_INIT)
                    & (d[:, C_END] < start_ns - CLOCK_SLACK_NS)).sum()),
-        unset=int((d[:, C_START] < PLAUSIBLE_NS).sum()),
+        unset=int(((d[:, C_START] < PLAUSIBLE_NS)
+                   | (d[:, C_START] > LATEST_PLAUSIBLE_NS)).sum()),
     )
 
 
