@@ -203,3 +203,131 @@ def test_live_sigkill_and_restart(tmp_path):
     assert out["rc"][0] == -9 and out["rc"][1] == 0
     job, warnings = _report([out["otlp"]], tmp_path)
     _check_against_truth(job, warnings, out["truth"])
+
+
+# --- live over OTLP to a real `goodput serve` ----------------------------------------------
+
+class _Serve:
+    """A real ``goodput serve`` process on loopback (gRPC and HTTP on free ports)."""
+
+    def __init__(self, cwd: Path):
+        import re
+        import sys
+
+        from instr_util import child_env
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "goodput_processor.cli", "serve", "--grpc-port", "0",
+             "--http-port", "0"], env=child_env(), stderr=subprocess.PIPE, text=True, cwd=cwd)
+        line = self.proc.stderr.readline()
+        self.grpc = re.search(r"grpc=(\S+)", line).group(1)
+        self.http = re.search(r"http=(\S+)", line).group(1)
+
+    def report(self, job: str) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.http}/v1/report?job={job}", timeout=120) as r:
+            doc = json.loads(r.read())
+        (found,) = [j for j in doc["jobs"] if j["job"] == job]
+        return found
+
+    def stop(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _pb_request(line: str):
+    """The protobuf ``ExportTraceServiceRequest`` of one OTLP JSON line (hex ids)."""
+    import base64
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    doc = json.loads(line)
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for s in ss["spans"]:
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if s.get(k):
+                        s[k] = base64.b64encode(bytes.fromhex(s[k])).decode()
+                for lk in s.get("links") or ():
+                    for k in ("traceId", "spanId"):
+                        lk[k] = base64.b64encode(bytes.fromhex(lk[k])).decode()
+    return json_format.ParseDict(doc, ExportTraceServiceRequest())
+
+
+def _send(serve: _Serve, protocol: str, lines: list[str]) -> None:
+    import urllib.request
+
+    if protocol == "grpc":
+        import grpc
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import (
+            TraceServiceStub,
+        )
+
+        with grpc.insecure_channel(serve.grpc) as ch:
+            stub = TraceServiceStub(ch)
+            for line in lines:
+                stub.Export(_pb_request(line), timeout=60)
+        return
+    for line in lines:
+        body, ctype = ((_pb_request(line).SerializeToString(), "application/x-protobuf")
+                       if protocol == "http-protobuf" else (line.encode(), "application/json"))
+        req = urllib.request.Request(serve.http + "/v1/traces", data=body, method="POST",
+                                     headers={"Content-Type": ctype})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+
+
+def _same(live: dict, offline: dict) -> None:
+    for j in (live, offline):
+        j.pop("skipped_examples", None)
+    assert live == offline
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http-protobuf", "http-json"])
+def test_recorded_spans_live_to_serve_give_the_same_report(tmp_path, protocol):
+    """The recorded run's export requests, sent as they were exported (one request per
+    line) over OTLP to a real ``goodput serve``: the same report as the file import."""
+    pytest.importorskip("grpc")
+    offline, _ = _report([OTLP], tmp_path)
+    serve = _Serve(tmp_path)
+    try:
+        _send(serve, protocol, [x for x in OTLP.read_text().splitlines() if x.strip()])
+        live = serve.report(offline["job"])
+    finally:
+        serve.stop()
+    _same(live, offline)
+
+
+def test_live_sigkill_and_restart_exported_to_serve(tmp_path):
+    """Megatron-LM's loop exporting with nemo-lens's own OTLP exporters straight to a real
+    ``goodput serve`` (the killed process over gRPC, the restarted one over HTTP/protobuf):
+    the live report agrees with the truth and with the file import of what serve got."""
+    python = _megatron_python()
+    if python is None:
+        pytest.skip(f"Megatron-LM main with nemo-lens not importable by {MEGATRON_PYTHON} "
+                    "(build it with tests/data/sources/megatron/venv.sh)")
+    pytest.importorskip("grpc")
+    serve = _Serve(tmp_path)
+    try:
+        envs = [{"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{serve.grpc}",
+                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+                {"OTEL_EXPORTER_OTLP_ENDPOINT": serve.http,
+                 "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}]
+        out = R.run_scenario(tmp_path / "run", python, extra_env=envs)
+        job_uuid = _resource(OTLP)["nemo.lens.job_uuid"]  # the same SLURM_JOB_ID
+        live = serve.report(job_uuid)
+    finally:
+        serve.stop()
+    assert out["rc"][0] == -9 and out["rc"][1] == 0
+    sources = {"megatron_open_spans_lost": 1}
+    _check_against_truth(live, sources, out["truth"])

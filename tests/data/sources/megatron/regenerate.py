@@ -86,11 +86,12 @@ def loop_env(restart: int, extra: dict | None = None) -> dict:
 
 
 def run_scenario(work: Path, python: str = sys.executable, *, otlp_file: Path | None = None,
-                 extra_env: dict | None = None, timeout_s: float = 300.0) -> dict:
+                 extra_env: dict | list | None = None, timeout_s: float = 300.0) -> dict:
     """Run the loop, SIGKILL it after step :data:`KILL_AFTER`, run it again to the end.
 
     ``otlp_file``: the spans' OTLP JSON lines file (None: nemo-lens's own OTLP exporter,
-    configured by ``OTEL_EXPORTER_OTLP_*`` in ``extra_env``). Returns ``{"truth": path,
+    configured by ``OTEL_EXPORTER_OTLP_*`` in ``extra_env``: one dict for both processes, or
+    a list of one per process). Returns ``{"truth": path,
     "otlp": path or None, "rc": [rc of each process]}``.
 
     Raises:
@@ -106,7 +107,8 @@ def run_scenario(work: Path, python: str = sys.executable, *, otlp_file: Path | 
     rcs = []
     for restart in (0, 1):
         _record(truth, ev="spawn", t=time.time(), restart=restart)
-        proc = subprocess.Popen(cmd, env=loop_env(restart, extra_env), cwd=work,
+        env = extra_env[restart] if isinstance(extra_env, list) else extra_env
+        proc = subprocess.Popen(cmd, env=loop_env(restart, env), cwd=work,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + timeout_s
         if restart == 0:
