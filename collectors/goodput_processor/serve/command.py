@@ -314,7 +314,9 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="live goodput from OTLP spans and spool files",
         description="Receive goodput spans over OTLP (gRPC and HTTP) and/or tail spool "
-        "directories; account each job live, as `goodput report` does. Needs the serve "
+        "directories; account each job live, as `goodput report` does. Other tools' OTLP "
+        "spans and log records (one-logger, Megatron-LM, torchft, ...) are read through "
+        "the sources (`goodput import --help` lists them). Needs the serve "
         "extra: " + install_hint("serve") + ".",
         epilog="Example, one machine, no receiver: goodput serve --grpc-port off "
         "--http-port off --spool-dir goodput-runs/my-run --report-interval 10. "
@@ -323,11 +325,11 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     p.add_argument("--grpc-port", default="4317", metavar="PORT",
-                   help="OTLP/gRPC port (default 4317; 0: any free port; off: no gRPC "
-                   "receiver)")
+                   help="OTLP/gRPC port: TraceService and LogsService (default 4317; 0: "
+                   "any free port; off: no gRPC receiver)")
     p.add_argument("--http-port", default="4318", metavar="PORT",
-                   help="OTLP/HTTP, /v1/report and /metrics port (default 4318; 0: any free "
-                   "port; off: no HTTP receiver)")
+                   help="OTLP/HTTP (/v1/traces, /v1/logs), /v1/report and /metrics port "
+                   "(default 4318; 0: any free port; off: no HTTP receiver)")
     p.add_argument("--spool-dir", action="append", metavar="DIR",
                    help="tail *.jsonl spool files under DIR (repeatable)")
     p.add_argument("--poll-interval", default="0.5", metavar="SECONDS",
