@@ -50,6 +50,7 @@ BUILTIN: dict[str, str] = {
     "megatron-log": ".megatron_log:SOURCE",
     "dllogger": ".nemo_log:DLLOGGER_SOURCE",
     "nemo-log": ".nemo_log:SOURCE",
+    "maxtext-log": ".maxtext_log:SOURCE",
 }
 
 _cache: dict[str, Source] | None = None
