@@ -17,11 +17,16 @@ translator).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -182,10 +187,13 @@ def _tool_python() -> str | None:
     return py if ok.returncode == 0 else None
 
 
-@pytest.mark.skipif(_tool_python() is None,
-                    reason="one-logger 2.3.1 + lightning 2.5.6 not importable: build the tool "
-                           "venv with tests/data/sources/onelogger/venv.sh (or set "
-                           "ONELOGGER_PYTHON)")
+needs_tool = pytest.mark.skipif(
+    _tool_python() is None,
+    reason="one-logger 2.3.1 + lightning 2.5.6 not importable: build the tool venv with "
+           "tests/data/sources/onelogger/venv.sh (or set ONELOGGER_PYTHON)")
+
+
+@needs_tool
 def test_live_kill_restart(tmp_path):
     """A fresh real run (SIGKILL at step 67, restart from step 60) with a 500 ms batch
     delay: the same checks, with the smaller loss."""
@@ -220,8 +228,6 @@ def _pb_request(doc: dict):
 
 
 def _send(protocol: str, addr: dict, line: str) -> None:
-    import urllib.request
-
     if protocol == "grpc":
         import grpc
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -240,21 +246,12 @@ def _send(protocol: str, addr: dict, line: str) -> None:
         assert r.status == 200
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http-protobuf", "http-json"])
-def test_serve_live_equals_report(tmp_path, protocol):
-    """The stored records sent as one-logger's exporter sent them (one request per line)
-    to a real ``goodput serve`` process give the offline report."""
-    import re
-    import signal
-    import urllib.parse
-    import urllib.request
-
-    pytest.importorskip("grpc")
+@contextlib.contextmanager
+def _serve(tmp_path: Path):
+    """A real ``goodput serve`` process on loopback: yields ``{"grpc", "http"}`` and a
+    ``report()`` of the job (its ``/v1/report`` document)."""
     from instr_util import child_env
 
-    run = translate_files(get_source("onelogger"), [DATA / "spans.jsonl"])
-    write_spool(run.resource_spans, tmp_path / "offline")
-    offline = _report(tmp_path / "offline")
     cmd = [sys.executable, "-m", "goodput_processor.cli", "serve", "--grpc-port", "0",
            "--http-port", "0", "--wal-dir", str(tmp_path / "wal")]
     proc = subprocess.Popen(cmd, env=child_env(), stderr=subprocess.PIPE, text=True,
@@ -263,16 +260,48 @@ def test_serve_live_equals_report(tmp_path, protocol):
         first = proc.stderr.readline()
         addr = {"grpc": re.search(r"grpc=(\S+)", first).group(1),
                 "http": re.search(r"http=(\S+)", first).group(1)}
-        for line in (DATA / "spans.jsonl").read_text().splitlines():
-            _send(protocol, addr, line)
-        url = addr["http"] + "/v1/report?job=" + urllib.parse.quote(JOB, safe="")
-        with urllib.request.urlopen(url, timeout=60) as r:
-            doc = json.loads(r.read())
+
+        def report() -> dict:
+            url = addr["http"] + "/v1/report?job=" + urllib.parse.quote(JOB, safe="")
+            with urllib.request.urlopen(url, timeout=60) as r:
+                return json.loads(r.read())
+
+        yield addr, report
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http-protobuf", "http-json"])
+def test_serve_live_equals_report(tmp_path, protocol):
+    """The stored records sent as one-logger's exporter sent them (one request per line)
+    to a real ``goodput serve`` process give the offline report."""
+    pytest.importorskip("grpc")
+    run = translate_files(get_source("onelogger"), [DATA / "spans.jsonl"])
+    write_spool(run.resource_spans, tmp_path / "offline")
+    offline = _report(tmp_path / "offline")
+    with _serve(tmp_path) as (addr, report):
+        for line in (DATA / "spans.jsonl").read_text().splitlines():
+            _send(protocol, addr, line)
+        doc = report()
     (live,) = [j for j in doc["jobs"] if j["job"] == JOB]
     for job in (live, offline):
         job.pop("skipped_examples", None)
     assert live == offline
+    assert doc["sources"]["warnings"]["onelogger"] == {"onelogger_tail_lost": 1}
+
+
+@needs_tool
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_live_export_to_serve_kill_restart(tmp_path, protocol):
+    """The real run exporting live (one-logger's OTelExporter around the OTLP exporter,
+    500 ms batch delay) to a real ``goodput serve``: killed at step 67, restarted; the live
+    report agrees with the truth."""
+    pytest.importorskip("grpc")
+    with _serve(tmp_path) as (addr, report):
+        got = regenerate.run_scenario(tmp_path / "out", bsp_delay_ms=500,
+                                      endpoint=addr[protocol], http=protocol == "http")
+        doc = report()
+    (live,) = [j for j in doc["jobs"] if j["job"] == JOB]
+    print(check_against_truth(live, _truth(got["truth"]), export_delay_s=0.5))
     assert doc["sources"]["warnings"]["onelogger"] == {"onelogger_tail_lost": 1}
