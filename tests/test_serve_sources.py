@@ -293,3 +293,64 @@ def test_malformed_foreign_records_are_counted_and_serve_keeps_serving(tmp_path,
     assert sources["job_warnings"] == {JOB: {"fwtool.fw_duration_missing": 11}}
     job = _job(doc)
     assert job["max_productive_step"] >= 10 and job["skipped"]["malformed"] == 0
+
+
+def test_logs_receivers_check_token_size_and_refuse_while_replaying(tmp_path, monkeypatch):
+    """LogsService/Export and POST /v1/logs: the same token, size and readiness checks as
+    the trace receivers."""
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+    from opentelemetry.sdk._logs.export import LogRecordExportResult
+
+    from goodput_processor.serve.limits import Limits
+
+    register(monkeypatch)
+    producer = _Producer()
+    producer.run()
+    batch = producer.logs.get_finished_logs()
+    server = GoodputServer(LiveStore(min_interval_s=0), grpc_port=0, http_port=0,
+                           token="s3cret", limits=Limits(max_message_bytes=4096))
+    try:
+        addr = server.addresses()
+        no_token = OTLPLogExporter(endpoint=addr["grpc"], insecure=True, timeout=5)
+        assert no_token.export(batch) == LogRecordExportResult.FAILURE
+        token = OTLPLogExporter(endpoint=addr["grpc"], insecure=True,
+                                headers={"authorization": "Bearer s3cret"})
+        assert token.export(batch) == LogRecordExportResult.SUCCESS
+        body = encode_logs(batch).SerializeToString()
+        req = urllib.request.Request(addr["http"] + "/v1/logs", data=body, method="POST",
+                                     headers={"Content-Type": "application/x-protobuf"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 401
+        req.add_header("Authorization", "Bearer s3cret")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+        req.data = json.dumps({"resourceLogs": [{"pad": "x" * 5000}]}).encode()
+        req.remove_header("Content-type")
+        req.add_header("Content-Type", "application/json")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 413
+        stats = dict(server.store.stats)
+        (result,) = server.store.results(job=JOB)
+        with grpc.insecure_channel(addr["grpc"]) as ch:  # not a logs request
+            export = ch.unary_unary("/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+                                    request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as e:
+                export(b"\x0a\xff", timeout=10,
+                       metadata=(("authorization", "Bearer s3cret"),))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        server.stop(10, final=False)
+    assert stats["refused_unauthenticated"] == 2 and stats["refused_too_large"] == 1
+    # the same records twice: the same goodput spans, taken once
+    assert stats["log_records"] == 20 and stats["spans_translated"] == 20
+    assert result.skipped["duplicate"] == 10 and result.step_time.count == 10
+    # while the write-ahead log replays, nothing is translated: the client retries later
+    store = LiveStore(wal=WriteAheadLog(tmp_path / "wal"))
+    from goodput_processor.serve.limits import Refused
+
+    with pytest.raises(Refused):
+        store.ingest_logs(encode_logs(batch))
+    assert store.sources_summary() == {} and not store.foreign.warnings
