@@ -163,6 +163,32 @@ def test_report_of_the_otlp_directory_is_the_same(tmp_path):
         assert a[key] == b[key], key
 
 
+def test_without_the_event_spans_the_spans_own_events_are_read(tmp_path):
+    """A pipeline that dropped one-logger's zero-length event spans: the events of the
+    spans that ended (the restarted attempt's ``application`` and ``training_loop``) give
+    that attempt's start, rank, session and steps; the killed one, whose open spans never
+    came, is not seen at all."""
+    keep = []
+    for line in (DATA / "spans.jsonl").read_text().splitlines():
+        doc = json.loads(line)
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                ss["spans"] = [s for s in ss["spans"] if "_event_for_" not in s["name"]]
+        keep.append(json.dumps(doc))
+    (tmp_path / "in.jsonl").write_text("\n".join(keep) + "\n")
+    full = translate_files(get_source("onelogger"), [DATA / "spans.jsonl"])
+    bare = translate_files(get_source("onelogger"), [tmp_path / "in.jsonl"])
+
+    def steps(run, attempt):
+        return sorted((s["startTimeUnixNano"], s["endTimeUnixNano"], json.dumps(
+            s["attributes"])) for rs in run.resource_spans for ss in rs["scopeSpans"]
+            for s in ss["spans"] if s["name"] == "goodput.step" and any(
+                kv["key"] == "goodput.attempt" and kv["value"]["intValue"] == str(attempt)
+                for kv in rs["resource"]["attributes"]))
+
+    assert steps(bare, 0) == steps(full, 1) and len(steps(full, 1)) == 8
+
+
 def test_torn_and_malformed_records_are_skipped(tmp_path):
     lines = (DATA / "spans.jsonl").read_text().splitlines()
     bad = tmp_path / "bad.jsonl"
