@@ -331,3 +331,65 @@ def test_live_sigkill_and_restart_exported_to_serve(tmp_path):
     assert out["rc"][0] == -9 and out["rc"][1] == 0
     sources = {"megatron_open_spans_lost": 1}
     _check_against_truth(live, sources, out["truth"])
+
+
+# --- hand-made resources: the end of an incarnation --------------------------------------
+
+T0 = 1_790_000_000 * 10**9
+
+
+def _doc(spans: list[tuple], train_iters: int = 5) -> dict:
+    """An OTLP JSON request of one Megatron resource: ``spans`` are ``(name, span id,
+    parent id, start s, end s, megatron.iteration or None)``."""
+    def kv(k, v):
+        return {"key": k, "value": {"intValue": str(v)} if isinstance(v, int)
+                else {"stringValue": v}}
+    res = [kv("nemo.lens.job_uuid", "job-1"), kv("nemo.lens.run_uuid", "run-1"),
+           kv("dl.rank", 0), kv("dl.world_size", 1), kv("host.name", "h"),
+           kv("process.pid", 7), kv("megatron.train_iters", train_iters)]
+    out = []
+    for name, sid, parent, t0, t1, it in spans:
+        s = {"traceId": "ab" * 16, "spanId": sid * 8, "name": name,
+             "startTimeUnixNano": str(T0 + int(t0 * 1e9)),
+             "endTimeUnixNano": str(T0 + int(t1 * 1e9))}
+        if parent:
+            s["parentSpanId"] = parent * 8
+        if it is not None:
+            s["attributes"] = [kv("megatron.iteration", it)]
+        out.append(s)
+    return {"resourceSpans": [{"resource": {"attributes": res}, "scopeSpans": [
+        {"scope": {"name": "nemo.lens"}, "spans": out}]}]}
+
+
+def test_one_iteration_incarnation_ends_live_when_its_root_arrives():
+    """Resumed at the last iteration: its only iteration nests in first_iteration; the
+    end marker is written as the root arrives (serve never calls finish)."""
+    from goodput_processor.importers.sources.driver import OtlpTranslation
+
+    doc = _doc([("megatron.startup.imports", "01", "02", 0, 1, None),
+                ("megatron.startup", "02", "", 0, 2, None),
+                ("megatron.train.iteration", "03", "04", 2, 3, 4),
+                ("megatron.train.first_iteration", "04", "05", 2, 3, 4),
+                ("megatron.train", "05", "", 2, 3.5, None)])
+    _, out = OtlpTranslation().traces(doc["resourceSpans"], "test")
+    names = [s["name"] for rs in out for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert names.count(schema.JOB_END) == 1 and names.count(schema.STEP) == 1
+
+
+def test_default_span_groups_have_no_steps_and_say_so():
+    doc = _doc([("megatron.startup", "02", "", 0, 2, None),
+                ("megatron.checkpoint.exposed_save", "06", "05", 3, 4, 4),
+                ("megatron.train", "05", "", 2, 4, None)])
+    run = translate_otlp(get_source("megatron"), doc)
+    assert run.warnings == {"megatron_no_iteration_spans": 1}
+    (_, spans), = _emitted(run)
+    assert [s["name"] for s in spans][-1] == schema.JOB_END  # nothing lacks its parent
+
+
+def test_killed_in_startup_has_no_end():
+    doc = _doc([("megatron.startup.imports", "01", "02", 0, 1, None),
+                ("megatron.startup.initialize_megatron", "03", "02", 1, 2, None)])
+    run = translate_otlp(get_source("megatron"), doc)
+    assert run.warnings == {"megatron_open_spans_lost": 1}
+    (_, spans), = _emitted(run)
+    assert [s["name"] for s in spans] == [schema.JOB_START, schema.ACCELERATOR_INIT]

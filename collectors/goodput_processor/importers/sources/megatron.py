@@ -119,23 +119,35 @@ def _int(v) -> int | None:
         return None
 
 
+#: Spans of every loop pass that nothing else nests under: their parents are not tracked.
+_LEAVES = frozenset((
+    "megatron.checkpoint.ft_heartbeat", "megatron.checkpoint.save.finalize",
+    "megatron.train.log", "megatron.train.iteration_report", "megatron.train.params_norm",
+    "megatron.train.iteration.forward_backward",
+    "megatron.train.iteration.optimizer", "megatron.train.gc_collect",
+    "megatron.checkpoint.timers_log"))
+_ITERATION = frozenset(("megatron.train.iteration", "megatron.iteration"))
+
+
 class _Incarnation:
     """What the translator keeps of one process incarnation."""
 
-    __slots__ = ("key", "prep_from", "last_end", "spans", "parents", "iter_parent",
-                 "max_step", "ended", "train_iters", "roots")
+    __slots__ = ("key", "prep_from", "last_end", "ids", "parents", "last_parent",
+                 "max_step", "ended", "train_iters", "roots", "fresh", "first_iter")
 
     def __init__(self, key: str, train_iters: int | None):
         self.key = key
         self.prep_from: int | None = None  # end of the last process-startup child
         self.last_end = 0
-        self.spans: set[str] = set()  # span ids received
-        self.parents: set[str] = set()  # parent ids named
-        self.iter_parent: dict[int, str] = {}  # step -> its megatron.train root's id
+        self.ids: set[str] = set()  # ids of the spans received (not per-iteration ones)
+        self.parents: set[str] = set()  # parent ids they name
+        self.last_parent = ""  # the megatron.train root of the highest iteration
         self.max_step: int | None = None
         self.ended = False
         self.train_iters = train_iters
         self.roots: set[str] = set()  # megatron.train roots received
+        self.fresh = True  # no span received yet
+        self.first_iter: dict[str, str] = {}  # megatron.train.first_iteration -> its parent
 
 
 class MegatronTranslator(Translator):
@@ -172,28 +184,50 @@ class MegatronTranslator(Translator):
 
     # --- spans -------------------------------------------------------------------------
     def spans(self, resource: dict, scope: str, spans: list[ForeignSpan], where: str) -> None:
-        mine = [s for s in spans if s.name.startswith("megatron.")]
-        if not mine:
-            return
-        inc = self._incarnation(resource)
-        if not inc.spans:  # the first spans of this incarnation: its start marker
-            t0 = min(s.start_ns for s in mine)
-            self.emit.span(inc.key, schema.JOB_START, t0, t0,
-                           {schema.ATTR_HEARTBEAT_INTERVAL_MS: EXPORT_DELAY_MS})
-        for s in sorted(mine, key=lambda s: (s.end_ns, s.start_ns)):
-            if s.start_ns <= 0 or s.end_ns < s.start_ns:
-                self.problems.add(where, "malformed", f"{s.name}: bad times")
+        inc = None
+        emit, key = self.emit.span, ""
+        for s in spans:
+            name = s.name
+            if not name.startswith("megatron."):
                 continue
-            if inc.ended and s.end_ns > inc.last_end:
-                self.warn("megatron_span_after_end")
-            inc.spans.add(s.span_id)
-            if s.parent_id:
-                inc.parents.add(s.parent_id)
-            inc.last_end = max(inc.last_end, s.end_ns)
-            self._span(inc, s, where)
-        self._maybe_end(inc)
+            if inc is None:
+                inc = self._incarnation(resource)
+                key = inc.key
+                if inc.fresh:  # the first spans of this incarnation: its start marker
+                    inc.fresh = False
+                    t0 = min(x.start_ns for x in spans if x.name.startswith("megatron."))
+                    emit(key, schema.JOB_START, t0, t0,
+                         {schema.ATTR_HEARTBEAT_INTERVAL_MS: EXPORT_DELAY_MS})
+            start, end = s.start_ns, s.end_ns
+            if start <= 0 or end < start:
+                self.problems.add(where, "malformed", f"{name}: bad times")
+                continue
+            if end > inc.last_end:
+                if inc.ended:
+                    self.warn("megatron_span_after_end")
+                inc.last_end = end
+            if name in _ITERATION:  # the hot path: one a step
+                it = s.attrs.get("megatron.iteration")
+                if not isinstance(it, int) or isinstance(it, bool) or it < 0:
+                    self.problems.add(where, "malformed", f"{name} without megatron.iteration")
+                    continue
+                step = it + 1
+                emit(key, schema.STEP, start, end, {schema.ATTR_STEP: step},
+                     span_id=s.span_id, error=s.error)
+                if inc.max_step is None or step >= inc.max_step:
+                    inc.max_step, inc.last_parent = step, s.parent_id
+            elif name not in _LEAVES:
+                inc.ids.add(s.span_id)
+                if s.parent_id:
+                    inc.parents.add(s.parent_id)
+                self._span(inc, s)
+            elif name == "megatron.checkpoint.save.finalize" and end - start >= FINALIZE_MIN_NS:
+                emit(key, schema.CHECKPOINT_SAVE, start, end, {schema.ATTR_BLOCKING: True},
+                     span_id=s.span_id, error=s.error)
+        if inc is not None:
+            self._maybe_end(inc)
 
-    def _span(self, inc: _Incarnation, s: ForeignSpan, where: str) -> None:
+    def _span(self, inc: _Incarnation, s: ForeignSpan) -> None:
         name, key = s.name, inc.key
         if name in _PROCESS_STARTUP:
             inc.prep_from = max(inc.prep_from or 0, s.end_ns)
@@ -202,19 +236,10 @@ class MegatronTranslator(Translator):
             if s.end_ns > start:
                 self.emit.span(key, schema.TRAINING_PREP, start, s.end_ns, span_id=s.span_id,
                                error=s.error)
-        elif name in ("megatron.train.iteration", "megatron.iteration"):
-            it = _int(s.attrs.get("megatron.iteration"))
-            if it is None or it < 0:
-                self.problems.add(where, "malformed", f"{name} without megatron.iteration")
-                return
-            step = it + 1
-            self.emit.span(key, schema.STEP, s.start_ns, s.end_ns, {schema.ATTR_STEP: step},
-                           span_id=s.span_id, error=s.error)
-            inc.max_step = step if inc.max_step is None else max(inc.max_step, step)
-            if s.parent_id:
-                inc.iter_parent[step] = s.parent_id
         elif name == "megatron.train":
             inc.roots.add(s.span_id)
+        elif name == "megatron.train.first_iteration":  # the first iteration's parent
+            inc.first_iter[s.span_id] = s.parent_id
         elif name == "megatron.checkpoint.exposed_save":
             attrs = {schema.ATTR_BLOCKING: True}
             it = _int(s.attrs.get("megatron.iteration"))
@@ -222,21 +247,24 @@ class MegatronTranslator(Translator):
                 attrs[schema.ATTR_CHECKPOINT_STEP] = it
             self.emit.span(key, schema.CHECKPOINT_SAVE, s.start_ns, s.end_ns, attrs,
                            span_id=s.span_id, error=s.error)
-        elif name == "megatron.checkpoint.save.finalize":
-            if s.end_ns - s.start_ns >= FINALIZE_MIN_NS:
-                self.emit.span(key, schema.CHECKPOINT_SAVE, s.start_ns, s.end_ns,
-                               {schema.ATTR_BLOCKING: True}, span_id=s.span_id, error=s.error)
         elif name in _DIRECT:
             gname, attrs = _DIRECT[name]
             self.emit.span(key, gname, s.start_ns, s.end_ns, dict(attrs), span_id=s.span_id,
                            error=s.error)
+
+    @staticmethod
+    def _root_seen(inc: _Incarnation) -> bool:
+        """Whether the ``megatron.train`` root of the highest iteration has arrived (the
+        first iteration of an incarnation nests in ``megatron.train.first_iteration``)."""
+        parent = inc.last_parent
+        return inc.first_iter.get(parent, parent) in inc.roots
 
     def _maybe_end(self, inc: _Incarnation) -> None:
         """``goodput.job_end`` once the root of the last iteration (``megatron.train_iters``)
         has arrived: the loop finished and its spans were ended and exported."""
         if inc.ended or inc.train_iters is None or inc.max_step is None:
             return
-        if inc.max_step >= inc.train_iters and inc.iter_parent.get(inc.max_step) in inc.roots:
+        if inc.max_step >= inc.train_iters and self._root_seen(inc):
             self._end(inc)
 
     def _end(self, inc: _Incarnation) -> None:
@@ -246,16 +274,18 @@ class MegatronTranslator(Translator):
 
     def finish(self) -> None:
         for inc in self._inc.values():
+            if inc.roots and inc.max_step is None:
+                self.warn("megatron_no_iteration_spans")
             if inc.ended:
                 continue
-            lost = inc.parents - inc.spans
+            lost = inc.parents - inc.ids
+            if inc.max_step is not None and not self._root_seen(inc):
+                lost.add(inc.last_parent)
             if lost:
                 # the open spans (interval root, iteration, startup) died with the process
                 self.warn("megatron_open_spans_lost")
             else:
                 self._end(inc)
-            if inc.roots and inc.max_step is None:
-                self.warn("megatron_no_iteration_spans")
 
 
 def _matches(resource: dict, scope: str, names) -> bool:
