@@ -64,7 +64,7 @@ def test_recorded_run_agrees_with_the_drivers_truth(tmp_path):
     got = translate_files(src, [DATA / "otlp-logs.jsonl"])
     assert not got.problems.counts
     # the killed replica's last records (its batch processor's second) never left it
-    assert got.warnings == {"torchft_tail_lost": 1}
+    assert got.warnings == {"torchft_tail_lost": 1, "torchft_tail_steps_inferred": 5}
     job = _report(got.resource_spans, tmp_path)
     want = truth(DATA)
     _agrees(_figures(job), want)
@@ -76,6 +76,19 @@ def test_recorded_run_agrees_with_the_drivers_truth(tmp_path):
     # the restarted replica's first step is the quorum's max step (a jump, healed)
     kill = [json.loads(x) for x in (DATA / "driver.jsonl").read_text().splitlines()]
     assert [k["ev"] for k in kill] == ["kill", "restart"]
+
+
+def test_recorded_run_with_the_primary_killed(tmp_path):
+    """Replica 0, its quorum's primary, killed: its last 7 commits never left it; they are
+    taken from its peer's (lock step), and the figures still agree with the truth."""
+    data = DATA / "kill-primary"
+    got = translate_files(get_source("torchft"), [data / "otlp-logs.jsonl"])
+    assert not got.problems.counts
+    assert got.warnings == {"torchft_tail_lost": 1, "torchft_tail_steps_inferred": 7}
+    job = _report(got.resource_spans, tmp_path)
+    want = truth(data)
+    _agrees(_figures(job), want)
+    assert [a["steps_wasted"] for a in job["attempts"]] == [0, 1, 0, 0]
 
 
 def test_protobuf_requests_translate_as_their_json(tmp_path):
@@ -202,7 +215,8 @@ def _get(url: str) -> dict:
 def test_live_kill_restart_to_goodput_serve(tmp_path):
     serve, url = _serve(tmp_path / "wal", tmp_path)
     try:
-        run(tmp_path / "run", forward=url, timeout_s=400)
+        # the primary killed: serve takes its lost tail from its peer as the import does
+        run(tmp_path / "run", forward=url, timeout_s=400, kill_replica=0)
         (live,) = [j for j in _get(url + f"/v1/report?job={JOB}")["jobs"] if j["job"] == JOB]
     finally:
         serve.send_signal(signal.SIGTERM)

@@ -58,9 +58,13 @@ initialisation or data loading (no record before a process's first quorum), a
 replica's own restart time, or the step in flight at a kill.
 
 What a kill loses: each logger's ``BatchLogRecordProcessor`` sends about once a second, so
-a SIGKILLed process loses its last records (2.4 s in the checked run). At :meth:`finish` a
-process whose last commit in a quorum is behind its peers' and which is absent from the
-next quorum is named ``torchft_tail_lost`` (killed, its tail lost, or it left). Commits
+a SIGKILLed process loses its last records (2.3 s in the checked run). A process of a
+quorum that did not go on to a later one, silent for :data:`TAIL_HORIZON_NS` of the job's
+record time (or at :meth:`finish`), whose last commit is behind its peers' in that quorum,
+lost its tail: the peers' later successful steps of the quorum are emitted on it too
+(replicas commit in lock step), named ``torchft_tail_lost`` and
+``torchft_tail_steps_inferred``. So a killed quorum primary (lowest index) keeps the steps
+it did. Commits
 arrive in order per process; a commit received again (a resent request) gives the same
 spans again, with the same ids, which the processor keeps once.
 """
@@ -76,6 +80,9 @@ from .base import Emitter, ForeignLog, Source, Translator
 __all__ = ["SOURCE", "TorchftTranslator"]
 
 SCOPES = ("torchft_commits", "torchft_quorums", "torchft_errors")
+#: A run silent this long (ns of the job's record time) while its job goes on is over:
+#: its lost tail is looked for (a live process sends its records about once a second).
+TAIL_HORIZON_NS = 10_000_000_000
 #: Process index of replica ``n``'s rank ``r``: ``REPLICA_STRIDE * n + r``.
 REPLICA_STRIDE = 1000
 _TRAILING = re.compile(r"(\d+)$")
@@ -85,7 +92,7 @@ class _Run:
     """One ``(job, replica, rank)`` in one quorum: an emitted process."""
 
     __slots__ = ("key", "tkey", "ended", "qtime", "commits", "prev_end", "failed", "seen",
-                 "last_step")
+                 "last_step", "last_t", "tail_done")
 
     def __init__(self, key: str, tkey: tuple):
         self.key, self.tkey = key, tkey
@@ -96,6 +103,8 @@ class _Run:
         self.failed: tuple[int, int, int] | None = None  # (start, end, step) undecided
         self.seen: dict = {}  # (time, step) of a commit -> the spans it made
         self.last_step: int | None = None  # its last successful commit's step
+        self.last_t = 0  # its latest record's time (ns)
+        self.tail_done = False  # its lost tail was looked for
 
 
 class TorchftTranslator(Translator):
@@ -107,6 +116,7 @@ class TorchftTranslator(Translator):
         self._runs: dict[tuple, _Run] = {}  # (job, replica, rank, quorum) -> run
         self._replica_order: dict[str, int] = {}
         self._failed: dict[tuple, _Run] = {}  # runs holding an undecided failed commit
+        self._latest: dict[str, int] = {}  # job -> its latest record's time (ns)
 
     # --- records -------------------------------------------------------------------------
 
@@ -140,6 +150,8 @@ class TorchftTranslator(Translator):
                 self._error(rjob, replica, quorum, str(a.get("error") or "error"), r.time_ns)
                 continue
             run = self._run(rjob, replica, rank, quorum)
+            run.last_t = max(run.last_t, r.time_ns)
+            self._latest[rjob] = max(self._latest.get(rjob, 0), r.time_ns)
             if scope == "torchft_quorums":
                 if run.qtime is None or r.time_ns < run.qtime:
                     run.qtime = r.time_ns
@@ -161,6 +173,8 @@ class TorchftTranslator(Translator):
             touched.add((rjob, replica, rank, quorum))
         for k in sorted(touched):
             self._drain(self._runs[k])
+        for j in sorted({k[0] for k in touched}):
+            self._tails(j, TAIL_HORIZON_NS)
 
     def _job(self, resource: dict, records: list[ForeignLog]) -> str:
         for r in records:
@@ -276,16 +290,40 @@ class TorchftTranslator(Translator):
             if run.failed is not None:
                 self._close_failed(run)
         self._failed.clear()
-        # a process behind its peers in a quorum and absent from the next one
-        best: dict[tuple, int] = {}
-        for (job, _, _, q), run in self._runs.items():
-            if run.last_step is not None:
-                best[(job, q)] = max(best.get((job, q), -1), run.last_step)
-        for (job, replica, rank, q), run in self._runs.items():
-            behind = run.last_step is None or run.last_step < best.get((job, q), -1)
-            later = any(k[0] == job and k[3] > q for k in self._runs)
-            if behind and later and (job, replica, rank, q + 1) not in self._runs:
-                self.warn("torchft_tail_lost")
+        for job in sorted(self._latest):
+            self._tails(job, 0)
+
+    def _tails(self, job: str, horizon_ns: int) -> None:
+        """Lost tails: a run of ``job`` that did not go on to a later quorum, silent for
+        ``horizon_ns`` of the job's record time, whose last commit is behind its quorum
+        peers' (it was killed with records still in its exporter). Its peers' later
+        successful steps of that quorum are emitted on it too (the replicas commit in
+        lock step), named ``torchft_tail_lost`` (per run) and
+        ``torchft_tail_steps_inferred`` (per step)."""
+        latest = self._latest.get(job, 0)
+        for k, run in self._runs.items():
+            if (k[0] != job or run.tail_done or run.ended or run.commits
+                    or latest - run.last_t < horizon_ns):
+                continue
+            run.tail_done = True
+            done = -1 if run.last_step is None else run.last_step
+            peers: dict[int, tuple] = {}
+            for pk, peer in self._runs.items():
+                if pk[0] != job or pk[3] != k[3] or peer is run:
+                    continue
+                for spans in peer.seen.values():
+                    for (_, name, start, end, attrs), error in spans:
+                        st = attrs.get(schema.ATTR_STEP)
+                        if name == schema.STEP and not error and st > done:
+                            peers.setdefault(st, (start, end))
+            if not peers:
+                continue
+            self.warn("torchft_tail_lost")
+            self.warn("torchft_tail_steps_inferred", len(peers))
+            for st, (start, end) in sorted(peers.items()):
+                self._span(run, ("inferred", st), schema.STEP, start, end,
+                           {schema.ATTR_STEP: st})
+            run.last_step = max(peers)
 
 
 def _matches(resource: dict, scope: str, names) -> bool:

@@ -13,10 +13,13 @@ torchft 0.2.0, opentelemetry-sdk/-exporter-otlp-proto-http 1.39.1, torch 2.13.0 
 CPU shims: none (gloo on CPU is torchft's own path); torchft's DistributedDataParallel is
 not used (its comm hook asserts when a peer dies: see replica.py).
 
+A second run SIGKILLs replica 0 instead (the primary of its quorum: the lowest process
+index), kept in ``kill-primary/`` as OTLP JSON lines only (no ``.pb``), with its truth.
+
 Kept here: ``requests/NNNN.pb`` (each OTLP/HTTP body torchft sent, as received),
 ``otlp-logs.jsonl`` (the same requests as OTLP JSON lines, ``json_format.MessageToJson``),
 ``truth-r0.jsonl``/``truth-r1.jsonl`` (each replica's fsync'd steps) and ``driver.jsonl``
-(the kill and the restart). A run takes about 80 s on a loaded 2-core VM.
+(the kill and the restart). Each run takes about 80 s on a loaded 2-core VM.
 """
 
 import shutil
@@ -42,6 +45,15 @@ def main() -> None:
             shutil.copy(Path(tmp) / name, HERE / name)
     print(requests_to_jsonl(HERE / "requests", HERE / "otlp-logs.jsonl"), "log records")
     print(truth(HERE))
+    primary = HERE / "kill-primary"
+    with tempfile.TemporaryDirectory() as tmp:
+        print(run(tmp, kill_replica=0))
+        primary.mkdir(exist_ok=True)
+        for name in ("truth-r0.jsonl", "truth-r1.jsonl", "driver.jsonl"):
+            shutil.copy(Path(tmp) / name, primary / name)
+        print(requests_to_jsonl(Path(tmp) / "requests", primary / "otlp-logs.jsonl"),
+              "log records")
+    print(truth(primary))
 
 
 if __name__ == "__main__":
