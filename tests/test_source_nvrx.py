@@ -236,6 +236,25 @@ def test_job_name_precedence(tmp_path, monkeypatch):
         schema.RES_JOB_NAME] == {"stringValue": "arg"}
 
 
+def test_log_records_take_their_job_from_the_resource(monkeypatch):
+    """OTLP log records (the filelog receiver's): the resource's service.name is the job,
+    the host comes from the records' resource when it has one, and the records give the
+    same events as the file."""
+    from goodput_processor.importers.sources import translate_otlp
+
+    for var in ("GOODPUT_NVRX_JOB", "GOODPUT_JOB_NAME", "GOODPUT_NVRX_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    (doc,) = _logs_requests(LOG.read_text().splitlines(), "from-resource", per=10_000)
+    doc["resourceLogs"][0]["resource"]["attributes"].append(
+        {"key": "host.name", "value": {"stringValue": "node-a"}})
+    run = translate_otlp(get_source("nvrx"), doc)
+    res = _resource(run)
+    assert (res[schema.RES_JOB_NAME], res[schema.RES_HOST_NAME]) == ("from-resource", "node-a")
+    files = _spans(translate_files(get_source("nvrx"), [LOG]))
+    assert [(s["event"], s["start"], s["end"]) for s in _spans(run)] == [
+        (s["event"], s["start"], s["end"]) for s in files]
+
+
 def test_local_time_offset_and_glog_year(tmp_path, monkeypatch):
     """The glog line (local time, no year) is placed by the offset and year the cycle lines
     show: here UTC+2 across New Year (local 01:00:00.5 on 1 January is 23:00:00.5 UTC)."""
@@ -305,3 +324,127 @@ def test_live_ft_launcher_kill_and_restart(tmp_path):
     assert not out.failures, out.failures
     if os.environ.get("NVRX_KEEP"):
         shutil.copytree(d.base, os.environ["NVRX_KEEP"], dirs_exist_ok=True)
+
+
+# --- live over OTLP to a real `goodput serve` --------------------------------------------
+#
+# ft_launcher has no OTLP exporter: a Collector's filelog receiver sends each line of its
+# output as a log record (body = the line; service.name set in the receiver's resource).
+# The workers' own spool lines are OTLP JSON trace requests, sent as their exporter would.
+
+
+class _Serve:
+    """A real ``goodput serve`` process on loopback (gRPC and HTTP on free ports)."""
+
+    def __init__(self, cwd: Path):
+        import re
+        import subprocess
+
+        from instr_util import child_env
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "goodput_processor.cli", "serve", "--grpc-port", "0",
+             "--http-port", "0"], env=child_env(), stderr=subprocess.PIPE, text=True, cwd=cwd)
+        line = self.proc.stderr.readline()
+        self.grpc = re.search(r"grpc=(\S+)", line).group(1)
+        self.http = re.search(r"http=(\S+)", line).group(1)
+
+    def post(self, path: str, body: bytes, ctype: str) -> None:
+        import urllib.request
+
+        req = urllib.request.Request(self.http + path, data=body, method="POST",
+                                     headers={"Content-Type": ctype})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+
+    def report(self, job: str) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.http}/v1/report?job={job}", timeout=120) as r:
+            doc = json.loads(r.read())
+        (found,) = [j for j in doc["jobs"] if j["job"] == job]
+        return found
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _logs_requests(lines: list[str], job: str, per: int = 7) -> list[dict]:
+    """The launcher's lines as the filelog receiver batches them: OTLP JSON
+    ``ExportLogsServiceRequest`` dicts of ``per`` records each."""
+    res = {"attributes": [{"key": "service.name", "value": {"stringValue": job}},
+                          {"key": "log.file.name", "value": {"stringValue": LOG.name}}]}
+    out = []
+    for i in range(0, len(lines), per):
+        recs = [{"observedTimeUnixNano": str(1_800_000_000_000_000_000 + i + j),
+                 "body": {"stringValue": x}} for j, x in enumerate(lines[i:i + per])]
+        out.append({"resourceLogs": [{"resource": res, "scopeLogs": [
+            {"scope": {"name": "filelog"}, "logRecords": recs}]}]})
+    return out
+
+
+def _send_logs(serve: _Serve, protocol: str, docs: list[dict]) -> None:
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceRequest,
+    )
+
+    if protocol == "grpc":
+        import grpc
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
+
+        with grpc.insecure_channel(serve.grpc) as ch:
+            stub = LogsServiceStub(ch)
+            for doc in docs:
+                stub.Export(json_format.ParseDict(doc, ExportLogsServiceRequest()), timeout=60)
+        return
+    for doc in docs:
+        if protocol == "http-protobuf":
+            serve.post("/v1/logs", json_format.ParseDict(
+                doc, ExportLogsServiceRequest()).SerializeToString(), "application/x-protobuf")
+        else:
+            serve.post("/v1/logs", json.dumps(doc).encode(), "application/json")
+
+
+_SAME = ("productive_time_s", "total_time_s", "badput_s", "max_productive_step",
+         "attempts", "recovery", "disruptions")
+
+
+@needs_linux_torch
+@pytest.mark.parametrize("protocol", ["grpc", "http-protobuf", "http-json"])
+def test_live_to_serve_gives_the_same_report(tmp_path, protocol):
+    """The workers' spool requests (OTLP JSON traces) and the launcher's lines (OTLP log
+    records, over ``protocol``) sent to a real ``goodput serve``: its /v1/report equals the
+    file import of the same records (the journals; the killed worker's .tail is a file
+    only), recovery evidence from NVRx included."""
+    pytest.importorskip("grpc")
+    lh = rg.harness()
+    drv = json.loads((DATA / "driver.json").read_text())
+    job = drv["case"]
+    off = tmp_path / "offline"
+    _workers(off)
+    for t in off.glob("*.tail"):
+        t.unlink()
+    journals = [x for f in sorted(off.glob("spans-*.jsonl"))
+                for x in f.read_text().splitlines() if x.strip()]
+    rg.import_launcher_log(LOG, off, job, drv["agent_pid"])
+    offline = rg.report_json(lh, off)["jobs"][0]
+    assert offline["recovery"][0]["evidence"]["launcher_rendezvous_s"] > 0
+    (tmp_path / "serve").mkdir()
+    serve = _Serve(tmp_path / "serve")
+    try:
+        for x in journals:
+            serve.post("/v1/traces", x.encode(), "application/json")
+        _send_logs(serve, protocol, _logs_requests(LOG.read_text().splitlines(), job))
+        live = serve.report(job)
+    finally:
+        serve.stop()
+    assert {k: live[k] for k in _SAME} == {k: offline[k] for k in _SAME}

@@ -47,9 +47,16 @@ say who failed, how, and how long its rendezvous took. It never adds time to a b
 nothing is counted twice. The ``Rank`` of an event is the node's group rank, not a worker's.
 
 **Job name**: ``goodput import --job NAME`` (the emitter's job) wins; else the translator's
-``job`` argument; else ``$GOODPUT_NVRX_JOB``; else ``$GOODPUT_JOB_NAME`` (the variable the
-workers' recorder read, when the import runs in the job's environment); else
-``nvrx-<rendezvous id>`` from the launcher's ``--rdzv-id`` line.
+``job`` argument; else, for OTLP log records (``goodput serve``), their resource's
+``goodput.job.name`` or ``service.name`` (set it in the Collector's ``filelog`` receiver);
+else ``$GOODPUT_NVRX_JOB``; else ``$GOODPUT_JOB_NAME`` (the variable the workers' recorder
+read, when the import runs in the job's environment); else ``nvrx-<rendezvous id>`` from
+the launcher's ``--rdzv-id`` line.
+
+**Live**: the launcher has no OTLP exporter; a Collector's ``filelog`` receiver tailing its
+output sends each line as an OTLP log record (body = the line) to ``goodput serve``, which
+hands the records whose first bodies are ``nvrx`` logger lines, cycle events or
+torchelastic's worker failure line (:func:`matches`) to this source.
 
 **Times.** Cycle events carry their own UTC time (milliseconds). Torchelastic's line has a
 glog prefix in the launcher's local time (month, day, microseconds; no year): the year and
@@ -78,7 +85,7 @@ from goodput import schema
 
 from .base import Emitter, Source, Translator
 
-__all__ = ["NvrxTranslator", "SOURCE", "sniff"]
+__all__ = ["NvrxTranslator", "SOURCE", "matches", "sniff"]
 
 _NS = 1_000_000_000
 
@@ -120,51 +127,72 @@ def sniff(head: bytes) -> bool:
 
 
 class _Node:
-    """One launcher (node) of the input: its events in order."""
+    """One launcher (node) of the input and what its events left open."""
 
-    __slots__ = ("node", "host", "pid", "rank", "first_ns", "events")
+    __slots__ = ("node", "host", "pid", "key", "cycle", "opened", "fail_at", "seen")
 
     def __init__(self, node: str, host: str | None, pid: int | None):
         self.node, self.host, self.pid = node, host, pid
-        self.rank: int | None = None
-        self.first_ns: int | None = None
-        #: (time ns, cycle, event, extra attrs)
-        self.events: list[tuple[int, int, str, dict]] = []
+        self.key: str | None = None  # the emitter's process, named at the first event
+        self.cycle = 0  # its last cycle (a worker failure line belongs to it)
+        #: started event -> (time ns, cycle) of an interval not closed yet
+        self.opened: dict[str, tuple[int, int]] = {}
+        self.fail_at: dict[int, int] = {}  # cycle -> its failure_detected (ns)
+        self.seen: set = set()  # events taken (a line read twice counts once)
 
 
 class NvrxTranslator(Translator):
     """``ft_launcher`` log lines -> ``goodput.launcher_event`` spans (see the module).
 
+    Lines are taken in the order the launcher wrote them (one node's file, or one node's
+    log records, in order); an event is emitted as soon as it is complete (an interval at
+    its closing event), so ``goodput serve`` needs no :meth:`finish`.
+
     Args:
         emitter, problems: as :class:`~.base.Translator`.
         job: the job name of the launcher's events (the workers' job, so the two merge);
-            None: ``$GOODPUT_NVRX_JOB``, ``$GOODPUT_JOB_NAME``, else ``nvrx-<rdzv id>``
-            (``goodput import --job`` overrides all of them).
+            None: the log records' ``goodput.job.name`` or ``service.name`` resource
+            attribute (``goodput serve``), ``$GOODPUT_NVRX_JOB``, ``$GOODPUT_JOB_NAME``,
+            else ``nvrx-<rdzv id>`` (``goodput import --job`` overrides all of them).
         host: the launcher's host name (matches the workers' ``host.name``); None:
-            ``$GOODPUT_NVRX_HOST``, else the ``nvrx`` logging prefix's host, else the node
-            id's host part.
+            ``$GOODPUT_NVRX_HOST``, else the log records' ``host.name`` resource attribute,
+            else the ``nvrx`` logging prefix's host, else the node id's host part.
     """
 
     def __init__(self, emitter: Emitter, problems=None, *, job: str | None = None,
                  host: str | None = None):
         super().__init__(emitter, problems)
-        self.job = job or os.environ.get("GOODPUT_NVRX_JOB") or os.environ.get(
+        self.job = job
+        self._env_job = os.environ.get("GOODPUT_NVRX_JOB") or os.environ.get(
             "GOODPUT_JOB_NAME") or None
+        self._res_job: str | None = None  # the log records' service.name
         self.host = host or os.environ.get("GOODPUT_NVRX_HOST") or None
         self.rdzv_id: str | None = None
         self._nodes: dict[str, _Node] = {}
-        self._file = ""
         self._offset_ns: int | None = None  # local time - UTC, learned from cycle lines
         self._ref_ns: int | None = None  # the last cycle event's time (for glog's year)
-        self._cycle = 0  # the last cycle seen (a failure line belongs to it)
         self._prefix_host: str | None = None
-        self._last_pid: int | None = None  # the agent's pid from glog lines
+        self._res_host: str | None = None
+        self._failed: set[tuple[str, int]] = set()  # (node, cycle) with a worker failure
+        self._detected: set[tuple[str, int]] = set()  # (node, cycle) failure_detected
 
     def start_file(self, path: str) -> None:
-        self._file = path
-        self._prefix_host = None
+        self._prefix_host = self._res_host = self._res_job = None
 
     # reading ------------------------------------------------------------------------
+
+    def logs(self, resource: dict, scope: str, records, where: str) -> None:
+        """Log records whose body is one launcher line (the Collector's ``filelog``
+        receiver tailing the launcher's output)."""
+        host = resource.get(schema.RES_HOST_NAME)
+        self._res_host = host if isinstance(host, str) and host else None
+        job = resource.get(schema.RES_JOB_NAME) or resource.get(schema.RES_SERVICE_NAME)
+        self._res_job = job if isinstance(job, str) and job else None
+        for i, r in enumerate(records):
+            if isinstance(r.body, str):
+                self.line(r.body.rstrip("\r\n"), f"{where}#{i}")
+            else:
+                self.problems.add(f"{where}#{i}", "malformed", "log record body is not text")
 
     def line(self, text: str, where: str) -> None:
         m = PREFIX_RE.search(text)
@@ -189,7 +217,8 @@ class NvrxTranslator(Translator):
         if n is None:
             parts = node.rsplit("_", 2)  # _NodeDesc: "<addr>_<pid>_<local id>"
             pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-            host = self.host or self._prefix_host or (parts[0] if len(parts) == 3 else None)
+            host = (self.host or self._res_host or self._prefix_host
+                    or (parts[0] if len(parts) == 3 else None))
             n = self._nodes[node] = _Node(node, host, pid)
         return n
 
@@ -209,10 +238,8 @@ class NvrxTranslator(Translator):
         cycle, event = int(c.group("cycle")), c.group("event")
         n = self._node(c.group("node"))
         rank = c.group("rank")
-        if n.rank is None and rank.lstrip("-").isdigit():
-            n.rank = int(rank)
-        n.events.append((t, cycle, event, {}))
-        self._ref_ns, self._cycle = t, cycle
+        self._ref_ns, n.cycle = t, cycle
+        self._event(n, t, cycle, event, {}, int(rank) if rank.isdigit() else 0)
 
     def _failed_line(self, text: str, f: re.Match, prefix: re.Match | None,
                      where: str) -> None:
@@ -221,24 +248,22 @@ class NvrxTranslator(Translator):
                               "worker failure line before any cycle event")
             return
         g = GLOG_RE.search(text)
-        t = None
+        t, agent = None, None
         if g is not None:
-            t = self._glog_ns(g)
-            self._last_pid = int(g.group("pid"))
+            t, agent = self._glog_ns(g), int(g.group("pid"))
         elif prefix is not None and self._offset_ns is not None:
             t = (_utc_ns(prefix.group("t")) + int(prefix.group("ms")) * 1_000_000
                  - self._offset_ns)
         if t is None:
             self.problems.add(where, "malformed", "worker failure line without a time")
             return
-        node = next((n for n in self._nodes.values()
-                     if self._last_pid is not None and n.pid == self._last_pid), None)
-        if node is None:
-            node = list(self._nodes.values())[-1]
-        node.events.append((t, self._cycle, "worker_failed", {
+        # the agent's pid (glog's) names its node; else the node that logged last
+        node = next((n for n in self._nodes.values() if agent is not None and n.pid == agent),
+                    None) or list(self._nodes.values())[-1]
+        self._event(node, t, node.cycle, "worker_failed", {
             schema.ATTR_LAUNCHER_WORKER_PID: int(f.group("pid")),
             schema.ATTR_LAUNCHER_EXIT_CODE: int(f.group("code")),
-            "nvrx.local_rank": int(f.group("lr"))}))
+            "nvrx.local_rank": int(f.group("lr"))}, 0)
 
     def _glog_ns(self, g: re.Match) -> int:
         """A glog prefix's time (launcher local time, no year) in ns since the epoch."""
@@ -268,54 +293,59 @@ class NvrxTranslator(Translator):
 
     # writing ------------------------------------------------------------------------
 
-    def finish(self) -> None:
-        job = self.job or (f"nvrx-{self.rdzv_id}" if self.rdzv_id else "nvrx")
-        failed_cycles = {cyc for n in self._nodes.values() for _, cyc, ev, _ in n.events
-                         if ev == "worker_failed"}
-        detected = set()
-        for n in self._nodes.values():
-            key = f"nvrx\0{n.host}\0{n.node}"
+    def _event(self, n: _Node, t: int, cyc: int, ev: str, attrs: dict, rank: int) -> None:
+        """Emit what event ``ev`` of node ``n`` completes (see the module's table)."""
+        seen = (t, cyc, ev, tuple(sorted(attrs.items())))
+        if seen in n.seen:
+            return
+        n.seen.add(seen)
+        if n.key is None:
+            job = (self.job or self._res_job or self._env_job
+                   or (f"nvrx-{self.rdzv_id}" if self.rdzv_id else "nvrx"))
             extra = {"nvrx.node": n.node}
             if self.rdzv_id:
                 extra["nvrx.rdzv_id"] = self.rdzv_id
-            self.emit.process(key, job=job, rank=n.rank or 0, host=n.host, pid=n.pid,
-                              start_ns=min((e[0] for e in n.events), default=None),
-                              role="launcher", extra=extra)
-            opened: dict[str, tuple[int, int]] = {}
-            fail_at: dict[int, int] = {}
-            # the same line read twice (a log imported again, overlapping files) counts once
-            events = {(t, cyc, ev, tuple(sorted(a.items()))): a for t, cyc, ev, a in n.events}
-            for (t, cyc, ev, _), attrs in sorted(events.items(), key=lambda e: e[0][0]):
-                base = {schema.ATTR_LAUNCHER_RESTART_COUNT: cyc, **attrs}
-                if ev == "worker_failed":
-                    self._span(key, "nvrx.worker_failed", t, t, base)
-                elif ev in PAIRS:
-                    if ev in opened:
-                        self.warn(f"nvrx_{ev[:-len('_started')]}_unfinished")
-                        self._span(key, PAIRS[ev][1], opened[ev][0], opened[ev][0],
-                                   {schema.ATTR_LAUNCHER_RESTART_COUNT: opened[ev][1]})
-                    opened[ev] = (t, cyc)
-                elif ev in CLOSERS:
-                    start, name = CLOSERS[ev]
-                    t0 = opened.pop(start, (t, cyc))[0]
-                    self._span(key, name, t0, t, base)
-                elif ev == "worker_terminated":
-                    self._span(key, "nvrx.worker_terminated", fail_at.get(cyc, t), t, base)
-                elif ev in POINTS:
-                    if ev == "failure_detected":
-                        fail_at.setdefault(cyc, t)
-                        detected.add(cyc)
-                    self._span(key, POINTS[ev], t, t, base)
-                else:
-                    self.warn("nvrx_unknown_event")
-                    self._span(key, f"nvrx.{ev}", t, t, base)
-            for ev, (t0, cyc) in opened.items():  # the log ended inside it (a kill)
-                self.warn(f"nvrx_{ev[:-len('_started')]}_unfinished")
-                self._span(key, PAIRS[ev][1], t0, t0,
-                           {schema.ATTR_LAUNCHER_RESTART_COUNT: cyc})
-        # a failure_detected raises the cycle; the worker failure line comes before it, in
-        # the cycle before
-        unnamed = {c for c in detected if c - 1 not in failed_cycles}
+            n.key = self.emit.process(f"nvrx\0{n.host}\0{n.node}", job=job, rank=rank,
+                                      host=n.host, pid=n.pid, start_ns=t, role="launcher",
+                                      extra=extra)
+        key, base = n.key, {schema.ATTR_LAUNCHER_RESTART_COUNT: cyc, **attrs}
+        if ev == "worker_failed":
+            self._failed.add((n.node, cyc))
+            self._span(key, "nvrx.worker_failed", t, t, base)
+        elif ev in PAIRS:
+            if ev in n.opened:  # started again before it completed
+                self._unfinished(n, ev)
+            n.opened[ev] = (t, cyc)
+        elif ev in CLOSERS:
+            start, name = CLOSERS[ev]
+            self._span(key, name, n.opened.pop(start, (t, cyc))[0], t, base)
+        elif ev == "worker_terminated":
+            self._span(key, "nvrx.worker_terminated", n.fail_at.get(cyc, t), t, base)
+        elif ev in POINTS:
+            if ev == "failure_detected":
+                n.fail_at.setdefault(cyc, t)
+                self._detected.add((n.node, cyc))
+            self._span(key, POINTS[ev], t, t, base)
+        else:
+            self.warn("nvrx_unknown_event")
+            self._span(key, f"nvrx.{ev}", t, t, base)
+
+    def _unfinished(self, n: _Node, ev: str) -> None:
+        t0, cyc = n.opened.pop(ev)
+        self.warn(f"nvrx_{ev[:-len('_started')]}_unfinished")
+        self._span(n.key, PAIRS[ev][1], t0, t0, {schema.ATTR_LAUNCHER_RESTART_COUNT: cyc})
+
+    def finish(self) -> None:
+        """Close what the input ended inside (a killed launcher) and name the failures no
+        worker failure line explains."""
+        for n in self._nodes.values():
+            for ev in list(n.opened):
+                self._unfinished(n, ev)
+        # failure_detected raises the cycle: the worker failure line before it is in the
+        # cycle before; a healthy node joining another node's restart has none, so a cycle
+        # is unnamed only when no node saw a worker fail
+        failed = {c for _, c in self._failed}
+        unnamed = {c for _, c in self._detected if c - 1 not in failed}
         if unnamed:
             self.warn("nvrx_failed_worker_unnamed", len(unnamed))
 
@@ -329,11 +359,23 @@ class NvrxTranslator(Translator):
                        {schema.ATTR_LAUNCHER_EVENT: name, **attrs}, span_id=sid)
 
 
+#: The ``nvrx`` logger's prefix fields, on every line ft_launcher logs through it.
+_NVRX_PREFIX_RE = re.compile(r"\] \[workload:\S+ infra:\S+\] ")
+
+
+def matches(resource: dict, scope: str, names) -> bool:
+    """Whether OTLP log records are ft_launcher's output (``names``: their first bodies):
+    an ``nvrx`` logger line, a cycle event or torchelastic's worker failure line."""
+    return any(isinstance(b, str) and (_NVRX_PREFIX_RE.search(b) or CYCLE_RE.search(b)
+                                       or FAILED_RE.search(b)) for b in names)
+
+
 SOURCE = Source(
     name="nvrx",
     imported_from="nvrx",
-    reads=frozenset({"lines"}),
+    reads=frozenset({"lines", "logs"}),
     translator=NvrxTranslator,
+    matches=matches,
     sniff=sniff,
     doc="sources/nvrx.md",
     checked="nvidia-resiliency-ext 0.7.0 (ft_launcher; torch 2.13.0 CPU, gloo)",
