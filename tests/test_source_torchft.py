@@ -112,6 +112,42 @@ def test_protobuf_requests_translate_as_their_json(tmp_path):
     assert a["badput_s"] == b["badput_s"]
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_recorded_requests_sent_to_serve_give_the_import_report(tmp_path, protocol):
+    """torchft's real request bodies, sent again to an in-process ``goodput serve`` by gRPC
+    ``LogsService/Export`` or ``POST /v1/logs``: the same report as the import."""
+    pytest.importorskip("grpc")
+    import grpc
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+
+    from goodput_processor.serve import GoodputServer, LiveStore
+
+    server = GoodputServer(LiveStore(min_interval_s=0), grpc_port=0, http_port=0)
+    try:
+        addr = server.addresses()
+        bodies = [p.read_bytes() for p in sorted((DATA / "requests").glob("*.pb"))]
+        if protocol == "grpc":
+            with grpc.insecure_channel(addr["grpc"]) as ch:
+                stub = logs_service_pb2_grpc.LogsServiceStub(ch)
+                for b in bodies:
+                    stub.Export(logs_service_pb2.ExportLogsServiceRequest.FromString(b),
+                                timeout=30)
+        else:
+            for b in bodies:
+                req = urllib.request.Request(addr["http"] + "/v1/logs", data=b, method="POST",
+                                             headers={"Content-Type": "application/x-protobuf"})
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    assert r.status == 200
+        (live,) = [j for j in _get(addr["http"] + f"/v1/report?job={JOB}")["jobs"]
+                   if j["job"] == JOB]
+    finally:
+        server.stop(10, final=False)
+    got = translate_files(get_source("torchft"), [DATA / "otlp-logs.jsonl"])
+    off = _report(got.resource_spans, tmp_path)
+    assert _figures(live) == _figures(off)
+    assert live["badput_s"] == off["badput_s"]
+
+
 def _log(scope: str, t: int, **attrs) -> dict:
     def v(x):
         if isinstance(x, bool):
