@@ -316,3 +316,68 @@ def test_maxtext_log_bad_lines_are_counted_not_raised(tmp_path):
     assert run.problems.counts == {"truncated": 2, "malformed": 1}
     r = _report(run, tmp_path / "out")
     assert r.attempts[0].steps_kept == 19
+
+
+# --- never raises -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, files", [
+    ("megatron-log", [MEG / "trainer-0.previous.log", MEG / "trainer-0.log"]),
+    ("nemo-log", [NEMO / "dllogger-0.json", NEMO / "nemo-1.log"]),
+    ("maxtext-log", [MAXT / "maxtext-0.log", MAXT / "maxtext-1.log"]),
+])
+def test_mutated_lines_never_raise(tmp_path, name, files):
+    """Lines cut anywhere, numbers blown up, bytes thrown in, lines out of order: every
+    source skips or reads them, never raises, and the report is still made."""
+    import random
+    rng = random.Random(37)
+    lines = [ln for f in files for ln in f.read_text().splitlines()]
+    out = []
+    for ln in lines:
+        r = rng.random()
+        if r < 0.15:
+            ln = ln[:rng.randrange(len(ln) + 1)]
+        elif r < 0.25:
+            ln = "".join("9" * 400 if c.isdigit() and rng.random() < 0.1 else c for c in ln)
+        elif r < 0.3:
+            i = rng.randrange(len(ln) + 1)
+            ln = ln[:i] + "".join(chr(rng.randrange(1, 0x2fff)) for _ in range(8)) + ln[i:]
+        elif r < 0.35:
+            ln = ln.replace("0", "-", 1)
+        out.append(ln)
+    rng.shuffle(out[len(out) // 2:])
+    f = tmp_path / "mutated.log"
+    f.write_text("\n".join(out), encoding="utf-8", errors="surrogatepass")
+    for _ in range(3):
+        run = translate_files(get_source(name), [f])
+        write_spool(run.resource_spans, tmp_path / "out", overwrite=True)
+        report_run_dir(tmp_path / "out", now_ns=FAR)
+        rng.shuffle(out)
+        f.write_text("\n".join(out), encoding="utf-8", errors="surrogatepass")
+
+
+_BIG = "9" * 400
+_K = "2026-11-30T00:53:44.192320256Z "
+
+
+@pytest.mark.parametrize("name, line", [
+    ("megatron-log", _K + " [2026-11-30 00:53:44.191920] iteration        1/     100 | "
+     f"elapsed time per iteration (ms): {_BIG}.5 |"),
+    ("megatron-log", _K + f" [2026-11-30 00:53:44.191920] iteration {_BIG}/     100 | "
+     "elapsed time per iteration (ms): 5.5 |"),
+    ("megatron-log", _K + f"[2026-11-30 00:54:25.8] saving checkpoint at iteration {_BIG} to /x"),
+    ("megatron-log", "9999-11-30T00:53:45.1Z  [9999-11-30 00:53:44.1] iteration   5/  100 | "
+     "elapsed time per iteration (ms): 5.5 |"),
+    ("dllogger", 'DLLL {"timestamp": "1e400", "elapsedtime": "1", "type": "LOG", "step": 1, '
+     '"data": {"train_step_timing in s": 1}}'),
+    ("dllogger", 'DLLL {"timestamp": "1796655211.76", "elapsedtime": "1", "type": "LOG", '
+     '"step": 1e300, "data": {"train_step_timing in s": 1}}'),
+    ("maxtext-log", _K + f"I1207 14:57:14.199647 1 x.py:1] completed step: 0, seconds: {_BIG}.1"),
+    ("maxtext-log", _K + f"I1207 14:57:14.199647 1 x.py:1] Saved a checkpoint at step {_BIG}."),
+])
+def test_numbers_out_of_range_are_malformed(tmp_path, name, line):
+    f = tmp_path / "x.log"
+    f.write_text(line + "\n")
+    run = translate_files(get_source(name), [f])
+    assert run.problems.counts == {"malformed": 1}
+    # (a DLLogger record with a good time still shows its process: only its step is dropped)
+    assert [s for s in _spans(run) if s[0] != schema.JOB_START] == []

@@ -16,7 +16,14 @@ from __future__ import annotations
 import calendar
 import re
 
-__all__ = ["CRI_STREAM", "RFC3339", "naive_ns", "split_prefix"]
+__all__ = ["CRI_STREAM", "MAX_SECONDS", "MAX_STEP", "RFC3339", "naive_ns", "split_prefix"]
+
+#: Times from 2262 on do not fit int64 nanoseconds: such a time is not read.
+_MAX_NS = 1 << 62
+#: Step numbers above this (int64 attributes downstream) are not read: the line is malformed.
+MAX_STEP = (1 << 62) - 1
+#: Durations above this many seconds (a year) are not read: the line is malformed.
+MAX_SECONDS = 365 * 86400.0
 
 #: ``kubectl logs --timestamps`` prefix: RFC 3339 date-time with optional fraction and zone.
 RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?"
@@ -40,7 +47,7 @@ def _ns(m: re.Match, zone: str | None) -> int | None:
         sign = 1 if zone[0] == "+" else -1
         digits = zone[1:].replace(":", "")
         ns -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60) * 1_000_000_000
-    return ns
+    return ns if 0 <= ns < _MAX_NS else None
 
 
 def split_prefix(line: str) -> tuple[int | None, str, bool]:

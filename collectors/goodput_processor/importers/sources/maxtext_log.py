@@ -51,14 +51,14 @@ from dataclasses import dataclass, field
 from goodput import schema
 
 from .base import Source, Translator
-from .logtime import split_prefix
+from .logtime import MAX_SECONDS, MAX_STEP, split_prefix
 
 __all__ = ["SOURCE", "MaxTextLogTranslator", "sniff"]
 
 _NS = 1_000_000_000
 #: Lines after a step whose bound may place it.
 _WINDOW = 16
-_STEP = re.compile(r"completed step: (\d+), seconds: ([0-9.]+)")
+_STEP = re.compile(r"completed step: (\d+), seconds: (\d+(?:\.\d+)?)")
 _HIDDEN = re.compile(r"completed profiler activation/deactivation step: (\d+)")
 _SAVED = re.compile(r"Saved a checkpoint at step (\d+)\.")
 _RESTORING = re.compile(r"restoring from this run's directory step (\d+)")
@@ -122,7 +122,8 @@ class MaxTextLogTranslator(Translator):
             return None
         if "maxtext_log_year_assumed" not in self.warnings:
             self.warn("maxtext_log_year_assumed")
-        return secs * _NS + int(m.group(6)) * 1000
+        ns = secs * _NS + int(m.group(6)) * 1000
+        return ns if 0 <= ns < 1 << 62 else None
 
     def line(self, text: str, where: str) -> None:
         t, rest, bad = split_prefix(text)
@@ -142,12 +143,11 @@ class MaxTextLogTranslator(Translator):
         if "completed " in rest:
             m = _STEP.search(rest)
             if m is not None:
-                try:
-                    ev = _Event(t, order, "step", int(m.group(1)),
-                                round(float(m.group(2)) * _NS))
-                except ValueError:
-                    self.problems.add(where, "malformed", "step seconds is not a number")
+                n, secs = int(m.group(1)), float(m.group(2))
+                if n > MAX_STEP or secs > MAX_SECONDS:
+                    self.problems.add(where, "malformed", "step or seconds out of range")
                     return
+                ev = _Event(t, order, "step", n, round(secs * _NS))
             elif (m := _HIDDEN.search(rest)) is not None:
                 ev = _Event(t, order, "hidden", int(m.group(1)))
             elif re.search(r"completed step: \d*(, s?e?c?o?n?d?s?:? ?[0-9.]*)?$", rest):
@@ -159,6 +159,9 @@ class MaxTextLogTranslator(Translator):
             ev = _Event(t, order, "restoring", int(m.group(1)))
         elif "Creating checkpoint manager" in rest:
             ev = _Event(t, order, "start")
+        if ev is not None and ev.n > MAX_STEP:
+            self.problems.add(where, "malformed", "step out of range")
+            return
         self.events.append(ev if ev is not None else _Event(t, order, "alive"))
 
     # --- making spans -----------------------------------------------------------------

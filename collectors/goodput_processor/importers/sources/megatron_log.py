@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from goodput import schema
 
 from .base import Source, Translator
-from .logtime import naive_ns, split_prefix
+from .logtime import MAX_SECONDS, MAX_STEP, naive_ns, split_prefix
 
 __all__ = ["SOURCE", "MegatronLogTranslator", "sniff"]
 
@@ -67,12 +67,12 @@ _NS_MS = 1_000_000
 _ALIVE_NS = 100 * _NS_MS
 _ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
 _ITER_HEAD = re.compile(r"\s*\[\d{4}-[^\]]*\] iteration\b")
-_ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+_ELAPSED = re.compile(r"elapsed time per iteration \(ms\): (\d+(?:\.\d+)?)")
 _SAVING = re.compile(r"saving checkpoint at iteration\s+(\d+) to ")
 _SAVED = re.compile(r"successfully saved checkpoint from iteration\s+(\d+) to ")
 _LOADING = re.compile(r"^ loading (?:distributed )?checkpoint from \S.* at iteration (\d+)")
 _LOADED = re.compile(r"successfully loaded checkpoint from \S.* at iteration (\d+)")
-_TIME_INIT = re.compile(r"time to initialize megatron \(seconds\): ([0-9.]+)")
+_TIME_INIT = re.compile(r"time to initialize megatron \(seconds\): (\d+(?:\.\d+)?)")
 _DATETIME = re.compile(r"^\[([^\]]+)\] datetime: ")
 
 # stages of a launch, in the order Megatron prints them; a start line whose stage the
@@ -193,17 +193,19 @@ class MegatronLogTranslator(Translator):
                     self.problems.add(where, "truncated", "iteration line without its elapsed "
                                       "time per iteration")
                     return None
-                try:
-                    ms = float(e.group(1))
-                except ValueError:
-                    self.problems.add(where, "malformed", "elapsed time is not a number")
+                ms, n = float(e.group(1)), int(m.group(1))
+                if not (ms <= MAX_SECONDS * 1000 and n <= MAX_STEP):
+                    self.problems.add(where, "malformed", "iteration or elapsed time out of range")
                     return None
-                return _Event(self._own_time(t, s[:m.start()]), order, "iter",
-                              int(m.group(1)), ms, _S_TRAIN, where)
+                return _Event(self._own_time(t, s[:m.start()]), order, "iter", n, ms, _S_TRAIN,
+                              where)
             for rx, kind, stage in ((_SAVING, "save", _S_TRAIN), (_SAVED, "saved", _S_TRAIN),
                                     (_LOADING, "load", _S_LOAD),
                                     (_LOADED, "loaded", _S_LOADED)):
                 m = rx.search(s)
+                if m is not None and int(m.group(1)) > MAX_STEP:
+                    self.problems.add(where, "malformed", "checkpoint iteration out of range")
+                    return None
                 if m is not None:
                     own = self._own_time(t, s[:m.start()]) if kind in ("save", "saved") else t
                     return _Event(own, order, kind, int(m.group(1)), 0.0, stage, where)
@@ -219,7 +221,8 @@ class MegatronLogTranslator(Translator):
             return _Event(t, order, "start", 0, 0.0, _S_DIST, where)
         m = _TIME_INIT.search(s)
         if m is not None:
-            return _Event(t, order, "start", 0, float(m.group(1)), _S_TINIT, where)
+            x = float(m.group(1))
+            return _Event(t, order, "start", 0, x if x <= MAX_SECONDS else 0.0, _S_TINIT, where)
         m = _DATETIME.match(s)
         if m is not None:
             stage = _PRINT_DATETIME.get(m.group(1))

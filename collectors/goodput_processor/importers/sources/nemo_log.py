@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from goodput import schema
 
 from .base import Source, Translator
-from .logtime import split_prefix
+from .logtime import MAX_SECONDS, MAX_STEP, split_prefix
 
 __all__ = ["DLLOGGER_SOURCE", "SOURCE", "NemoLogTranslator", "sniff_dllogger", "sniff_nemo"]
 
@@ -146,7 +146,7 @@ class NemoLogTranslator(Translator):
     @staticmethod
     def _ckpt_step(path: str) -> int:
         m = _CKPT_STEP.search(path)
-        return int(m.group(1)) if m else -1
+        return int(m.group(1)) if m and int(m.group(1)) <= MAX_STEP else -1
 
     def _record(self, body: str, order: tuple, where: str) -> None:
         try:
@@ -167,6 +167,9 @@ class NemoLogTranslator(Translator):
         except (KeyError, TypeError, ValueError, OverflowError):
             self.problems.add(where, "malformed", "DLLogger record without a valid timestamp")
             return
+        if not 0 < ts < 1 << 62 or not 0 <= elapsed < ts:
+            self.problems.add(where, "malformed", "DLLogger timestamp out of range")
+            return
         init = ts - elapsed
         if not any(abs(init - i) < _SAME_INIT_NS for i in self._inits):
             self._inits.append(init)
@@ -181,8 +184,8 @@ class NemoLogTranslator(Translator):
         except (TypeError, ValueError, OverflowError):
             self.problems.add(where, "malformed", f"{_STEP_KEY!r} or step is not a number")
             return
-        if dur < 0:
-            self.problems.add(where, "malformed", "negative step time")
+        if not (0 <= dur <= MAX_SECONDS * _NS and 0 <= step < MAX_STEP):
+            self.problems.add(where, "malformed", "step or step time out of range")
             return
         self.events.append(_Event(ts, order, "step", step + 1, dur, where))
 
