@@ -217,6 +217,25 @@ def test_failed_commits_errors_and_out_of_order_records():
     assert attempts == ["0", "1"]
 
 
+def test_malformed_records_are_skipped_never_raised():
+    bad = [
+        _log("torchft_commits", 5 * S, job_id="j", replica_id="r", rank="x", quorum_id=1,
+             step=1, commit_result=True),
+        _log("torchft_commits", 5 * S, job_id="j", replica_id="r", rank=0, quorum_id="q",
+             step=1, commit_result=True),
+        _log("torchft_commits", 0, job_id="j", replica_id="r", rank=0, quorum_id=1, step=1,
+             commit_result=True),
+        _log("torchft_quorums", 5 * S, job_id="j", replica_id="r", rank=0, quorum_id=-3,
+             step=1),
+        _log("torchft_errors", 5 * S, job_id="j", replica_id="r", rank=0),
+        {"resourceLogs": [{"scopeLogs": [{"scope": {"name": "torchft_commits"},
+                                          "logRecords": [{"attributes": "nonsense"}]}]}]},
+    ]
+    got = translate_otlp(get_source("torchft"), _merge(bad))
+    assert got.problems.counts["malformed"] >= 5
+    assert got.resource_spans == []
+
+
 def test_a_first_commit_without_its_quorum_record():
     doc = _log("torchft_commits", 5 * S, job_id="j", replica_id="r3", rank=1, quorum_id=4,
                step=7, commit_result=True)

@@ -83,6 +83,10 @@ SCOPES = ("torchft_commits", "torchft_quorums", "torchft_errors")
 #: A run silent this long (ns of the job's record time) while its job goes on is over:
 #: its lost tail is looked for (a live process sends its records about once a second).
 TAIL_HORIZON_NS = 10_000_000_000
+#: Commits remembered per run (their spans, for a resent request and a peer's lost tail);
+#: a run over for :data:`TAIL_HORIZON_NS` keeps none, so ``goodput serve``'s state is
+#: bounded by the live runs.
+SEEN_MAX = 4096
 #: Process index of replica ``n``'s rank ``r``: ``REPLICA_STRIDE * n + r``.
 REPLICA_STRIDE = 1000
 _TRAILING = re.compile(r"(\d+)$")
@@ -254,8 +258,7 @@ class TorchftTranslator(Translator):
         if run.ended == 1 and run.prev_end is not None and not run.commits:
             if run.failed is not None:
                 self._close_failed(self._failed.pop(run.tkey, run))
-            last = max(run.seen, default=None)
-            self._span(run, last, schema.JOB_END, run.prev_end, run.prev_end,
+            self._span(run, ("end", run.prev_end), schema.JOB_END, run.prev_end, run.prev_end,
                        {schema.ATTR_END_REASON: "restart"})
             run.ended = 2
 
@@ -282,6 +285,8 @@ class TorchftTranslator(Translator):
         """Emit a span made of commit ``ident`` and remember it for a resent request."""
         args = (run.key, name, start, end, attrs)
         run.seen.setdefault(ident, []).append((args, error))
+        if len(run.seen) > SEEN_MAX:
+            del run.seen[next(iter(run.seen))]
         self.emit.span(*args, error=error)
 
     def finish(self) -> None:
@@ -324,6 +329,10 @@ class TorchftTranslator(Translator):
                 self._span(run, ("inferred", st), schema.STEP, start, end,
                            {schema.ATTR_STEP: st})
             run.last_step = max(peers)
+        for k, run in self._runs.items():  # (over: what a resend would need is let go)
+            if (k[0] == job and run.seen and (run.tail_done or run.ended == 2)
+                    and latest - run.last_t >= horizon_ns > 0):
+                run.seen.clear()
 
 
 def _matches(resource: dict, scope: str, names) -> bool:
