@@ -179,6 +179,13 @@ def test_damaged_input_is_skipped(tmp_path) -> None:
                      for s in ss["spans"]]
 
 
+def test_same_file_twice_is_one_process() -> None:
+    """A file given twice (or a copy of it) is one process, not a restart."""
+    once, twice = translate_files(SOURCE, FILES), translate_files(SOURCE, FILES + FILES[:1])
+    assert twice.warnings == once.warnings
+    assert len(twice.resource_spans) == len(once.resource_spans)
+
+
 def test_relaunch_by_hand_in_one_process(tmp_path) -> None:
     """A second training_start in one process (train() run again) is a new attempt."""
     rec = {"rank": 0, "pid": 7, "host_name": "h", "log_type": "event"}

@@ -235,9 +235,12 @@ class TorchtitanTranslator(Translator):
     # --- emitting ---------------------------------------------------------------------
 
     def finish(self) -> None:
+        uniq: dict[tuple, _Proc] = {}
         for p in self._procs:
-            self._close_open(p)
-        order = sorted(self._procs, key=lambda q: (q.first_ns, q.rank))
+            # the same file read twice (or a copy of it) is one process
+            if uniq.setdefault((p.host, p.pid, p.rank, p.first_ns), p) is p:
+                self._close_open(p)
+        order = sorted(uniq.values(), key=lambda q: (q.first_ns, q.rank))
         attempts: list[int] = []
         a, ranks, alive_until = 0, set(), None
         last_step: dict[int, int] = {}
@@ -266,10 +269,13 @@ class TorchtitanTranslator(Translator):
         self._procs = []
 
     def _emit(self, p: _Proc, attempt: int, count: int) -> None:
-        key = f"{p.file}\0{p.host}\0{p.pid}\0{p.rank}\0{p.first_ns}"
+        key = f"{p.host}\0{p.pid}\0{p.rank}\0{p.first_ns}"
         self.emit.process(key, job=_job_name(p.file), rank=p.rank, count=count,
                           attempt=attempt, host=p.host or None, pid=p.pid or None,
-                          start_ns=p.first_ns, extra={"torchtitan.file": p.file})
+                          start_ns=p.first_ns,
+                          # a record reaches the file as it is made (logging.FileHandler)
+                          extra={"torchtitan.file": p.file,
+                                 schema.RES_SOURCE_EXPORT_DELAY: 0})
         span = self.emit.span
         span(key, schema.JOB_START, p.first_ns, p.first_ns)
         resume = None
