@@ -354,3 +354,47 @@ def test_logs_receivers_check_token_size_and_refuse_while_replaying(tmp_path, mo
     with pytest.raises(Refused):
         store.ingest_logs(encode_logs(batch))
     assert store.sources_summary() == {} and not store.foreign.warnings
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_own_scope_beside_a_foreign_one_in_one_resource(tmp_path, monkeypatch, encoding):
+    """One SDK exporting this project's spans and a foreign tool's (one ResourceSpans, two
+    scopes): the source takes its scope, the own spans are read as always."""
+    register(monkeypatch)
+    res = {"attributes": [{"key": k, "value": {"stringValue": v}} for k, v in (
+        ("fw.job_id", JOB), ("fw.run_id", "r1"), ("service.name", JOB),
+        ("goodput.job.name", JOB), ("goodput.schema.version", "1.3"))]}
+    fw = [{"traceId": "ab" * 16, "spanId": f"{i + 1:016x}", "name": "fw.iteration",
+           "startTimeUnixNano": str(T0 + i * S), "endTimeUnixNano": str(T0 + (i + 1) * S),
+           "attributes": [{"key": "fw.iteration", "value": {"intValue": str(i)}}]}
+          for i in range(4)]
+    own = [{"traceId": "cd" * 16, "spanId": "0f" * 8, "name": "goodput.custom_badput",
+            "startTimeUnixNano": str(T0 + 4 * S), "endTimeUnixNano": str(T0 + 6 * S),
+            "attributes": [{"key": "goodput.badput.type", "value": {"stringValue": "eval"}}]}]
+    doc = {"resourceSpans": [{"resource": res, "scopeSpans": [
+        {"scope": {"name": SCOPE}, "spans": fw}, {"scope": {"name": "goodput"}, "spans": own}]}]}
+    store = LiveStore(min_interval_s=0)
+    if encoding == "json":
+        store.ingest_json(doc, ("test",))
+    else:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        store.ingest_request(json_format.ParseDict(_b64(doc),
+                                                   trace_service_pb2.ExportTraceServiceRequest()))
+    (r,) = store.results(job=JOB, now_ns=T0 + 10 * S)
+    # the own span is read: a second process of the attempt, whose span ends the job
+    assert r.step_time.count == 4 and r.attempts[0].processes == 2
+    assert r.end_ns == T0 + 6 * S
+    assert store.stats["spans"] == 5 and store.stats["spans_translated"] == 4  # of any scope
+    assert not any(r.skipped.values())
+
+
+def _b64(doc):
+    """``doc`` with its ids in base64, as protobuf's JSON mapping has them."""
+    doc = json.loads(json.dumps(doc))
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                for k in ("traceId", "spanId"):
+                    sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
+    return doc

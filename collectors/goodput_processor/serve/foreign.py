@@ -10,7 +10,9 @@ lock) and takes in what the sources make of a request:
   the way it always went, with one check per ``ScopeSpans`` (:func:`own_only_pb`,
   :func:`own_only_json`). Otherwise its ``ResourceSpans`` are split into the own ones
   (passed on untouched; those no source takes are counted ``skipped.unknown`` as before)
-  and the goodput spans the sources made of the others.
+  and the goodput spans the sources made of the others. A ``ResourceSpans`` a source
+  takes may also hold this project's own scope (one SDK exporting both, e.g. the
+  recorder beside nemo-lens): those ``ScopeSpans`` are passed on as own too.
 - Logs (``LogsService/Export``, ``POST /v1/logs``): the ``ResourceLogs`` go to the
   sources; records no source takes are counted in ``stats["log_records_ignored"]`` and
   the request is answered as taken in.
@@ -35,6 +37,8 @@ from __future__ import annotations
 
 from collections import Counter
 from types import SimpleNamespace
+
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from goodput import schema
 
@@ -67,6 +71,23 @@ def own_only_json(resource_spans) -> bool:
     except (AttributeError, TypeError):
         return True
     return True
+
+
+def _own_part(rs, pb: bool):
+    """The ``ResourceSpans`` of this project's own ``ScopeSpans`` in ``rs`` (one a source
+    took), or None when it has none."""
+    if pb:
+        keep = [ss for ss in rs.scope_spans if ss.scope.name == _OWN and len(ss.spans)]
+        if not keep:
+            return None
+        out = trace_pb2.ResourceSpans(schema_url=rs.schema_url)
+        out.resource.CopyFrom(rs.resource)
+        out.scope_spans.extend(keep)
+        return out
+    keep = [ss for ss in rs.get("scopeSpans") or ()
+            if isinstance(ss, dict) and (ss.get("scope") or {}).get("name") == _OWN
+            and ss.get("spans")]
+    return {**rs, "scopeSpans": keep} if keep else None
 
 
 def _where(where) -> str:
@@ -136,10 +157,16 @@ class ForeignIntake:
             self._admit({})  # not while replaying: the client sends it again
             own, translated = self._translate(False, items, _where(where))
             kept = {id(rs) for rs in own}
-            self.stats["spans"] += sum(
-                len(ss.spans) if pb else len(ss.get("spans") or ())
-                for rs in items if id(rs) not in kept
-                for ss in (rs.scope_spans if pb else rs.get("scopeSpans") or ()))
+            for rs in items:
+                if id(rs) in kept:
+                    continue
+                part = _own_part(rs, pb)  # (counted as own spans, below)
+                if part is not None:
+                    own.append(part)
+                self.stats["spans"] += sum(
+                    len(ss.spans) if pb else len(ss.get("spans") or ())
+                    for ss in (rs.scope_spans if pb else rs.get("scopeSpans") or ())
+                    if (ss.scope.name if pb else (ss.get("scope") or {}).get("name")) != _OWN)
         self._take_translated(translated, where)
         return SimpleNamespace(resource_spans=own) if pb else {"resourceSpans": own}
 

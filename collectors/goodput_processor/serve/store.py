@@ -269,6 +269,7 @@ class LiveStore(ForeignIntake):
             self._admit(groups)
             self.stats["requests"] += 1
             self._log_lines(groups, lines, take)
+            self.stats["spans"] += sum(n for _, n in groups.values())
 
     def _take_json(self, rss: list, where) -> None:
         """Under the lock: read OTLP JSON ``ResourceSpans`` ``rss`` (a structure that is
