@@ -33,8 +33,12 @@ Megatron span                                     goodput span
 ``megatron.startup.weight_hash_check``
 ================================================  ==========================================
 
-Other spans (``megatron.train`` roots, ``megatron.checkpoint.save`` inside the exposed
-save, per-layer and communication spans, ``pre_startup``) are read for structure only.
+The ``megatron.train`` roots (one per save interval) and
+``megatron.train.first_iteration`` are read for structure only; other spans
+(``megatron.checkpoint.save`` inside the exposed save, per-step children, per-layer and
+communication spans, ``pre_startup``) are left out, and a resource with none of the spans
+read (the asynchronous checkpoint worker's process, which shares the trainer's resource
+attributes and rank) is no process of the job.
 
 Identity: the job is ``nemo.lens.job_uuid`` (stable across restarts; when it is the value
 Megatron gives a job outside SLURM, the same for every such job, ``service.name`` is the
@@ -119,14 +123,12 @@ def _int(v) -> int | None:
         return None
 
 
-#: Spans of every loop pass that nothing else nests under: their parents are not tracked.
-_LEAVES = frozenset((
-    "megatron.checkpoint.ft_heartbeat", "megatron.checkpoint.save.finalize",
-    "megatron.train.log", "megatron.train.iteration_report", "megatron.train.params_norm",
-    "megatron.train.iteration.forward_backward",
-    "megatron.train.iteration.optimizer", "megatron.train.gc_collect",
-    "megatron.checkpoint.timers_log"))
 _ITERATION = frozenset(("megatron.train.iteration", "megatron.iteration"))
+#: The spans read: a resource with none of them (the asynchronous checkpoint worker's
+#: process, sharing the trainer's resource attributes and rank) is no incarnation.
+_READ = _ITERATION | _PROCESS_STARTUP | frozenset(_DIRECT) | frozenset((
+    "megatron.startup", "megatron.train", "megatron.train.first_iteration",
+    "megatron.checkpoint.exposed_save", "megatron.checkpoint.save.finalize"))
 
 
 class _Incarnation:
@@ -188,14 +190,14 @@ class MegatronTranslator(Translator):
         emit, key = self.emit.span, ""
         for s in spans:
             name = s.name
-            if not name.startswith("megatron."):
+            if name not in _READ:
                 continue
             if inc is None:
                 inc = self._incarnation(resource)
                 key = inc.key
                 if inc.fresh:  # the first spans of this incarnation: its start marker
                     inc.fresh = False
-                    t0 = min(x.start_ns for x in spans if x.name.startswith("megatron."))
+                    t0 = min(x.start_ns for x in spans if x.name in _READ)
                     emit(key, schema.JOB_START, t0, t0,
                          {schema.ATTR_HEARTBEAT_INTERVAL_MS: EXPORT_DELAY_MS})
             start, end = s.start_ns, s.end_ns
@@ -216,12 +218,12 @@ class MegatronTranslator(Translator):
                      span_id=s.span_id, error=s.error)
                 if inc.max_step is None or step >= inc.max_step:
                     inc.max_step, inc.last_parent = step, s.parent_id
-            elif name not in _LEAVES:
+            elif name != "megatron.checkpoint.save.finalize":
                 inc.ids.add(s.span_id)
                 if s.parent_id:
                     inc.parents.add(s.parent_id)
                 self._span(inc, s)
-            elif name == "megatron.checkpoint.save.finalize" and end - start >= FINALIZE_MIN_NS:
+            elif end - start >= FINALIZE_MIN_NS:  # megatron.checkpoint.save.finalize
                 emit(key, schema.CHECKPOINT_SAVE, start, end, {schema.ATTR_BLOCKING: True},
                      span_id=s.span_id, error=s.error)
         if inc is not None:
