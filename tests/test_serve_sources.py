@@ -398,3 +398,25 @@ def _b64(doc):
                 for k in ("traceId", "spanId"):
                     sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
     return doc
+
+
+def test_translated_spans_are_admitted_as_a_clients(monkeypatch):
+    """What a source makes is subject to the store's admission: over --max-jobs it is
+    refused (retryable) and nothing of the request is taken in."""
+    from goodput_processor.serve.limits import Limits, Refused
+
+    register(monkeypatch)
+    producer = _Producer()
+    producer.run()
+    store = LiveStore(min_interval_s=0, limits=Limits(max_jobs=1))
+    store.ingest_json({"resourceSpans": [{"resource": {"attributes": [
+        {"key": "goodput.job.name", "value": {"stringValue": "first"}}]}, "scopeSpans": [
+        {"scope": {"name": "goodput"}, "spans": [
+            {"traceId": "ab" * 16, "spanId": "01" * 8, "name": "goodput.step",
+             "startTimeUnixNano": str(T0), "endTimeUnixNano": str(T0 + S),
+             "attributes": [{"key": "goodput.step", "value": {"intValue": "0"}}]}]}]}]},
+        ("test",))
+    with pytest.raises(Refused) as e:
+        store.ingest_request(encode_spans(producer.spans.get_finished_spans()))
+    assert e.value.reason == "over_jobs" and e.value.retryable
+    assert store.jobs() == ["first"] and store.stats["spans_translated"] == 0
