@@ -90,6 +90,35 @@ def _own_part(rs, pb: bool):
     return {**rs, "scopeSpans": keep} if keep else None
 
 
+def _is_pb(items) -> bool:
+    return all(not isinstance(it, dict) and hasattr(it, "resource") for it in items)
+
+
+def _dicts(v) -> bool:
+    """None, or a list of dicts."""
+    return v is None or isinstance(v, list) and all(isinstance(x, dict) for x in v)
+
+
+def _json_ok(item, logs: bool) -> bool:
+    """Whether OTLP JSON ``ResourceSpans`` (or ``ResourceLogs``) ``item`` has the structure
+    the sources read: objects and lists where OTLP has them (the records themselves are
+    checked by the sources)."""
+    inner, leaf = ("scopeLogs", "logRecords") if logs else ("scopeSpans", "spans")
+    if not isinstance(item, dict):
+        return False
+    res = item.get("resource")
+    if res is not None and not (isinstance(res, dict) and _dicts(res.get("attributes"))):
+        return False
+    scopes = item.get(inner)
+    if not _dicts(scopes):
+        return False
+    for ss in scopes or ():
+        scope = ss.get("scope")
+        if scope is not None and not isinstance(scope, dict) or not _dicts(ss.get(leaf)):
+            return False
+    return True
+
+
 def _where(where) -> str:
     return where if isinstance(where, str) else ":".join(map(str, where))
 
@@ -114,28 +143,26 @@ class ForeignIntake:
 
     def _translate(self, logs: bool, items: list, where: str) -> tuple[list, list]:
         """Under the lock: run the sources over ``items`` (``ResourceLogs`` when ``logs``,
-        else ``ResourceSpans``) -> ``(own, translated)`` (``own``: the ``ResourceSpans``
-        no source takes; none for logs). An item whose structure is not OTLP is passed on
-        as own (spans: the reader counts it) or counted as skipped (logs). Counts what the
-        translators skipped and warned."""
+        else ``ResourceSpans``; protobuf messages or OTLP JSON dicts) -> ``(own,
+        translated)`` (``own``: the ``ResourceSpans`` no source takes; none for logs). A
+        JSON item whose structure is not OTLP is never handed to a source: passed on as own
+        (spans: the reader counts it as malformed) or counted as skipped (logs). Counts
+        what the translators skipped and warned."""
         tr, before = self.foreign, self._warning_totals()
-
-        def call(part):
-            return ([], tr.logs(part, where)) if logs else tr.traces(part, where)
-
+        bad = [] if not items or not isinstance(items[0], dict) and _is_pb(items) else [
+            it for it in items if not _json_ok(it, logs)]
+        if bad:
+            items = [it for it in items if all(it is not b for b in bad)]
+            if logs:
+                tr.problems.add(where, "malformed", f"{len(bad)} ResourceLogs not OTLP",
+                                len(bad))
         try:
-            own, out = call(items)
-        except (AttributeError, TypeError, KeyError, ValueError):
-            own, out = [], []
-            for item in items:  # one at a time: only the bad ones left out
-                try:
-                    o, t = call([item])
-                except (AttributeError, TypeError, KeyError, ValueError) as e:
-                    if logs:
-                        tr.problems.add(where, "malformed", f"not OTLP ({e!r})")
-                    o, t = ([] if logs else [item]), []
-                own += o
-                out += t
+            own, out = ([], tr.logs(items, where)) if logs else tr.traces(items, where)
+        except Exception as e:  # noqa: BLE001 - a source never stops serve
+            tr.problems.add(where, "malformed", f"the sources failed on it ({e!r})")
+            own, out = ([] if logs else list(items)), []
+        if bad and not logs:
+            own += bad
         self.stats["source_skipped"] = len(tr.problems)
         delta = self._warning_totals() - before
         if delta and out:
