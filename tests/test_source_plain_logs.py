@@ -168,17 +168,21 @@ def test_megatron_log_copied_data_regenerates(tmp_path):
 NEMO = DATA / "nemo-log"
 
 
-def _truth(run: int) -> dict:
+def _truth(run: int, d: Path = NEMO) -> dict:
     """{kind: {step: t ns}} of the training process's own fsync'd times."""
     out: dict = {}
-    for ln in (NEMO / f"truth-{run}.jsonl").read_text().splitlines():
+    for ln in (d / f"truth-{run}.jsonl").read_text().splitlines():
         rec = json.loads(ln)
         out.setdefault(rec["kind"], {})[rec["step"]] = rec["t"]
     return out
 
 
-def test_dllogger_gives_per_step_times(tmp_path):
-    files = [NEMO / "dllogger-0.json", NEMO / "dllogger-1.json"]
+def test_dllogger_gives_per_step_times():
+    _check_dllogger(NEMO)
+
+
+def _check_dllogger(d: Path, live: bool = False) -> None:
+    files = [d / "dllogger-0.json", d / "dllogger-1.json"]
     assert {detect_file_source(str(f)) for f in files} == {"dllogger"}
     run = translate_files(get_source("dllogger"), files)
     assert len(run.problems) == 0
@@ -191,7 +195,7 @@ def test_dllogger_gives_per_step_times(tmp_path):
             recorded[(f.name, rec["step"] + 1)] = rec["data"]["train_step_timing in s"]
     worst_end = worst_time = 0
     for a in (0, 1):
-        truth = _truth(a)
+        truth = _truth(a, d)
         steps = [s for s in spans if s[0] == schema.STEP and s[3]["attempt"] == a]
         assert all(schema.ATTR_STEP_COUNT not in s[3] for s in steps)   # one step each
         for _name, start, end, attrs in steps:
@@ -205,23 +209,28 @@ def test_dllogger_gives_per_step_times(tmp_path):
         nums = [int(s[3][schema.ATTR_STEP]) for s in steps]
         # the killed run lost the record being written (step 17's): at most one
         assert nums == list(range(nums[0], nums[-1] + 1))
-        assert nums[-1] == (max(truth["end"]) if a == 1 else max(truth["end"]) - 1)
+        lost = {0} if a == 1 else ({0, 1} if live else {1})
+        assert max(truth["end"]) - nums[-1] in lost
     # measured on the loaded 2-core VM that made the data: step times within 22 ms of the
     # driver's callback, ends up to 34 ms late (Lightning writes the record after the other
     # callbacks' on_train_batch_end, ModelCheckpoint's save every 5 steps included)
     assert worst_time < 50_000_000 and worst_end < 50_000_000
     (start0,) = [s for s in spans if s[0] == schema.JOB_START and s[3]["attempt"] == 0]
     # the attempt starts at dllogger.init (timestamp - elapsedtime), after the process began
-    assert 0 < start0[1] - _truth(0)["process_start"][-1] < 2 * NS
+    assert 0 < start0[1] - _truth(0, d)["process_start"][-1] < 2 * NS
 
 
 def test_nemo_log_with_stdout_restart(tmp_path):
-    files = sorted(NEMO.glob("dllogger-*.json")) + sorted(NEMO.glob("nemo-*.log"))
-    assert detect_file_source(str(NEMO / "nemo-1.log")) == "nemo-log"
+    _check_nemo_restart(NEMO, tmp_path)
+
+
+def _check_nemo_restart(d: Path, tmp_path: Path) -> None:
+    files = sorted(d.glob("dllogger-*.json")) + sorted(d.glob("nemo-*.log"))
+    assert detect_file_source(str(d / "nemo-1.log")) == "nemo-log"
     run = translate_files(get_source("nemo-log"), files)
     assert len(run.problems) == 0
     r = _report(run, tmp_path)
-    t0, t1 = _truth(0), _truth(1)
+    t0, t1 = _truth(0, d), _truth(1, d)
     assert len(r.attempts) == 2 and [a.end_reason for a in r.attempts] == ["killed", "exit"]
     assert r.attempts[1].resume_step == 15
     assert sum(a.steps_kept for a in r.attempts) == 30
@@ -229,8 +238,10 @@ def test_nemo_log_with_stdout_restart(tmp_path):
     # wasted: from step 15's end to the kill; the importer ends the killed attempt at its
     # last record (step 16's), so it misses the time of the record lost at the kill; the
     # records come up to 34 ms after their batch's end (see above)
+    last = max(int(json.loads(ln[5:])["step"]) + 1
+               for ln in (d / "dllogger-0.json").read_text().splitlines())
     wasted_truth = (t0["kill"][-1] - t0["end"][15]) / NS
-    lost = (t0["kill"][-1] - t0["end"][16]) / NS
+    lost = (t0["kill"][-1] - t0["end"][last]) / NS
     assert r.badput_s["wasted_progress"] == pytest.approx(wasted_truth - lost, abs=0.05)
     assert lost < 0.5
     # recovery: from the last record to the restarted process's dllogger.init
@@ -256,16 +267,20 @@ def test_dllogger_bad_records_are_counted_not_raised(tmp_path):
 MAXT = DATA / "maxtext-log"
 
 
-def _mt_truth(run: int) -> dict:
+def _mt_truth(run: int, d: Path = MAXT) -> dict:
     out: dict = {}
-    for ln in (MAXT / f"truth-{run}.jsonl").read_text().splitlines():
+    for ln in (d / f"truth-{run}.jsonl").read_text().splitlines():
         rec = json.loads(ln)
         out.setdefault(rec["kind"], {})[rec["step"]] = rec["t"]
     return out
 
 
 def test_maxtext_log_step_times_and_restart(tmp_path):
-    files = [MAXT / "maxtext-0.log", MAXT / "maxtext-1.log"]
+    _check_maxtext(MAXT, tmp_path)
+
+
+def _check_maxtext(d: Path, tmp_path: Path) -> None:
+    files = [d / "maxtext-0.log", d / "maxtext-1.log"]
     assert {detect_file_source(str(f)) for f in files} == {"maxtext-log"}
     run = translate_files(get_source("maxtext-log"), files)
     assert len(run.problems) == 0
@@ -274,7 +289,7 @@ def test_maxtext_log_step_times_and_restart(tmp_path):
     spans = _spans(run)
     worst = 0
     for a in (0, 1):
-        done = _mt_truth(a)["completed"]
+        done = _mt_truth(a, d)["completed"]
         steps = [s for s in spans if s[0] == schema.STEP and s[3]["attempt"] == a]
         nums = [int(s[3][schema.ATTR_STEP]) for s in steps]
         # the killed run's step 23 completed but its line (printed one step late) never came
@@ -287,20 +302,20 @@ def test_maxtext_log_step_times_and_restart(tmp_path):
         for name, start, end, attrs in spans:
             if name == schema.CHECKPOINT_SAVE and attrs["attempt"] == a:
                 n = int(attrs[schema.ATTR_CHECKPOINT_STEP])
-                t = _mt_truth(a)
+                t = _mt_truth(a, d)
                 worst = max(worst, abs(start - t["save"][n]), abs(end - t["saved"][n]))
     # every step's start and end and every save within 10 ms of the process's own clock
     # (measured: 7.6 ms at worst: the 1 ms rounding of the seconds over the chain, and the
     # truth's own fsync between a step's completion and its save's start)
     assert worst < 10_000_000
     r = _report(run, tmp_path)
-    t0, t1 = _mt_truth(0), _mt_truth(1)
+    t0, t1 = _mt_truth(0, d), _mt_truth(1, d)
     assert len(r.attempts) == 2 and r.attempts[1].resume_step == 20
     assert [a.steps_kept for a in r.attempts] == [21, 19] and r.attempts[0].steps_wasted == 2
     assert r.badput_s["checkpoint_restore"] == pytest.approx(
         (t1["restored"][20] - t1["restore"][20]) / NS, abs=0.05)
-    # wasted: the save of step 20's end to the kill, less the step that completed in
-    # between without a line (its time is after the last line)
+    # wasted: the end of the save of step 20 to the kill (the killed run's last line,
+    # step 22's, came when step 23 completed, just before the kill)
     wasted = (t0["kill"][-1] - t0["saved"][20]) / NS
     assert r.badput_s["wasted_progress"] == pytest.approx(wasted, abs=0.05)
 
@@ -381,3 +396,55 @@ def test_numbers_out_of_range_are_malformed(tmp_path, name, line):
     assert run.problems.counts == {"malformed": 1}
     # (a DLLogger record with a good time still shows its process: only its step is dropped)
     assert [s for s in _spans(run) if s[0] != schema.JOB_START] == []
+
+
+# --- live: the tools' own code run again, killed and restarted ------------------------------
+
+def _repo(env: str, default: str, commit: str) -> str | None:
+    """A git checkout holding ``commit`` (``$env``, else ``default``), or None."""
+    import os
+    import subprocess
+    path = os.environ.get(env, default)
+    try:
+        ok = subprocess.run(["git", "-C", path, "cat-file", "-e", f"{commit}^{{commit}}"],
+                            capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if ok else None
+
+
+def test_live_nemo_dllogger_kill_and_restart(tmp_path):
+    """Runs tests/data/sources/nemo-log/regenerate.py (real Lightning + NeMo's DLLogger and
+    TimingCallback + dllogger, SIGKILL after step 17, restart from step 15; about 80 s)."""
+    import os
+    import subprocess
+    import sys
+    py = os.environ.get("GOODPUT_DLLOGGER_PYTHON", "/work/venvs/dllogger/bin/python")
+    repo = _repo("GOODPUT_NEMO_REPO", "/work/.mirror/NVIDIA+NeMo/repo",
+                 "8cfedd7203462cb251a914e700e5605444277561")
+    if not os.path.exists(py) or subprocess.run(
+            [py, "-c", "import dllogger, omegaconf, lightning"], capture_output=True,
+            timeout=300).returncode != 0:
+        pytest.skip(f"no DLLogger environment at {py} (build it with "
+                    "tests/data/sources/nemo-log/venv.sh; or set GOODPUT_DLLOGGER_PYTHON)")
+    if repo is None:
+        pytest.skip("no NeMo git checkout with commit 8cfedd7 (set GOODPUT_NEMO_REPO)")
+    subprocess.run([py, str(NEMO / "regenerate.py"), "--nemo-repo", repo, "--dest",
+                    str(tmp_path)], check=True, timeout=600, stdout=sys.stderr)
+    _check_dllogger(tmp_path, live=True)
+    _check_nemo_restart(tmp_path, tmp_path / "out")
+
+
+def test_live_maxtext_kill_and_restart(tmp_path):
+    """Runs tests/data/sources/maxtext-log/regenerate.py (MaxText's own MetricLogger
+    methods in a CPU loop, SIGKILL after step 23, restart from step 20; about 20 s)."""
+    import subprocess
+    import sys
+    pytest.importorskip("absl", reason="MaxText's logging needs absl-py")
+    repo = _repo("GOODPUT_MAXTEXT_REPO", "/work/.mirror/AI-Hypercomputer+maxtext/repo",
+                 "e591f30cbbf217ed67ef71263ec0538239f9c3b8")
+    if repo is None:
+        pytest.skip("no MaxText git checkout with commit e591f30 (set GOODPUT_MAXTEXT_REPO)")
+    subprocess.run([sys.executable, str(MAXT / "regenerate.py"), "--maxtext-repo", repo,
+                    "--out", str(tmp_path)], check=True, timeout=600, stdout=sys.stderr)
+    _check_maxtext(tmp_path, tmp_path / "out")

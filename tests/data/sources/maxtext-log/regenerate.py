@@ -165,12 +165,12 @@ def _pump(proc, path: Path) -> None:
             f.flush()
 
 
-def drive(work: Path) -> None:
+def drive(work: Path, out: Path = HERE) -> None:
     for run in (0, 1):
         proc = subprocess.Popen([sys.executable, __file__, "--child", str(run), "--work",
                                  str(work)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
-        pump = threading.Thread(target=_pump, args=(proc, HERE / f"maxtext-{run}.log"))
+        pump = threading.Thread(target=_pump, args=(proc, out / f"maxtext-{run}.log"))
         pump.start()
         if run == 0:
             truth = work / "truth-0.jsonl"
@@ -182,7 +182,7 @@ def drive(work: Path) -> None:
                 f.write(f'{{"kind": "kill", "step": -1, "t": {time.time_ns()}}}\n')
         proc.wait()
         pump.join()
-        (HERE / f"truth-{run}.jsonl").write_text((work / f"truth-{run}.jsonl").read_text())
+        (out / f"truth-{run}.jsonl").write_text((work / f"truth-{run}.jsonl").read_text())
         time.sleep(1.0)
 
 
@@ -191,13 +191,14 @@ def main() -> None:
     ap.add_argument("--maxtext-repo")
     ap.add_argument("--child", type=int)
     ap.add_argument("--work")
+    ap.add_argument("--out", default=str(HERE), help="where the files go (default: here)")
     a = ap.parse_args()
     if a.child is not None:
         child(a.child, Path(a.work))
         return
     with tempfile.TemporaryDirectory() as tmp:
         cut_out(a.maxtext_repo, Path(tmp) / "maxtext_pinned.py")
-        drive(Path(tmp))
+        drive(Path(tmp), Path(a.out))
 
 
 if __name__ == "__main__":

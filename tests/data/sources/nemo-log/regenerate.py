@@ -183,13 +183,14 @@ def main() -> None:
     ap.add_argument("--child", type=int)
     ap.add_argument("--out")
     ap.add_argument("--resume")
+    ap.add_argument("--dest", default=str(HERE), help="where the files go (default: here)")
     a = ap.parse_args()
     if a.child is not None:
         child(Path(a.out), a.child, a.resume)
         return
     with tempfile.TemporaryDirectory() as tmp:
         lay_out_nemo(a.nemo_repo, Path(tmp))
-        drive(HERE, Path(tmp))
+        drive(Path(a.dest), Path(tmp))
 
 
 if __name__ == "__main__":
