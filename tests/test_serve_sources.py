@@ -264,13 +264,13 @@ def test_malformed_foreign_records_are_counted_and_serve_keeps_serving(tmp_path,
             {"scopeLogs": [{"scope": {"name": "someone.else"}, "logRecords": [{}, {}]}]},
             {**fw, "scopeLogs": [{"scope": {"name": SCOPE}, "logRecords": [7]}]}]}
         assert _post(url + "/v1/logs", json.dumps(bad_logs).encode())[0] == 200
-        bad_spans = {"resourceSpans": [{**fw, "scopeSpans": [{"scope": {"name": SCOPE},
+        bad_spans = {"resourceSpans": [7, {**fw, "scopeSpans": [{"scope": {"name": SCOPE},
                                                               "spans": [
             {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "fw.iteration",
              "startTimeUnixNano": str(T0 + 2 * S), "endTimeUnixNano": str(T0 + 3 * S)},
             {"traceId": "ab" * 16, "spanId": "ce" * 8, "name": "fw.iteration",
              "startTimeUnixNano": str(T0 + 3 * S), "endTimeUnixNano": str(T0 + 4 * S),
-             "attributes": [{"key": "fw.iteration", "value": {"intValue": "3"}}]}]}]}, 7]}
+             "attributes": [{"key": "fw.iteration", "value": {"intValue": "3"}}]}]}]}]}
         # (the ResourceSpans 7 is the reader's: skipped.malformed, as for the own schema)
         assert _post(url + "/v1/traces", json.dumps(bad_spans).encode())[0] == 200
         status, body = _post(url + "/v1/logs", b'{"resourceLogs": "x"}')

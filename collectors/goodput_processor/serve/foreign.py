@@ -61,15 +61,18 @@ def own_only_pb(resource_spans) -> bool:
 
 
 def own_only_json(resource_spans) -> bool:
-    """:func:`own_only_pb` of OTLP JSON ``ResourceSpans`` dicts; True for a structure that
-    is not OTLP (the reader counts it as malformed)."""
-    try:
-        for rs in resource_spans or ():
-            for ss in rs.get("scopeSpans") or ():
-                if (ss.get("scope") or {}).get("name") != _OWN and ss.get("spans"):
-                    return False
-    except (AttributeError, TypeError):
+    """:func:`own_only_pb` of OTLP JSON ``ResourceSpans`` dicts (parts that are not OTLP
+    structure are left to the reader, which counts them as malformed)."""
+    if not isinstance(resource_spans, list):
         return True
+    for rs in resource_spans:
+        scopes = rs.get("scopeSpans") if isinstance(rs, dict) else None
+        for ss in scopes if isinstance(scopes, list) else ():
+            if not isinstance(ss, dict) or not ss.get("spans"):
+                continue
+            scope = ss.get("scope")
+            if not isinstance(scope, dict) or scope.get("name") != _OWN:
+                return False
     return True
 
 
