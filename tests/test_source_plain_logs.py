@@ -213,8 +213,10 @@ def _check_dllogger(d: Path, live: bool = False) -> None:
         assert max(truth["end"]) - nums[-1] in lost
     # measured on the loaded 2-core VM that made the data: step times within 22 ms of the
     # driver's callback, ends up to 34 ms late (Lightning writes the record after the other
-    # callbacks' on_train_batch_end, ModelCheckpoint's save every 5 steps included)
-    assert worst_time < 50_000_000 and worst_end < 50_000_000
+    # callbacks' on_train_batch_end, ModelCheckpoint's save every 5 steps included); a live
+    # run on a machine as loaded as CI's is held to the issue's 0.5 s
+    tol = NS // 2 if live else 50_000_000
+    assert worst_time < tol and worst_end < tol
     (start0,) = [s for s in spans if s[0] == schema.JOB_START and s[3]["attempt"] == 0]
     # the attempt starts at dllogger.init (timestamp - elapsedtime), after the process began
     assert 0 < start0[1] - _truth(0, d)["process_start"][-1] < 2 * NS
@@ -224,7 +226,7 @@ def test_nemo_log_with_stdout_restart(tmp_path):
     _check_nemo_restart(NEMO, tmp_path)
 
 
-def _check_nemo_restart(d: Path, tmp_path: Path) -> None:
+def _check_nemo_restart(d: Path, tmp_path: Path, live: bool = False) -> None:
     files = sorted(d.glob("dllogger-*.json")) + sorted(d.glob("nemo-*.log"))
     assert detect_file_source(str(d / "nemo-1.log")) == "nemo-log"
     run = translate_files(get_source("nemo-log"), files)
@@ -242,7 +244,8 @@ def _check_nemo_restart(d: Path, tmp_path: Path) -> None:
                for ln in (d / "dllogger-0.json").read_text().splitlines())
     wasted_truth = (t0["kill"][-1] - t0["end"][15]) / NS
     lost = (t0["kill"][-1] - t0["end"][last]) / NS
-    assert r.badput_s["wasted_progress"] == pytest.approx(wasted_truth - lost, abs=0.05)
+    assert r.badput_s["wasted_progress"] == pytest.approx(wasted_truth - lost,
+                                                          abs=0.5 if live else 0.05)
     assert lost < 0.5
     # recovery: from the last record to the restarted process's dllogger.init
     recovery = r.badput_s["infrastructure_recovery"]
@@ -279,7 +282,7 @@ def test_maxtext_log_step_times_and_restart(tmp_path):
     _check_maxtext(MAXT, tmp_path)
 
 
-def _check_maxtext(d: Path, tmp_path: Path) -> None:
+def _check_maxtext(d: Path, tmp_path: Path, live: bool = False) -> None:
     files = [d / "maxtext-0.log", d / "maxtext-1.log"]
     assert {detect_file_source(str(f)) for f in files} == {"maxtext-log"}
     run = translate_files(get_source("maxtext-log"), files)
@@ -306,18 +309,19 @@ def _check_maxtext(d: Path, tmp_path: Path) -> None:
                 worst = max(worst, abs(start - t["save"][n]), abs(end - t["saved"][n]))
     # every step's start and end and every save within 10 ms of the process's own clock
     # (measured: 7.6 ms at worst: the 1 ms rounding of the seconds over the chain, and the
-    # truth's own fsync between a step's completion and its save's start)
-    assert worst < 10_000_000
+    # truth's own fsync between a step's completion and its save's start); a live run on a
+    # machine as loaded as CI's is held to the issue's 0.5 s
+    assert worst < (NS // 2 if live else 10_000_000)
     r = _report(run, tmp_path)
     t0, t1 = _mt_truth(0, d), _mt_truth(1, d)
     assert len(r.attempts) == 2 and r.attempts[1].resume_step == 20
     assert [a.steps_kept for a in r.attempts] == [21, 19] and r.attempts[0].steps_wasted == 2
     assert r.badput_s["checkpoint_restore"] == pytest.approx(
-        (t1["restored"][20] - t1["restore"][20]) / NS, abs=0.05)
+        (t1["restored"][20] - t1["restore"][20]) / NS, abs=0.5 if live else 0.05)
     # wasted: the end of the save of step 20 to the kill (the killed run's last line,
     # step 22's, came when step 23 completed, just before the kill)
     wasted = (t0["kill"][-1] - t0["saved"][20]) / NS
-    assert r.badput_s["wasted_progress"] == pytest.approx(wasted, abs=0.05)
+    assert r.badput_s["wasted_progress"] == pytest.approx(wasted, abs=0.5 if live else 0.05)
 
 
 def test_maxtext_log_bad_lines_are_counted_not_raised(tmp_path):
@@ -422,17 +426,17 @@ def test_live_nemo_dllogger_kill_and_restart(tmp_path):
     py = os.environ.get("GOODPUT_DLLOGGER_PYTHON", "/work/venvs/dllogger/bin/python")
     repo = _repo("GOODPUT_NEMO_REPO", "/work/.mirror/NVIDIA+NeMo/repo",
                  "8cfedd7203462cb251a914e700e5605444277561")
+    if repo is None:
+        pytest.skip("no NeMo git checkout with commit 8cfedd7 (set GOODPUT_NEMO_REPO)")
     if not os.path.exists(py) or subprocess.run(
             [py, "-c", "import dllogger, omegaconf, lightning"], capture_output=True,
             timeout=300).returncode != 0:
         pytest.skip(f"no DLLogger environment at {py} (build it with "
                     "tests/data/sources/nemo-log/venv.sh; or set GOODPUT_DLLOGGER_PYTHON)")
-    if repo is None:
-        pytest.skip("no NeMo git checkout with commit 8cfedd7 (set GOODPUT_NEMO_REPO)")
     subprocess.run([py, str(NEMO / "regenerate.py"), "--nemo-repo", repo, "--dest",
                     str(tmp_path)], check=True, timeout=600, stdout=sys.stderr)
     _check_dllogger(tmp_path, live=True)
-    _check_nemo_restart(tmp_path, tmp_path / "out")
+    _check_nemo_restart(tmp_path, tmp_path / "out", live=True)
 
 
 def test_live_maxtext_kill_and_restart(tmp_path):
@@ -447,4 +451,4 @@ def test_live_maxtext_kill_and_restart(tmp_path):
         pytest.skip("no MaxText git checkout with commit e591f30 (set GOODPUT_MAXTEXT_REPO)")
     subprocess.run([sys.executable, str(MAXT / "regenerate.py"), "--maxtext-repo", repo,
                     "--out", str(tmp_path)], check=True, timeout=600, stdout=sys.stderr)
-    _check_maxtext(tmp_path, tmp_path / "out")
+    _check_maxtext(tmp_path, tmp_path / "out", live=True)
