@@ -127,15 +127,21 @@ def test_reading_the_log_twice_gives_the_same_spans(tmp_path):
 # --- merged with the workers' own spool: the report against the driver's truth ----------
 
 
-def _workers(run_dir: Path) -> None:
+#: The kept runs: one kill (rank 1 after step 33, restored from step 20) and two (then rank
+#: 0 of the restart after step 28, before its next save: restored from step 20 again).
+CASES = {"nvrx_kill_worker": DATA, "nvrx_kill_twice": DATA / "nvrx_kill_twice"}
+KEPT = {"nvrx_kill_worker": [20, 20], "nvrx_kill_twice": [20, 0, 20]}
+
+
+def _workers(run_dir: Path, data: Path = DATA) -> None:
     run_dir.mkdir(parents=True)
-    with tarfile.open(DATA / "workers.tar.gz") as tar:
+    with tarfile.open(data / "workers.tar.gz") as tar:
         tar.extractall(run_dir, filter="data")
 
 
-def _truth(lh):
-    drv = json.loads((DATA / "driver.json").read_text())
-    events = [json.loads(x) for x in (DATA / "truth.jsonl").read_text().splitlines()]
+def _truth(lh, data: Path):
+    drv = json.loads((data / "driver.json").read_text())
+    events = [json.loads(x) for x in (data / "truth.jsonl").read_text().splitlines()]
     kills = [lh.Kill(**k) for k in drv["kills"]]
     dead = {int(k): v for k, v in drv["dead_at"].items()}
     procs = lh.processes(events, kills, dead)
@@ -144,37 +150,40 @@ def _truth(lh):
                                                   margin=s.flushed_margin)
 
 
-@pytest.fixture(scope="module")
-def merged(tmp_path_factory):
-    """The kept run's workers' spool plus the imported launcher log, and its report."""
+@pytest.fixture(scope="module", params=sorted(CASES))
+def merged(request, tmp_path_factory):
+    """A kept run's workers' spool plus its imported launcher log, and the reports of the
+    workers alone and merged."""
+    data = CASES[request.param]
     lh = rg.harness()
-    drv, s, procs, kills, truth = _truth(lh)
+    drv, s, procs, kills, truth = _truth(lh, data)
     d = tmp_path_factory.mktemp("nvrx") / "run"
-    _workers(d)
+    _workers(d, data)
     alone = rg.report_json(lh, d)
-    rg.import_launcher_log(LOG, d, drv["case"], drv["agent_pid"])
-    return lh, drv, s, procs, kills, truth, rg.report_json(lh, d), alone, d
+    rg.import_launcher_log(data / "ft_launcher.log", d, drv["case"], drv["agent_pid"])
+    return lh, drv, s, procs, kills, truth, rg.report_json(lh, d), alone, d, data
 
 
 @needs_linux_torch
 def test_merged_report_agrees_with_the_truth(merged):
     """Attempts, processes, kept steps, max step exactly; checkpoint save and restore,
     wasted progress and infrastructure recovery within 0.5 s; every recovery phase within
-    0.5 s; rank 1 failed first, by a signal, as the launcher saw it; the restart's
-    launcher_rendezvous_s is NVRx's rendezvous of cycle 1."""
-    lh, drv, s, procs, kills, truth, rep, _, d = merged
+    0.5 s; the killed rank failed first, by a signal, as the launcher saw it; each
+    restart's launcher_rendezvous_s is NVRx's rendezvous of its cycle."""
+    lh, drv, s, procs, kills, truth, rep, _, d, data = merged
     out = lh.Outcome(drv["case"])
     out.kills = kills
-    expect = lh.Expect([2, 2], phases=True, launchers={drv["agent_pid"]})
+    n = len(rg.PLANS[drv["case"]]) + 1
+    expect = lh.Expect([2] * n, phases=True, launchers={drv["agent_pid"]})
     lh.compare(out, truth, rep, procs, d, s, expect)
     lh.compare_first_failures(out, truth, rep)
-    lh.compare_recovery(out, truth, rep, expect)
-    rg.check(lh, out, truth, rep, LOG)
+    rg.compare_recovery(lh, out, truth, rep, expect)
+    rg.check(lh, out, truth, rep, data / "ft_launcher.log")
     print(lh.summarize([out], s))
     assert not out.failures, out.failures
     job = rep["jobs"][0]
-    assert len(job["attempts"]) == 2 and job["max_productive_step"] == 40
-    assert [a["steps_kept"] for a in job["attempts"]] == [20, 20]
+    assert len(job["attempts"]) == n and job["max_productive_step"] == 40
+    assert [a["steps_kept"] for a in job["attempts"]] == KEPT[drv["case"]]
 
 
 @needs_linux_torch
@@ -182,21 +191,35 @@ def test_the_launcher_adds_evidence_not_time(merged):
     """The same report without the launcher's events: every bucket, attempt and phase the
     same (the events count no time: nothing twice); only the first failure's how and the
     launcher evidence come from NVRx."""
-    _, _, _, _, _, _, rep, alone, _ = merged
-    a, m = alone["jobs"][0], rep["jobs"][0]
+    a, m = merged[7]["jobs"][0], merged[6]["jobs"][0]
     assert a["badput_s"] == m["badput_s"]
     assert (a["productive_time_s"], a["total_time_s"]) == (m["productive_time_s"],
                                                            m["total_time_s"])
+    keys = ("start_unix_ns", "end_unix_ns", "steps_kept", "processes")
     for x, y in zip(a["attempts"], m["attempts"], strict=True):
-        assert {k: x[k] for k in ("start_unix_ns", "end_unix_ns", "steps_kept",
-                                  "processes")} == {
-            k: y[k] for k in ("start_unix_ns", "end_unix_ns", "steps_kept", "processes")}
-    (ra,), (rm,) = a["recovery"], m["recovery"]
-    assert ra["phases_s"] == rm["phases_s"]
-    assert "launcher_rendezvous_s" not in ra["evidence"]
-    assert ra["first_failure"]["how"] != "signal"
-    assert rm["first_failure"]["how"] == "signal"
-    assert rm["evidence"]["launcher_rendezvous_s"] > 0
+        assert {k: x[k] for k in keys} == {k: y[k] for k in keys}
+    assert len(a["recovery"]) == len(m["recovery"]) >= 1
+    for ra, rm in zip(a["recovery"], m["recovery"], strict=True):
+        assert ra["phases_s"] == rm["phases_s"]
+        assert "launcher_rendezvous_s" not in ra["evidence"]
+        assert ra["first_failure"]["how"] != "signal"
+        assert rm["first_failure"]["how"] == "signal"
+        assert rm["evidence"]["launcher_rendezvous_s"] > 0
+
+
+def test_the_second_failure_is_cycle_2():
+    """The twice-killed run: each worker_failed names the pid the driver killed, in the
+    cycle of the attempt it failed in; each failure_detected raises the cycle."""
+    data = CASES["nvrx_kill_twice"]
+    drv = json.loads((data / "driver.json").read_text())
+    run = translate_files(get_source("nvrx"), [data / "ft_launcher.log"])
+    assert run.warnings == {} and len(run.problems) == 0
+    spans = _spans(run)
+    failed = [(s["cycle"], int(s["attrs"][schema.ATTR_LAUNCHER_WORKER_PID]))
+              for s in spans if s["event"] == "nvrx.worker_failed"]
+    assert failed == [(i, k["pid"]) for i, k in enumerate(drv["kills"])]
+    assert [s["cycle"] for s in spans if s["event"] == "nvrx.failure_detected"] == [1, 2]
+    assert [s["cycle"] for s in spans if s["event"] == "nvrx.rendezvous"] == [0, 1, 2]
 
 
 def test_the_launcher_alone_has_no_attempts(tmp_path):
@@ -315,10 +338,12 @@ _why = None if not sys.platform.startswith("linux") else rg.nvrx_missing()
 
 @needs_linux_torch
 @pytest.mark.skipif(_why is not None, reason=f"NVRx not runnable: {_why}")
-def test_live_ft_launcher_kill_and_restart(tmp_path):
-    """ft_launcher for real: rank 1 SIGKILLed after step 33, restarted; the merged report
-    against the driver's truth (regenerate.py's checks)."""
-    lh, out, d, truth, rep = rg.run_live(tmp_path)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_live_ft_launcher_kill_and_restart(tmp_path, case):
+    """ft_launcher for real: rank 1 SIGKILLed after step 33, restarted (and, in
+    nvrx_kill_twice, rank 0 of the restart after step 28, restarted again); the merged
+    report against the driver's truth (regenerate.py's checks)."""
+    lh, out, d, truth, rep = rg.run_live(tmp_path, case=case)
     print(lh.summarize([out], lh.Settings()))
     print(json.dumps(out.notes))
     assert not out.failures, out.failures

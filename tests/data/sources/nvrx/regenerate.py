@@ -12,7 +12,10 @@ What it does (``run_live``), on the CPU with gloo, 2 workers on this host:
    their fsync'd truth (``O_APPEND``, one ``os.write`` a line) to ``truth.jsonl``.
 2. When rank 1 has ended step 33 the driver SIGKILLs it (by pid); ft_launcher detects the
    failure (cycle 1), stops rank 0, rendezvouses and restarts both workers, which restore
-   the checkpoint of step 20 and train to step 40.
+   the checkpoint of step 20 and train to step 40. Case ``nvrx_kill_twice`` (``--case``)
+   also SIGKILLs rank 0 of the restart after its step 28 (cycle 2, before its next save:
+   restored from step 20 again; the restart's phases end where its own wasted region
+   starts, :func:`phase_truth_windows`).
 3. The launcher's output (``L0.log``: its ``nvrx`` logger's cycle events and torchelastic's
    ``failed (exitcode: -9)`` line) goes through ``goodput_processor``'s ``nvrx`` source
    into the same job (``translate_files(..., job=CASE)``); the launcher's spool file is put
@@ -21,8 +24,8 @@ What it does (``run_live``), on the CPU with gloo, 2 workers on this host:
    (``benchmarks/launchers.py``: ``compute_truth``, ``phase_truth``, ``compare``):
    attempts, processes, kept steps, max step exactly; checkpoint save and restore, wasted
    progress and infrastructure recovery within 0.5 s; each recovery phase within 0.5 s;
-   the first failure is rank 1, by a signal (the launcher's event); the restart's
-   ``launcher_rendezvous_s`` is the NVRx rendezvous of cycle 1 (within 1 ms).
+   the first failure is the killed rank, by a signal (the launcher's event); each restart's
+   ``launcher_rendezvous_s`` is the NVRx rendezvous of its cycle (within 1 ms).
 
 Run from the repository root with the main environment (about 60-90 s on a loaded 2-core
 machine)::
@@ -30,10 +33,13 @@ machine)::
     python tests/data/sources/nvrx/regenerate.py            # drive, check, keep the data
     python tests/data/sources/nvrx/regenerate.py --no-save  # drive and check only
 
-It keeps, next to this script: ``ft_launcher.log`` (the launcher's output), ``truth.jsonl``
-(the workers' truth lines), ``driver.json`` (the driver's kills, the death times it saw,
-the launcher's pid, the settings) and ``workers.tar.gz`` (the workers' spool as written:
-``*.jsonl``, and the killed worker's ``*.tail``).
+It keeps, next to this script (``nvrx_kill_twice/`` for that case): ``ft_launcher.log``
+(the launcher's output), ``truth.jsonl`` (the workers' truth lines), ``driver.json`` (the
+driver's kills, the death times it saw, the launcher's pid, the settings) and
+``workers.tar.gz`` (the workers' spool as written: ``*.jsonl``, and the killed workers'
+``*.tail``).
+
+    python tests/data/sources/nvrx/regenerate.py --case nvrx_kill_twice
 
 CPU shims: none in NVRx (the launcher runs as shipped; it logs that NVML is missing and GPU
 health checks are off). ``--ft-enable-nic-healthcheck False`` because the machine has no
@@ -59,6 +65,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[3]
 CASE = "nvrx_kill_worker"
+#: The cases: the workers the driver SIGKILLs, in order: (rank, after the end of this step,
+#: in the attempt of this restart count). Checkpoints every 20 steps, 40 steps.
+PLANS: dict[str, list[tuple[int, int, int]]] = {
+    CASE: [(1, 33, 0)],  # restored from step 20, finishes
+    "nvrx_kill_twice": [(1, 33, 0), (0, 28, 1)],  # killed again before its next save
+}
 #: The NVRx environment's Python (venv.sh builds it).
 NVRX_PYTHON = os.environ.get("NVRX_PYTHON",
                              str(Path(os.environ.get("NVRX_VENV", "/work/venvs/nvrx"))
@@ -140,6 +152,35 @@ def cycle_rendezvous(log: Path) -> dict[int, float]:
             and (c, "rendezvous_completed") in seen}
 
 
+def phase_truth_windows(phase_truth, truth) -> list[dict]:
+    """``phase_truth(truth)`` (the harness's) with the window rule of docs/accounting.md
+    ("Each disruption owns a window") for a next attempt that was itself thrown away (it
+    kept no step: killed before its next save): its phases end where its own wasted region
+    starts (its primary's first step), not at its end, which the harness takes."""
+    out = phase_truth(truth)
+    for ph, r in zip(out, truth.attempts[1:], strict=True):
+        if r.kept:
+            continue
+        prim = r.procs[0]
+        steps = [t0 for n, t0, _, _ in prim.spans if n == "step" and r.start <= t0 < r.end]
+        if not steps:
+            continue
+        first = min([t0 for _, t0, _, _ in prim.spans] + [r.end])
+        ph["rendezvous_init"] = min(steps) - first - ph["restore"]
+    return out
+
+
+def compare_recovery(lh, out, truth, rep: dict, expect) -> None:
+    """``lh.compare_recovery`` against :func:`phase_truth_windows` (the harness's truth
+    function swapped for the call, and put back)."""
+    harness_truth = lh.phase_truth
+    lh.phase_truth = lambda t: phase_truth_windows(harness_truth, t)
+    try:
+        lh.compare_recovery(out, truth, rep, expect)
+    finally:
+        lh.phase_truth = harness_truth
+
+
 def check(lh, out, truth, rep: dict, log: Path) -> None:
     """The checks of issue 37 beyond ``compare``: the named figures within TOL, and the
     recovery evidence from the NVRx events."""
@@ -150,38 +191,43 @@ def check(lh, out, truth, rep: dict, log: Path) -> None:
         if abs(r - t) > TOL:
             fail(f"{name}: report {r:.3f} s, truth {t:.3f} s (bound {TOL})")
     rec = job.get("recovery") or []
-    if len(rec) != 1:
-        fail(f"{len(rec)} recovery records, expected 1")
+    plan = PLANS[out.case]
+    if len(rec) != len(plan):
+        fail(f"{len(rec)} recovery records, expected {len(plan)}")
         return
-    ff = rec[0]["first_failure"]
-    if (ff["process"], ff["how"], ff["evidence"]) != (1, "signal", "observed"):
-        fail(f"first failure {ff['process']} {ff['how']} {ff['evidence']}: expected rank 1, "
-             "signal, observed (the launcher's worker_failed event)")
-    ev = rec[0].get("evidence", {})
-    want = cycle_rendezvous(log).get(1)
-    got = ev.get("launcher_rendezvous_s")
-    out.notes["nvrx_rendezvous_1_s"] = want if want is not None else float("nan")
-    if want is None or got is None or abs(got - want) > 0.001:
-        fail(f"launcher_rendezvous_s {got}, the NVRx rendezvous of cycle 1 {want}")
-    events = cycle_events(log)
-    kill = min((k.t for k in out.kills if k.what == "worker"), default=None)
-    if kill is not None and (1, "failure_detected") in events:
-        out.notes["nvrx_failure_detected_after_kill_s"] = events[(1, "failure_detected")] - kill
-    if (1, "worker_terminated") in events:
-        out.notes["nvrx_worker_terminated_minus_truth_end_s"] = (
-            events[(1, "worker_terminated")] - truth.attempts[0].end)
-    if "launcher_detected_after_s" not in ev:
-        fail("no launcher_detected_after_s: the worker_failed event was not matched")
-    else:
-        out.notes["launcher_detected_after_s"] = ev["launcher_detected_after_s"]
+    events, rdzv = cycle_events(log), cycle_rendezvous(log)
+    kills = sorted(k.t for k in out.kills if k.what == "worker")
+    for i, (r, (rank, _, _)) in enumerate(zip(rec, plan, strict=True)):
+        c = i + 1  # the cycle of the i-th failure
+        ff = r["first_failure"]
+        if (ff["process"], ff["how"], ff["evidence"]) != (rank, "signal", "observed"):
+            fail(f"recovery {i}: first failure {ff['process']} {ff['how']} {ff['evidence']}: "
+                 f"expected rank {rank}, signal, observed (the launcher's worker_failed)")
+        ev = r.get("evidence", {})
+        want, got = rdzv.get(c), ev.get("launcher_rendezvous_s")
+        out.notes[f"nvrx_rendezvous_{c}_s"] = want if want is not None else float("nan")
+        if want is None or got is None or abs(got - want) > 0.001:
+            fail(f"recovery {i}: launcher_rendezvous_s {got}, NVRx's rendezvous of cycle "
+                 f"{c} {want}")
+        if i < len(kills) and (c, "failure_detected") in events:
+            out.notes[f"nvrx_failure_detected_{c}_after_kill_s"] = (
+                events[(c, "failure_detected")] - kills[i])
+        if (c, "worker_terminated") in events:
+            out.notes[f"nvrx_worker_terminated_{c}_minus_truth_end_s"] = (
+                events[(c, "worker_terminated")] - truth.attempts[i].end)
+        if "launcher_detected_after_s" not in ev:
+            fail(f"recovery {i}: no launcher_detected_after_s: worker_failed not matched")
+        else:
+            out.notes[f"launcher_detected_after_{c}_s"] = ev["launcher_detected_after_s"]
 
 
-def run_live(workdir: Path, python: str = NVRX_PYTHON):
-    """Drive the case in ``workdir``; returns ``(lh, outcome, driver, truth, report)``."""
+def run_live(workdir: Path, python: str = NVRX_PYTHON, case: str = CASE):
+    """Drive ``case`` (a key of :data:`PLANS`) in ``workdir``; returns ``(lh, outcome,
+    driver, truth, report)``."""
     lh = harness()
     s = lh.Settings()
-    d = lh.Driver(CASE, Path(workdir), s)
-    out = lh.Outcome(CASE, base=d.base)
+    d = lh.Driver(case, Path(workdir), s)
+    out = lh.Outcome(case, base=d.base)
     truth = rep = None
     t0 = time.monotonic()
     try:
@@ -189,25 +235,26 @@ def run_live(workdir: Path, python: str = NVRX_PYTHON):
                                 "--standalone", "--nproc-per-node=2", "--max-restarts=2",
                                 "--ft-enable-nic-healthcheck", "False",
                                 "--monitor-interval", "0.1", *d.ddp_args()])
-        ev = d.wait_step_end("L0", 1, lh.KILL_STEP)
-        d.sleep_steps(0.5)
-        d.kill(ev["pid"], signal.SIGKILL)
+        for rank, step, restart in PLANS[case]:
+            ev = d.wait_step_end("L0", rank, step, restart)
+            d.sleep_steps(0.5)
+            d.kill(ev["pid"], signal.SIGKILL)
         d.wait_launch("L0")
         d.notes["agent_pid"] = agent.pid
         log = d.base / "L0.log"
-        run = import_launcher_log(log, d.run_dir, CASE, agent.pid)
+        run = import_launcher_log(log, d.run_dir, case, agent.pid)
         if run.warnings or len(run.problems):
             out.failures.append(f"nvrx source: warnings {run.warnings}, problems "
                                 f"{len(run.problems)}")
         procs = lh.processes(list(d.watcher.events), d.kills, dict(d.watcher.dead_at))
         truth = lh.compute_truth(procs, s.flush_interval, margin=s.flushed_margin)
         rep = d.report()
-        expect = lh.Expect([2, 2], phases=True, launchers={agent.pid})
+        expect = lh.Expect([2] * (len(PLANS[case]) + 1), phases=True, launchers={agent.pid})
         lh.compare(out, truth, rep, procs, d.run_dir, s, expect)
         out.kills = d.kills
         if len(rep.get("jobs", [])) == 1:
             lh.compare_first_failures(out, truth, rep)
-            lh.compare_recovery(out, truth, rep, expect)
+            compare_recovery(lh, out, truth, rep, expect)
             check(lh, out, truth, rep, log)
     except lh.CaseError as exc:
         out.failures.append(f"driver: {exc}")
@@ -218,12 +265,19 @@ def run_live(workdir: Path, python: str = NVRX_PYTHON):
     return lh, out, d, truth, rep
 
 
-def save(d, dest: Path = HERE) -> None:
+def data_dir(case: str) -> Path:
+    """Where ``case``'s data is kept: this directory for :data:`CASE`, else a folder of it."""
+    return HERE if case == CASE else HERE / case
+
+
+def save(d, dest: Path | None = None) -> None:
     """Keep the run's data next to this script (see the module docstring)."""
+    dest = dest or data_dir(d.case)
+    dest.mkdir(exist_ok=True)
     shutil.copy(d.base / "L0.log", dest / "ft_launcher.log")
     shutil.copy(d.truth_path, dest / "truth.jsonl")
     (dest / "driver.json").write_text(json.dumps({
-        "case": CASE, "agent_pid": int(d.notes["agent_pid"]),
+        "case": d.case, "agent_pid": int(d.notes["agent_pid"]),
         "kills": [vars(k) for k in d.kills],
         "dead_at": {str(k): v for k, v in d.watcher.dead_at.items()},
         "settings": vars(d.s)}, indent=1) + "\n")
@@ -237,13 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--no-save", action="store_true", help="check only, keep no data")
     p.add_argument("--workdir", default=None, help="keep the run here (default: a temp dir)")
+    p.add_argument("--case", default=CASE, choices=sorted(PLANS),
+                   help=f"which kills (default {CASE}: one)")
     args = p.parse_args(argv)
     sys.path[:0] = [str(REPO / "src"), str(REPO / "collectors")]
     if why := nvrx_missing():
         print(why, file=sys.stderr)
         return 2
     work = Path(args.workdir or tempfile.mkdtemp(prefix="nvrx-live-"))
-    lh, out, d, truth, rep = run_live(work)
+    lh, out, d, truth, rep = run_live(work, case=args.case)
     print(lh.summarize([out], lh.Settings()))
     print(json.dumps({k: round(v, 4) for k, v in out.notes.items()}))
     for name in ("attempts", *FIGURES):
@@ -257,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not args.no_save:
         save(d)
-        print(f"kept the data in {HERE}")
+        print(f"kept the data in {data_dir(args.case)}")
     return 0
 
 
