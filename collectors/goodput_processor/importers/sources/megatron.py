@@ -134,7 +134,7 @@ _READ = _ITERATION | _PROCESS_STARTUP | frozenset(_DIRECT) | frozenset((
 class _Incarnation:
     """What the translator keeps of one process incarnation."""
 
-    __slots__ = ("key", "prep_from", "last_end", "ids", "parents", "last_parent",
+    __slots__ = ("key", "prep_from", "last_end", "ids", "parents", "last_iter",
                  "max_step", "ended", "train_iters", "roots", "fresh", "first_iter")
 
     def __init__(self, key: str, train_iters: int | None):
@@ -143,7 +143,7 @@ class _Incarnation:
         self.last_end = 0
         self.ids: set[str] = set()  # ids of the spans received (not per-iteration ones)
         self.parents: set[str] = set()  # parent ids they name
-        self.last_parent = ""  # the megatron.train root of the highest iteration
+        self.last_iter: ForeignSpan | None = None  # the highest iteration's span
         self.max_step: int | None = None
         self.ended = False
         self.train_iters = train_iters
@@ -210,14 +210,14 @@ class MegatronTranslator(Translator):
                 inc.last_end = end
             if name in _ITERATION:  # the hot path: one a step
                 it = s.attrs.get("megatron.iteration")
-                if not isinstance(it, int) or isinstance(it, bool) or it < 0:
+                if type(it) is not int or it < 0:
                     self.problems.add(where, "malformed", f"{name} without megatron.iteration")
                     continue
                 step = it + 1
                 emit(key, schema.STEP, start, end, {schema.ATTR_STEP: step},
                      span_id=s.span_id, error=s.error)
                 if inc.max_step is None or step >= inc.max_step:
-                    inc.max_step, inc.last_parent = step, s.parent_id
+                    inc.max_step, inc.last_iter = step, s  # its parent: read when needed
             elif name != "megatron.checkpoint.save.finalize":
                 inc.ids.add(s.span_id)
                 if s.parent_id:
@@ -258,7 +258,7 @@ class MegatronTranslator(Translator):
     def _root_seen(inc: _Incarnation) -> bool:
         """Whether the ``megatron.train`` root of the highest iteration has arrived (the
         first iteration of an incarnation nests in ``megatron.train.first_iteration``)."""
-        parent = inc.last_parent
+        parent = inc.last_iter.parent_id if inc.last_iter is not None else ""
         return inc.first_iter.get(parent, parent) in inc.roots
 
     def _maybe_end(self, inc: _Incarnation) -> None:
@@ -282,7 +282,7 @@ class MegatronTranslator(Translator):
                 continue
             lost = inc.parents - inc.ids
             if inc.max_step is not None and not self._root_seen(inc):
-                lost.add(inc.last_parent)
+                lost.add(inc.last_iter.parent_id)
             if lost:
                 # the open spans (interval root, iteration, startup) died with the process
                 self.warn("megatron_open_spans_lost")
