@@ -271,7 +271,9 @@ def test_live_kill_restart_to_goodput_serve(tmp_path):
     serve, url = _serve(tmp_path / "wal", tmp_path)
     try:
         # the primary killed: serve takes its lost tail from its peer as the import does
-        run(tmp_path / "run", forward=url, timeout_s=400, kill_replica=0)
+        # (30 steps after the rejoin: more than serve's 10 s before it takes a lost tail)
+        run(tmp_path / "run", forward=url, timeout_s=400, kill_replica=0,
+            steps_after_rejoin=30)
         (live,) = [j for j in _get(url + f"/v1/report?job={JOB}")["jobs"] if j["job"] == JOB]
     finally:
         serve.send_signal(signal.SIGTERM)
