@@ -148,6 +148,25 @@ def test_recorded_requests_sent_to_serve_give_the_import_report(tmp_path, protoc
     assert live["badput_s"] == off["badput_s"]
 
 
+@pytest.mark.parametrize("data", [DATA, DATA / "kill-primary"], ids=["kill1", "kill0"])
+def test_streamed_requests_give_the_imports_spans(data):
+    """What ``goodput serve`` keeps (one translator across requests, never finished) makes
+    the same spans as the import, the lost tail included: the runs went on for more than
+    the 10 s of record time after which serve takes it."""
+    from goodput_processor.importers.sources.driver import OtlpTranslation
+
+    tr, streamed = OtlpTranslation(), []
+    for line in (data / "otlp-logs.jsonl").read_text().splitlines():
+        streamed += tr.logs(json.loads(line)["resourceLogs"], "stream")
+    off = translate_files(get_source("torchft"), [data / "otlp-logs.jsonl"])
+
+    def ids(rss):
+        return sorted(s["spanId"] for rs in rss for ss in rs["scopeSpans"] for s in ss["spans"])
+
+    assert ids(streamed) == ids(off.resource_spans)
+    assert tr.warnings["torchft"] == off.warnings
+
+
 def _log(scope: str, t: int, **attrs) -> dict:
     def v(x):
         if isinstance(x, bool):
