@@ -64,9 +64,12 @@ record time (or at :meth:`finish`), whose last commit is behind its peers' in th
 lost its tail: the peers' later successful steps of the quorum are emitted on it too
 (replicas commit in lock step), named ``torchft_tail_lost`` and
 ``torchft_tail_steps_inferred``. So a killed quorum primary (lowest index) keeps the steps
-it did. Commits
-arrive in order per process; a commit received again (a resent request) gives the same
-spans again, with the same ids, which the processor keeps once.
+it did. A process that goes on into the next quorum gets a ``goodput.job_end`` (reason
+``restart``) at its last commit of the old one; a killed one none. torchft logs nothing
+at a clean exit, so the last quorum always reads as killed. Commits arrive in order per
+process; a commit received again (a resent request) gives the same spans again, with the
+same ids, which the processor keeps once. A lighthouse restarted mid-job numbers quorums
+from 1 again: its quorums would share attempt numbers with the first one's.
 """
 
 from __future__ import annotations
