@@ -393,3 +393,24 @@ def test_killed_in_startup_has_no_end():
     assert run.warnings == {"megatron_open_spans_lost": 1}
     (_, spans), = _emitted(run)
     assert [s["name"] for s in spans] == [schema.JOB_START, schema.ACCELERATOR_INIT]
+
+
+def test_end_waits_for_the_save_after_the_loop():
+    """train_iters 5, a save every 4: pretrain() saves step 5 after the loop, in a later
+    export than the last interval's root; the end marker comes with that save."""
+    from goodput_processor.importers.sources.driver import OtlpTranslation
+
+    tr = OtlpTranslation()
+    first = _doc([("megatron.startup", "02", "", 0, 1, None),
+                  ("megatron.train.iteration", "03", "05", 1, 2, 3),
+                  ("megatron.checkpoint.exposed_save", "04", "05", 2, 3, 4),
+                  ("megatron.train", "05", "", 1, 3, None),
+                  ("megatron.train.iteration", "06", "07", 3, 4, 4),
+                  ("megatron.train", "07", "", 3, 4, None)])
+    second = _doc([("megatron.checkpoint.exposed_save", "08", "", 4, 5, 5)])
+    names = []
+    for doc in (first, second):
+        _, out = tr.traces(doc["resourceSpans"], "test")
+        names.append([s["name"] for rs in out for ss in rs["scopeSpans"] for s in ss["spans"]])
+    assert schema.JOB_END not in names[0]
+    assert names[1] == [schema.CHECKPOINT_SAVE, schema.JOB_END]

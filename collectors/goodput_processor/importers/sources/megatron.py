@@ -64,8 +64,10 @@ interval, the iteration in flight). Such an incarnation has spans whose parent n
 arrived; it gets no ``goodput.job_end`` and the warning ``megatron_open_spans_lost``, and
 the processor accounts it from its last span received (``source_records_lost``). An
 incarnation ends cleanly (``goodput.job_end`` ``exit``) when the ``megatron.train`` root of
-its iteration ``megatron.train_iters`` arrives (at the end of the spans received with it),
-or, in an import, when no span lacks its parent.
+its iteration ``megatron.train_iters`` has arrived and, if it saved checkpoints, the save of
+that iteration (at the last span received), or, in an import, when no span lacks its
+parent. Spans ending after that marker (``pretrain()``'s post-training validation and test
+evaluation) are left out by the processor: warning ``megatron_span_after_end``.
 
 Checked against Megatron-LM main at d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22)
 with nemo-lens 0.1.0 and opentelemetry-sdk 1.45.2, on CPU (``tests/data/sources/megatron``).
@@ -135,7 +137,7 @@ class _Incarnation:
     """What the translator keeps of one process incarnation."""
 
     __slots__ = ("key", "prep_from", "last_end", "ids", "parents", "last_iter",
-                 "max_step", "ended", "train_iters", "roots", "fresh", "first_iter")
+                 "max_step", "ended", "train_iters", "roots", "fresh", "first_iter", "saved")
 
     def __init__(self, key: str, train_iters: int | None):
         self.key = key
@@ -150,6 +152,7 @@ class _Incarnation:
         self.roots: set[str] = set()  # megatron.train roots received
         self.fresh = True  # no span received yet
         self.first_iter: dict[str, str] = {}  # megatron.train.first_iteration -> its parent
+        self.saved: int | None = None  # the highest checkpoint saved (exposed_save)
 
 
 class MegatronTranslator(Translator):
@@ -247,6 +250,7 @@ class MegatronTranslator(Translator):
             it = _int(s.attrs.get("megatron.iteration"))
             if it is not None:
                 attrs[schema.ATTR_CHECKPOINT_STEP] = it
+                inc.saved = it if inc.saved is None else max(inc.saved, it)
             self.emit.span(key, schema.CHECKPOINT_SAVE, s.start_ns, s.end_ns, attrs,
                            span_id=s.span_id, error=s.error)
         elif name in _DIRECT:
@@ -263,10 +267,13 @@ class MegatronTranslator(Translator):
 
     def _maybe_end(self, inc: _Incarnation) -> None:
         """``goodput.job_end`` once the root of the last iteration (``megatron.train_iters``)
-        has arrived: the loop finished and its spans were ended and exported."""
+        has arrived (the loop finished and its spans were ended and exported) and, when the
+        incarnation saved checkpoints, the save of that iteration (``pretrain()`` saves
+        after the loop when the last iteration is no multiple of the save interval)."""
         if inc.ended or inc.train_iters is None or inc.max_step is None:
             return
-        if inc.max_step >= inc.train_iters and self._root_seen(inc):
+        if (inc.max_step >= inc.train_iters and self._root_seen(inc)
+                and (inc.saved is None or inc.saved >= inc.train_iters)):
             self._end(inc)
 
     def _end(self, inc: _Incarnation) -> None:
