@@ -18,6 +18,7 @@ translator).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -203,6 +204,7 @@ def test_torn_and_malformed_records_are_skipped(tmp_path):
 
 # --- the live run -------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=1)
 def _tool_python() -> str | None:
     py = regenerate.DEFAULT_PYTHON
     if not os.path.exists(py):
@@ -213,17 +215,21 @@ def _tool_python() -> str | None:
     return py if ok.returncode == 0 else None
 
 
-needs_tool = pytest.mark.skipif(
-    _tool_python() is None,
-    reason="one-logger 2.3.1 + lightning 2.5.6 not importable: build the tool venv with "
-           "tests/data/sources/onelogger/venv.sh (or set ONELOGGER_PYTHON)")
+@pytest.fixture
+def tool_python() -> str:
+    """The tool venv's interpreter; the test is skipped when one-logger is not importable
+    (checked once per session, only by the tests that need it)."""
+    py = _tool_python()
+    if py is None:
+        pytest.skip("one-logger 2.3.1 + lightning 2.5.6 not importable: build the tool venv "
+                    "with tests/data/sources/onelogger/venv.sh (or set ONELOGGER_PYTHON)")
+    return py
 
 
-@needs_tool
-def test_live_kill_restart(tmp_path):
+def test_live_kill_restart(tmp_path, tool_python):
     """A fresh real run (SIGKILL at step 67, restart from step 60) with a 500 ms batch
     delay: the same checks, with the smaller loss."""
-    got = regenerate.run_scenario(tmp_path / "out", bsp_delay_ms=500)
+    got = regenerate.run_scenario(tmp_path / "out", python=tool_python, bsp_delay_ms=500)
     run = translate_files(get_source("onelogger"), [got["spans"]])
     assert run.warnings.get("onelogger_tail_lost") == 1
     write_spool(run.resource_spans, tmp_path / "run")
@@ -317,16 +323,16 @@ def test_serve_live_equals_report(tmp_path, protocol):
     assert doc["sources"]["warnings"]["onelogger"] == {"onelogger_tail_lost": 1}
 
 
-@needs_tool
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_live_export_to_serve_kill_restart(tmp_path, protocol):
+def test_live_export_to_serve_kill_restart(tmp_path, protocol, tool_python):
     """The real run exporting live (one-logger's OTelExporter around the OTLP exporter,
     500 ms batch delay) to a real ``goodput serve``: killed at step 67, restarted; the live
     report agrees with the truth."""
     pytest.importorskip("grpc")
     with _serve(tmp_path) as (addr, report):
-        got = regenerate.run_scenario(tmp_path / "out", bsp_delay_ms=500,
-                                      endpoint=addr[protocol], http=protocol == "http")
+        got = regenerate.run_scenario(tmp_path / "out", python=tool_python,
+                                      bsp_delay_ms=500, endpoint=addr[protocol],
+                                      http=protocol == "http")
         doc = report()
     (live,) = [j for j in doc["jobs"] if j["job"] == JOB]
     print(check_against_truth(live, _truth(got["truth"]), export_delay_s=0.5))

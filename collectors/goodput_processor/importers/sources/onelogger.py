@@ -108,18 +108,18 @@ def _sec_ns(v) -> int | None:
 class _Proc:
     """One one-logger process incarnation (one ``service.instance.id``)."""
 
-    __slots__ = ("service", "key", "pending", "ended", "fake_events", "loop_start",
-                 "prev", "last_ns", "where")
+    __slots__ = ("service", "key", "pending", "ended", "errored", "fake_events",
+                 "loop_start", "prev", "where")
 
     def __init__(self, service: str):
         self.service = service
         self.key: str | None = None  # the emitter's key, once the job is known
         self.pending: list = []  # (kind, args) held until the initialization event
         self.ended = False
+        self.errored = False  # an error event of the application span was seen
         self.fake_events = False  # event spans seen: the spans' own events are copies
         self.loop_start: int | None = None
         self.prev: tuple | None = None  # (num_iterations, end ns) of the last update
-        self.last_ns = 0
         self.where = ""
 
 
@@ -158,16 +158,17 @@ class OneLoggerTranslator(Translator):
     # --- one span ---------------------------------------------------------------------------
 
     def _span(self, p: _Proc, inst: str, s: ForeignSpan, where: str) -> None:
-        p.last_ns = max(p.last_ns, s.end_ns, s.start_ns)
         if _EV in s.name:
             p.fake_events = True
             event, _, parent = s.name.partition(_EV)
             self._event(p, inst, event, parent, s.start_ns, s.attrs, s.span_id, s.error)
             return
+        if s.error and s.name.endswith("_for_application"):
+            p.errored = True  # OTelExporter.export_error: "<error>_for_application"
         if not p.fake_events:  # a producer without the event spans: the span's own events
             for i, (event, t, attrs) in enumerate(s.events):
                 sid = f"{s.span_id[:12]}{i:04x}" if s.span_id else None
-                self._event(p, inst, event, s.name, t, attrs, sid, False)
+                self._event(p, inst, event, s.name, t, attrs, sid, s.error)
         mapped = _SPAN_MAP.get(s.name)
         if mapped is None:
             return  # application, training_loop: evidence only; others: not goodput
@@ -186,7 +187,7 @@ class OneLoggerTranslator(Translator):
                 self._name(p, inst, attrs)
             elif event == "span_stop":
                 p.ended = True
-                reason = "exception" if error else "explicit"
+                reason = "exception" if error or p.errored else "explicit"
                 self._out(p, inst, (schema.JOB_END, t, t,
                                     {schema.ATTR_END_REASON: reason}, sid, False))
             return
