@@ -7,13 +7,17 @@ Usage (in the tool's environment, see ``venv.sh``)::
     /work/venvs/torchtitan/bin/python tests/data/sources/torchtitan/regenerate.py \
         --workdir /tmp/tt-run --out tests/data/sources/torchtitan
 
-What runs: ``torchrun --nproc-per-node 2 --max-restarts 1`` of this file in ``--worker``
-mode, which applies the CPU shims below and calls torchtitan's own entry point
+What runs: ``torchrun --standalone --nproc-per-node 2`` of this file in ``--worker`` mode,
+which applies the CPU shims below and calls torchtitan's own entry point
 ``torchtitan.train.main()`` (its ConfigManager, Trainer, CheckpointManager, structured
 logger; nothing of its training loop is replaced). The driver watches rank 0's structured
-log and SIGKILLs that worker once it begins step ``--kill-at-step``; the torchrun agent sees
-the failure, stops rank 1 and starts both workers again (``TORCHELASTIC_RESTART_COUNT=1``),
-which load the last checkpoint and train to ``--steps``.
+log and SIGKILLs that worker once it begins step ``KILL_AT_STEP`` (19). With ``--restart
+torchrun`` (``--max-restarts 1``: how the committed data was made) the torchrun agent sees
+the failure, stops rank 1 and starts both workers again (``TORCHELASTIC_RESTART_COUNT=1``);
+with ``--restart hand`` (the default, ``--max-restarts 0``) torchrun stops rank 1 and exits,
+and the driver launches it again at once. The new workers load the last checkpoint (step
+16: one every ``CKPT_EVERY`` = 8 steps) and train to ``STEPS`` (24), with an evaluation (2
+batches) at step 1 and every ``EVAL_EVERY`` = 12 steps.
 
 The CPU shims (torchtitan 0.3.0 has no CPU path; torch 2.13.0+cpu, gloo):
 
@@ -36,16 +40,17 @@ The CPU shims (torchtitan 0.3.0 has no CPU path; torch 2.13.0+cpu, gloo):
    (``F.scaled_dot_product_attention``). torchtitan 0.3.0 refuses its own ``sdpa`` backend
    for language models, so the attention module stays FlexAttention; only its kernel call
    (``FlexAttention._compiled_flex_attn``) is replaced.
-5. A tiny debug model and data: the ``llama3`` ``debugmodel`` flavour cut to 2 of its 6 layers (dim
-   256, vocab 2048) with ``seq_len`` 64, batch 2; a byte-level BPE tokenizer trained here on
-   generated text (``tests/assets/tokenizer`` is not in the wheel) and a small ``c4_test``
-   style JSON-lines data set (``tests/assets/c4_test/data.json`` is not in the wheel either).
+5. A tiny debug model and data: the ``llama3`` ``debugmodel`` flavour cut to 2 of its 6
+   layers (dim 256, vocab 2048) with ``seq_len`` 64, batch 2; a byte-level BPE tokenizer
+   trained here on generated text (``tests/assets/tokenizer`` is not in the wheel) and a
+   small ``c4_test`` style JSON-lines data set (``tests/assets/c4_test/data.json`` is not in
+   the wheel either).
 
 The driver's truth (``truth.json``, each clock read ``fsync``'d as it happens): every
-worker writes ``truth/<pid>.jsonl``: its process start (first line of this file), when
+worker writes ``truth/<pid>.jsonl``: its process start (the worker's first statement), when
 torchtitan's structured logger began, each real checkpoint save (start, end, step: timed
 around ``CheckpointManager._save``) and each load (timed around ``_load``, with the step
-it restored). The driver writes the kill time and the checkpoint steps on disk.
+it restored). The driver writes the kill time (``kill.json``) and sums them up.
 """
 
 from __future__ import annotations
@@ -71,8 +76,8 @@ def _truth_line(rec: dict) -> None:
     d = os.environ.get("TT_TRUTH_DIR")
     if not d:
         return
-    rec = dict(rec, pid=os.getpid(), rank=int(os.environ.get("RANK", 0)),
-               restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    restart = os.environ.get("TT_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
+    rec = dict(rec, pid=os.getpid(), rank=int(os.environ.get("RANK", 0)), restart=int(restart))
     fd = os.open(os.path.join(d, f"{os.getpid()}.jsonl"),
                  os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
@@ -296,11 +301,40 @@ def _fsync_json(path: Path, obj) -> None:
         os.fsync(f.fileno())
 
 
+def _watch_and_kill(dump: Path, kill_at_step: int, proc, deadline: float,
+                    workdir: Path) -> dict:
+    """SIGKILL rank 0's worker once its structured log shows step ``kill_at_step`` begin;
+    returns (and fsyncs to ``kill.json``) the kill's time, pid and step."""
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"torchrun ended before step {kill_at_step}; see "
+                               f"{workdir / 'torchrun.log'}")
+        if time.monotonic() > deadline:
+            raise RuntimeError("timed out before the kill point")
+        for path in sorted((dump / "structured_logs").glob("*global_rank_0.*.jsonl")):
+            for r in _records(path):
+                if r.get("log_type_name") == "step_start" and \
+                        int(r.get("step") or 0) >= kill_at_step:
+                    t = time.time()
+                    os.kill(int(r["pid"]), signal.SIGKILL)
+                    kill = {"time": t, "pid": int(r["pid"]), "step": int(r["step"])}
+                    _fsync_json(workdir / "kill.json", kill)
+                    return kill
+        time.sleep(0.02)
+
+
 def run(workdir: Path, *, steps: int = STEPS, ckpt_every: int = CKPT_EVERY,
         kill_at_step: int | None = KILL_AT_STEP, eval_every: int = EVAL_EVERY,
-        world: int = WORLD, timeout_s: float = 900.0) -> dict:
+        world: int = WORLD, restart: str = "hand", timeout_s: float = 900.0) -> dict:
     """Run the scenario in ``workdir`` (created); returns the truth (also written to
     ``workdir/truth.json``). ``kill_at_step`` None: no kill.
+
+    ``restart``: ``"torchrun"``: one ``torchrun --max-restarts=1`` whose agent restarts the
+    workers after the kill (how the committed data was made; under load the restarted
+    workers' gloo rendezvous on the agent's re-created TCPStore sometimes hangs or is
+    refused: torch 2.13's elastic agent, not torchtitan); ``"hand"``: ``--max-restarts=0``,
+    and the driver launches torchrun again once the first one has ended (robust: a fresh
+    rendezvous; the LIVE test uses it).
 
     Raises:
         RuntimeError: torchrun failed, or the kill point was never reached.
@@ -314,43 +348,35 @@ def run(workdir: Path, *, steps: int = STEPS, ckpt_every: int = CKPT_EVERY,
                TT_CKPT_EVERY=str(ckpt_every), TT_EVAL_EVERY=str(eval_every),
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", TORCHELASTIC_ERROR_FILE=str(workdir / "error.json"))
+    restarts = 1 if restart == "torchrun" else 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={world}", "--max-restarts=1", "--monitor-interval=0.1",
+           f"--nproc-per-node={world}", f"--max-restarts={restarts}", "--monitor-interval=0.1",
            str(Path(__file__).resolve()), "--worker"]
     launch = time.time()
-    log = open(workdir / "torchrun.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout_s
     kill: dict | None = None
-    try:
-        while kill_at_step is not None and kill is None:
-            if proc.poll() is not None:
-                raise RuntimeError(f"torchrun ended before step {kill_at_step}; see "
-                                   f"{workdir / 'torchrun.log'}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("timed out before the kill point")
-            for path in sorted((dump / "structured_logs").glob("*global_rank_0.*.jsonl")):
-                for r in _records(path):
-                    if r.get("log_type_name") == "step_start" and \
-                            int(r.get("step") or 0) >= kill_at_step:
-                        t = time.time()
-                        os.kill(int(r["pid"]), signal.SIGKILL)
-                        kill = {"time": t, "pid": int(r["pid"]), "step": int(r["step"])}
-                        _fsync_json(workdir / "kill.json", kill)
-                        break
-                if kill:
-                    break
-            time.sleep(0.02)
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with open(workdir / "torchrun.log", "wb") as log:
+        for attempt in (0, 1):
+            env["TT_ATTEMPT"] = str(attempt) if restart == "hand" else ""
+            # its own process group: a failed run is stopped whole (agent and workers)
+            proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                if attempt == 0 and kill_at_step is not None:
+                    kill = _watch_and_kill(dump, kill_at_step, proc, deadline, workdir)
+                rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            if kill is None or restart == "torchrun" or attempt == 1:
+                break
     exit_time = time.time()
     if rc != 0:
-        raise RuntimeError(f"torchrun exited {rc}; see {workdir / 'torchrun.log'}")
+        raise RuntimeError(f"torchrun exited {rc}; see {workdir / 'torchrun.log'}:\n"
+                           + (workdir / "torchrun.log").read_text(errors="replace")[-3000:])
     truth = _truth(truth_dir, kill, launch, exit_time, steps, workdir)
+    truth["restart"] = restart
     _fsync_json(workdir / "truth.json", truth)
     return truth
 
@@ -411,9 +437,13 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--out", type=Path, default=None, help="copy the logs and truth here")
     ap.add_argument("--no-kill", action="store_true")
+    ap.add_argument("--restart", choices=("hand", "torchrun"), default="hand",
+                    help="who restarts the killed job: the driver (a second torchrun) or "
+                    "torchrun's agent (--max-restarts=1; the committed data)")
     args = ap.parse_args()
     t0 = time.time()
-    truth = run(args.workdir, kill_at_step=None if args.no_kill else KILL_AT_STEP)
+    truth = run(args.workdir, kill_at_step=None if args.no_kill else KILL_AT_STEP,
+                restart=args.restart)
     print(json.dumps({k: v for k, v in truth.items() if k != "records"}, indent=1))
     print(f"run took {time.time() - t0:.1f} s")
     if args.out:
