@@ -278,6 +278,63 @@ def test_log_records_take_their_job_from_the_resource(monkeypatch):
         (s["event"], s["start"], s["end"]) for s in files]
 
 
+def test_two_nodes_one_failure(tmp_path, monkeypatch):
+    """Two nodes' launcher logs: one saw its worker fail, the other joined the restart
+    (failure_detected with no failed worker). Two launcher processes; the cycle's failure
+    is named by the first node, so no warning; the second node's log alone has one."""
+    monkeypatch.delenv("GOODPUT_NVRX_HOST", raising=False)
+    a = tmp_path / "a.log"
+    a.write_text("\n".join([
+        _line(0, "worker_start_completed", "2026-12-07 14:00:00.000", node="a_11_0", host="ha"),
+        "E1207 14:00:05.000000 11 api.py:1002] failed (exitcode: -9) local_rank: 0 "
+        "(pid: 500) of binary: python",
+        _line(1, "failure_detected", "2026-12-07 14:00:05.001", node="a_11_0", host="ha"),
+    ]) + "\n")
+    b = tmp_path / "b.log"
+    b.write_text("\n".join([
+        _line(0, "worker_start_completed", "2026-12-07 14:00:00.000", node="b_22_0", host="hb",
+              rank="1"),
+        _line(1, "failure_detected", "2026-12-07 14:00:05.300", node="b_22_0", host="hb",
+              rank="1"),
+    ]) + "\n")
+    both = translate_files(get_source("nvrx"), [a, b], job="j")
+    assert both.warnings == {}
+    hosts = sorted({a["value"]["stringValue"] for rs in both.resource_spans
+                    for a in rs["resource"]["attributes"] if a["key"] == schema.RES_HOST_NAME})
+    assert hosts == ["ha", "hb"]
+    failed = [s for s in _spans(both) if s["event"] == "nvrx.worker_failed"]
+    assert [(s["cycle"], int(s["attrs"][schema.ATTR_LAUNCHER_WORKER_PID])) for s in failed] \
+        == [(0, 500)]
+    assert translate_files(get_source("nvrx"), [b], job="j").warnings == {
+        "nvrx_failed_worker_unnamed": 1}
+
+
+@needs_linux_torch
+def test_the_documented_import_command(tmp_path):
+    """docs/sources/nvrx.md's commands: ``goodput import LOG --job JOB --to
+    RUN/launcher`` beside the workers' spool, then ``goodput report RUN``: the merged
+    recovery (NVRx evidence included) with the expected run_dirs_merged warning."""
+    import subprocess
+
+    from instr_util import child_env
+
+    drv = json.loads((DATA / "driver.json").read_text())
+    run = tmp_path / drv["case"]
+    _workers(run)
+    cli = [sys.executable, "-m", "goodput_processor.cli"]
+    subprocess.run([*cli, "import", str(LOG), "--job", drv["case"], "--to",
+                    str(run / "launcher")], env=child_env(), check=True, timeout=300,
+                   capture_output=True)
+    res = subprocess.run([*cli, "report", str(run), "--format", "json"], env=child_env(),
+                         check=True, timeout=300, capture_output=True, text=True)
+    (job,) = json.loads(res.stdout)["jobs"]
+    assert {w["code"] for w in job["warnings"]} == {"run_dirs_merged"}
+    (rec,) = job["recovery"]
+    assert (rec["first_failure"]["process"], rec["first_failure"]["how"]) == (1, "signal")
+    assert rec["evidence"]["launcher_rendezvous_s"] == pytest.approx(
+        rg.cycle_rendezvous(LOG)[1], abs=1e-3)
+
+
 def test_local_time_offset_and_glog_year(tmp_path, monkeypatch):
     """The glog line (local time, no year) is placed by the offset and year the cycle lines
     show: here UTC+2 across New Year (local 01:00:00.5 on 1 January is 23:00:00.5 UTC)."""
