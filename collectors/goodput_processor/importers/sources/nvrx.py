@@ -34,17 +34,21 @@ node (``goodput.process.role = launcher``; ``goodput.launcher.restart_count`` = 
 ===============================  ==========================================================
 
 **What it shows.** The recovery of each cycle as the launcher saw it: which worker failed
-and how (exit code or signal: the first failure's ``how`` and
+first and how (exit code or signal: the first failure's ``process``, ``how`` and
 ``evidence.launcher_detected_after_s``), and the rendezvous before the restarted workers
 (``evidence.launcher_rendezvous_s``), by the same rules as ``python -m goodput.torchrun``'s
-torchelastic events (``docs/accounting.md``, "Recovery phases"). **What it cannot show.**
-NVRx says nothing about steps, checkpoints or the workers' phases: a job seen only through
-this source has no attempts, no steps and no buckets. Its use is merged with the workers' own
-telemetry (this project's recorder, or another source) under the same job name: the workers'
-spans make the attempts, the buckets and the recovery phases' extents (detection,
-termination, rescheduling, startup, rendezvous_init, restore, warm-up); the launcher's events
-say who failed, how, and how long its rendezvous took. It never adds time to a bucket, so
-nothing is counted twice. The ``Rank`` of an event is the node's group rank, not a worker's.
+torchelastic events (``docs/accounting.md``, "Recovery phases").
+
+**What it cannot show.** No bucket (productive time, wasted progress, infrastructure
+recovery, checkpoint save/restore, initialisation, ...) and no recovery phase's extent
+(detection, termination, rescheduling, startup, rendezvous_init, restore,
+recompilation_warmup): NVRx says nothing about steps, checkpoints or the workers' phases,
+so a job seen only through this source has no attempts, no steps and no time. Merge it
+with the workers' own telemetry (this project's recorder, or another source) under the same
+job name: the workers' spans make the attempts, the buckets and the phases; the launcher's
+events say who failed, how, and how long its rendezvous took. They add no time to any
+bucket, so nothing is counted twice. The ``Rank`` of an event is the node's group rank,
+not a worker's.
 
 **Job name**: ``goodput import --job NAME`` (the emitter's job) wins; else the translator's
 ``job`` argument; else, for OTLP log records (``goodput serve``), their resource's
@@ -60,13 +64,14 @@ torchelastic's worker failure line (:func:`matches`) to this source.
 
 **Times.** Cycle events carry their own UTC time (milliseconds). Torchelastic's line has a
 glog prefix in the launcher's local time (month, day, microseconds; no year): the year and
-the offset from UTC are taken from the cycle lines around it (the logging prefix in local
-time against the event's UTC time); without a cycle line before it the importing machine's
-offset is used (warning ``nvrx_time_zone_assumed``).
+the offset from UTC are taken from the cycle lines before it (the logging prefix in local
+time against the event's UTC time); when none of them had the logging prefix, the
+importing machine's offset is used (warning ``nvrx_time_zone_assumed``).
 
 **Host.** Launcher events are matched to worker processes by (host, pid): the host is the
-``[hostname]`` field of the ``nvrx`` logging prefix; ``$GOODPUT_NVRX_HOST`` overrides it (a
-log captured without the prefix). Without either, the node id's host part is used.
+``[hostname]`` field of the ``nvrx`` logging prefix; a log record's ``host.name`` resource
+attribute comes before it, and ``$GOODPUT_NVRX_HOST`` (or the translator's ``host``)
+before both (a log captured without the prefix). Without any, the node id's host part.
 
 Checked against nvidia-resiliency-ext 0.7.0 (its cp312 wheel unpacked into Python 3.11,
 torch 2.13.0 CPU, gloo, ``--standalone --nproc-per-node=2 --max-restarts=2``): see
