@@ -335,6 +335,18 @@ def test_the_documented_import_command(tmp_path):
         rg.cycle_rendezvous(LOG)[1], abs=1e-3)
 
 
+def test_a_collector_file_of_the_log_records(tmp_path):
+    """The Collector's file exporter's output of those log records (OTLP JSON, one request
+    a line): told to be NVRx's from its first line, and the same events as the log."""
+    f = tmp_path / "logs.jsonl"
+    f.write_text("".join(json.dumps(d) + "\n" for d in _logs_requests(
+        LOG.read_text().splitlines(), "j")))
+    assert detect_file_source(str(f)) == "nvrx"
+    got = _spans(translate_files(get_source("nvrx"), [f], job="j"))
+    want = _spans(translate_files(get_source("nvrx"), [LOG], job="j"))
+    assert got == want
+
+
 def test_local_time_offset_and_glog_year(tmp_path, monkeypatch):
     """The glog line (local time, no year) is placed by the offset and year the cycle lines
     show: here UTC+2 across New Year (local 01:00:00.5 on 1 January is 23:00:00.5 UTC)."""
