@@ -190,6 +190,32 @@ def test_without_the_event_spans_the_spans_own_events_are_read(tmp_path):
     assert steps(bare, 0) == steps(full, 1) and len(steps(full, 1)) == 8
 
 
+def test_ddp_two_ranks_are_one_attempt(tmp_path):
+    """A real two-rank run (torchrun, Lightning DDP over gloo): one attempt of two
+    processes, ranks from one-logger's initialization event. one-logger's own span ids
+    repeat there (Lightning re-seeds Python's ``random``, the OTel SDK's id source), so the
+    goodput span ids are the emitter's: nothing is dropped as a duplicate."""
+    files = sorted((DATA / "ddp").glob("spans-*.jsonl"))
+    ids = [(s["traceId"], s["spanId"]) for f in files for line in f.read_text().splitlines()
+           for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"]
+           for s in ss["spans"]]
+    assert len(set(ids)) < len(ids)  # the foreign ids collide
+    run = translate_files(get_source("onelogger"), files)
+    assert not run.problems.counts and not run.warnings
+    ranks = sorted((a["goodput.process.index"], a["goodput.process.count"]) for a in (
+        {kv["key"]: next(iter(kv["value"].values())) for kv in rs["resource"]["attributes"]}
+        for rs in run.resource_spans))
+    assert sorted(set(ranks)) == [("0", "2"), ("1", "2")]
+    write_spool(run.resource_spans, tmp_path)
+    jobs = to_json_dict(report_run_dir(tmp_path))["jobs"]
+    (job,) = jobs
+    assert job["job"] == "ddp-lightning/" + regenerate.SESSION
+    assert not any(job["skipped"].values())
+    (att,) = job["attempts"]
+    assert att["processes"] == 2 and att["end_reason"] == "explicit"
+    assert att["steps_kept"] == 20 == job["max_productive_step"]
+
+
 def test_torn_and_malformed_records_are_skipped(tmp_path):
     lines = (DATA / "spans.jsonl").read_text().splitlines()
     bad = tmp_path / "bad.jsonl"

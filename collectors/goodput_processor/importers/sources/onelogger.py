@@ -161,14 +161,13 @@ class OneLoggerTranslator(Translator):
         if _EV in s.name:
             p.fake_events = True
             event, _, parent = s.name.partition(_EV)
-            self._event(p, inst, event, parent, s.start_ns, s.attrs, s.span_id, s.error)
+            self._event(p, inst, event, parent, s.start_ns, s.attrs, s.error)
             return
         if s.error and s.name.endswith("_for_application"):
             p.errored = True  # OTelExporter.export_error: "<error>_for_application"
         if not p.fake_events:  # a producer without the event spans: the span's own events
-            for i, (event, t, attrs) in enumerate(s.events):
-                sid = f"{s.span_id[:12]}{i:04x}" if s.span_id else None
-                self._event(p, inst, event, s.name, t, attrs, sid, s.error)
+            for event, t, attrs in s.events:
+                self._event(p, inst, event, s.name, t, attrs, s.error)
         mapped = _SPAN_MAP.get(s.name)
         if mapped is None:
             return  # application, training_loop: evidence only; others: not goodput
@@ -176,29 +175,29 @@ class OneLoggerTranslator(Translator):
         attrs = dict(attrs)
         if s.name in _SAVES and s.attrs.get("current_iteration") is not None:
             attrs[schema.ATTR_CHECKPOINT_STEP] = int(s.attrs["current_iteration"])
-        self._out(p, inst, (name, s.start_ns, s.end_ns, attrs, s.span_id or None, s.error))
+        self._out(p, inst, (name, s.start_ns, s.end_ns, attrs, s.error))
 
     def _event(self, p: _Proc, inst: str, event: str, parent: str, t: int, attrs: dict,
-               sid, error: bool) -> None:
+               error: bool) -> None:
         if parent == "application":
             if event == "span_start":
-                self._out(p, inst, (schema.JOB_START, t, t, {}, sid, False))
+                self._out(p, inst, (schema.JOB_START, t, t, {}, False))
             elif event == "one_logger_initialization":
                 self._name(p, inst, attrs)
             elif event == "span_stop":
                 p.ended = True
                 reason = "exception" if error or p.errored else "explicit"
                 self._out(p, inst, (schema.JOB_END, t, t,
-                                    {schema.ATTR_END_REASON: reason}, sid, False))
+                                    {schema.ATTR_END_REASON: reason}, False))
             return
         if parent != "training_loop":
             return
         if event == "span_start":
             p.loop_start, p.prev = t, None
         elif event == "training_metrics_update":
-            self._update(p, inst, t, attrs, sid)
+            self._update(p, inst, t, attrs)
 
-    def _update(self, p: _Proc, inst: str, t: int, attrs: dict, sid) -> None:
+    def _update(self, p: _Proc, inst: str, t: int, attrs: dict) -> None:
         """A ``training_metrics_update``: one ``goodput.step`` over the steps since the last."""
         done = int(attrs["num_iterations"])
         step = int(attrs.get("train_iterations_start") or 0) + done
@@ -216,7 +215,7 @@ class OneLoggerTranslator(Translator):
         attrs_out = {schema.ATTR_STEP: step}
         if count != 1:
             attrs_out[schema.ATTR_STEP_COUNT] = count
-        self._out(p, inst, (schema.STEP, start, end, attrs_out, sid, False))
+        self._out(p, inst, (schema.STEP, start, end, attrs_out, False))
 
     # --- processes and output ---------------------------------------------------------------
 
@@ -256,8 +255,12 @@ class OneLoggerTranslator(Translator):
                 self._name(p, inst, {})
                 self.warn("onelogger_no_session")
             return
-        name, start, end, attrs, sid, error = item
-        self.emit.span(p.key, name, start, end, attrs, span_id=sid, error=error)
+        name, start, end, attrs, error = item
+        # The emitter's own id (a hash of process, name, times, step), not one-logger's:
+        # its span ids repeat within a process once Lightning re-seeds Python's ``random``
+        # (``seed_everything``; DDP re-seeds at setup), which the OTel SDK's id generator
+        # draws from; a resent record still gets the same id.
+        self.emit.span(p.key, name, start, end, attrs, error=error)
 
 
 def _matches(resource: dict, scope: str, names) -> bool:

@@ -13,10 +13,15 @@ resumes from the newest checkpoint (step 60) and trains to step 100. Both export
 one-logger's ``OTelExporter`` to ``spans.jsonl`` (OTLP JSON lines) or, with ``--endpoint``,
 live over OTLP. The driver's fsync'd truth goes to ``truth.jsonl``.
 
+``--ddp`` also makes ``ddp/``: a clean two-rank run (``torch.distributed.run
+--nproc-per-node 2``, Lightning DDP over gloo on CPU, 20 steps, 500 ms batch delay), one
+``spans-<rank>.jsonl`` per rank. Lightning re-seeds Python's ``random`` in each rank, which
+the OTel SDK draws span ids from: one-logger's span ids repeat within a process there.
+
 Usage::
 
     python tests/data/sources/onelogger/regenerate.py [--out-dir DIR] [--bsp-delay-ms 5000]
-        [--python /work/venvs/onelogger/bin/python] [--endpoint URL [--http]]
+        [--python /work/venvs/onelogger/bin/python] [--endpoint URL [--http]] [--ddp]
 
 Takes about 40 s on a 2-core machine (two interpreter starts, 100 steps of 0.1 s).
 Exit status: 0 when the killed attempt died by SIGKILL and the second one finished.
@@ -84,6 +89,33 @@ def run_scenario(out_dir: Path, *, python: str = DEFAULT_PYTHON, bsp_delay_ms: i
     return {"spans": None if endpoint else spans, "truth": truth, "returncodes": rcs}
 
 
+def run_ddp(out_dir: Path, *, python: str = DEFAULT_PYTHON, bsp_delay_ms: int = 500,
+            timeout_s: float = 300) -> dict:
+    """A clean two-rank run (``torch.distributed.run``, Lightning DDP over gloo, 20 steps)
+    into ``out_dir/spans-<rank>.jsonl`` and ``truth.jsonl``; returns their paths.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran past ``timeout_s``.
+        RuntimeError: it failed (the message has the end of its output).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for p in out_dir.glob("*.jsonl"):
+        p.unlink()
+    env = dict(os.environ, OTEL_SERVICE_NAME="ddp-lightning",
+               OTEL_BSP_SCHEDULE_DELAY=str(bsp_delay_ms), PYTHONHASHSEED="0")
+    with tempfile.TemporaryDirectory(prefix="onelogger-ckpt-") as ckpt:
+        cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(DRIVER), "--out", str(out_dir / "spans-{rank}.jsonl"),
+               "--truth", str(out_dir / "truth.jsonl"), "--ckpt-dir", ckpt,
+               "--session", SESSION, "--max-steps", "20", "--ckpt-every", "10",
+               "--val-every", "10", "--log-every", str(LOG_EVERY), "--step-s", "0.05"]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"DDP run: exit status {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return {"spans": sorted(out_dir.glob("spans-*.jsonl")), "truth": out_dir / "truth.jsonl"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", type=Path, default=HERE)
@@ -92,7 +124,12 @@ def main(argv=None) -> int:
                     help="OTEL_BSP_SCHEDULE_DELAY of the runs (the SDK's default: 5000)")
     ap.add_argument("--endpoint")
     ap.add_argument("--http", action="store_true")
+    ap.add_argument("--ddp", action="store_true",
+                    help="also the two-rank run into OUT_DIR/ddp/ (500 ms batch delay)")
     a = ap.parse_args(argv)
+    if a.ddp:
+        got = run_ddp(a.out_dir / "ddp", python=a.python)
+        print("ddp:", ", ".join(f"{p} ({p.stat().st_size} bytes)" for p in got["spans"]))
     got = run_scenario(a.out_dir, python=a.python, bsp_delay_ms=a.bsp_delay_ms,
                        endpoint=a.endpoint, http=a.http)
     for k in ("spans", "truth"):

@@ -192,7 +192,7 @@ def _wrap_restore(trainer, truth: Truth) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", help="OTLP JSON lines file (appended)")
+    ap.add_argument("--out", help="OTLP JSON lines file (appended; {rank}: the RANK)")
     ap.add_argument("--endpoint", help="OTLP endpoint for live export")
     ap.add_argument("--http", action="store_true", help="OTLP/HTTP instead of gRPC")
     ap.add_argument("--truth", required=True)
@@ -218,10 +218,11 @@ def main(argv=None) -> int:
 
         span_exporter = OTLPSpanExporter(endpoint=a.endpoint, insecure=True)
     else:
-        span_exporter = OtlpJsonLinesExporter(a.out)
+        span_exporter = OtlpJsonLinesExporter(a.out.format(rank=os.environ.get("RANK", "0")))
 
     config = OneLoggerConfig(
-        application_name="tiny-lightning", session_tag_or_fn=a.session, world_size_or_fn=1,
+        application_name="tiny-lightning", session_tag_or_fn=a.session,
+        world_size_or_fn=int(os.environ.get("WORLD_SIZE", "1")),
         telemetry_config=TrainingTelemetryConfig(
             perf_tag_or_fn="tiny", global_batch_size_or_fn=BATCH,
             log_every_n_train_iterations=a.log_every,
@@ -252,8 +253,10 @@ def main(argv=None) -> int:
     model.opt = torch.optim.SGD(model.parameters(), lr=0.01)
     cb.on_optimizer_init_end()
 
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun: DDP over gloo
     trainer = trainer_cls(
-        accelerator="cpu", devices=1, max_steps=a.max_steps, max_epochs=1,
+        accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto",
+        max_steps=a.max_steps, max_epochs=1,
         val_check_interval=a.val_every, limit_val_batches=3, num_sanity_val_steps=0,
         enable_progress_bar=False, logger=False, enable_model_summary=False,
         callbacks=[TruthCallback(truth, a.kill_at_step),
