@@ -63,6 +63,8 @@ its last exported record (the processor's rule for a killed process), so the los
 moves from wasted progress to infrastructure recovery and its steps are not counted; the
 translator names it ``onelogger_tail_lost`` (a process incarnation without an application
 end: at the next incarnation of the same job and rank, or at the end of the input).
+one-logger's span ids are not used: Lightning re-seeds Python's ``random`` (which the OTel
+SDK draws ids from), so they repeat within a process under DDP and across restarts.
 Other warnings: ``onelogger_no_session`` (no initialization event: the job is the
 ``service.name`` alone and the rank 0).
 """
