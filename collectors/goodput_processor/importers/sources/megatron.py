@@ -50,13 +50,16 @@ last): the report then sees one process per attempt, whose timeline stands for t
 
 Buckets it can show: process startup, accelerator init, training prep, program startup
 (JIT fusion warm-up, CUDA graph capture), productive steps and slowdown (with the
-``per_step`` span groups: ``MEGATRON_OTEL_SPAN_GROUPS=per_step``; the default groups have
-no iteration spans, and the steps are then missing: warning ``megatron_no_iteration_spans``),
-checkpoint save and restore, evaluation, wasted progress and infrastructure recovery
-between incarnations. It cannot show data loading inside a step (no span in the default or
-``per_step`` groups' iteration), queueing before the job (``pre_startup`` is SLURM's, not
-the process's), or the asynchronous checkpoint writer's work (the worker's spans are
-nvidia-resiliency-ext's; not checked).
+``per_step`` span groups: ``MEGATRON_OTEL_SPAN_GROUPS=per_step``; with Megatron's
+``default`` groups there are no iteration spans, and the steps between two checkpoint saves
+are told from ``megatron.train.first_iteration`` and the saves' ``megatron.iteration`` as
+one ``goodput.step`` span covering them, ``goodput.step.count``: warning
+``megatron_steps_from_saves``; without saves, no steps: ``megatron_no_iteration_spans``),
+checkpoint save and restore (the restore with ``per_step`` only), evaluation, wasted
+progress and infrastructure recovery between incarnations. It cannot show data loading
+inside a step (no span in the default or ``per_step`` groups' iteration), queueing before
+the job (``pre_startup`` is SLURM's, not the process's), or the asynchronous checkpoint
+writer's work (the worker's spans are nvidia-resiliency-ext's; not checked).
 
 Losses: the BatchSpanProcessor holds ended spans up to ``OTEL_BSP_SCHEDULE_DELAY`` (5 s by
 default) and a SIGKILL loses them with every span still open (the ``megatron.train``
@@ -130,14 +133,16 @@ _ITERATION = frozenset(("megatron.train.iteration", "megatron.iteration"))
 #: process, sharing the trainer's resource attributes and rank) is no incarnation.
 _READ = _ITERATION | _PROCESS_STARTUP | frozenset(_DIRECT) | frozenset((
     "megatron.startup", "megatron.train", "megatron.train.first_iteration",
-    "megatron.checkpoint.exposed_save", "megatron.checkpoint.save.finalize"))
+    "megatron.checkpoint.exposed_save", "megatron.checkpoint.save.finalize",
+    "megatron.checkpoint.ft_heartbeat"))
 
 
 class _Incarnation:
     """What the translator keeps of one process incarnation."""
 
     __slots__ = ("key", "prep_from", "last_end", "ids", "parents", "last_iter",
-                 "max_step", "ended", "train_iters", "roots", "fresh", "first_iter", "saved")
+                 "max_step", "ended", "train_iters", "roots", "fresh", "first_iter", "saved",
+                 "mode", "pending", "stretch", "root_end")
 
     def __init__(self, key: str, train_iters: int | None):
         self.key = key
@@ -153,6 +158,12 @@ class _Incarnation:
         self.fresh = True  # no span received yet
         self.first_iter: dict[str, str] = {}  # megatron.train.first_iteration -> its parent
         self.saved: int | None = None  # the highest checkpoint saved (exposed_save)
+        #: "per_step" (iteration spans), "default" (none: steps told from the saves), None
+        self.mode: str | None = None
+        self.pending: list[tuple] = []  # (start, end, iteration) of saves not yet used
+        #: default mode: (end ns, step, start ns) of the last step span
+        self.stretch: tuple | None = None
+        self.root_end = 0  # latest end of a megatron.train root
 
 
 class MegatronTranslator(Translator):
@@ -221,6 +232,11 @@ class MegatronTranslator(Translator):
                      span_id=s.span_id, error=s.error)
                 if inc.max_step is None or step >= inc.max_step:
                     inc.max_step, inc.last_iter = step, s  # its parent: read when needed
+                if inc.mode is None:
+                    inc.mode, inc.pending = "per_step", []
+            elif name == "megatron.checkpoint.ft_heartbeat":  # one a loop pass
+                if inc.mode == "default" and s.parent_id:
+                    inc.parents.add(s.parent_id)
             elif name != "megatron.checkpoint.save.finalize":
                 inc.ids.add(s.span_id)
                 if s.parent_id:
@@ -243,14 +259,26 @@ class MegatronTranslator(Translator):
                                error=s.error)
         elif name == "megatron.train":
             inc.roots.add(s.span_id)
+            inc.root_end = max(inc.root_end, s.end_ns)
         elif name == "megatron.train.first_iteration":  # the first iteration's parent
             inc.first_iter[s.span_id] = s.parent_id
+            it = _int(s.attrs.get("megatron.iteration"))
+            if inc.mode is None and it is not None and it >= 0:
+                # no iteration span came before it: the default span groups
+                inc.mode, inc.max_step = "default", it + 1
+                inc.stretch = (s.end_ns, it + 1, s.start_ns)
+                self.emit.span(key, schema.STEP, s.start_ns, s.end_ns,
+                               {schema.ATTR_STEP: it + 1}, span_id=s.span_id, error=s.error)
+                self._stretches(inc)
         elif name == "megatron.checkpoint.exposed_save":
             attrs = {schema.ATTR_BLOCKING: True}
             it = _int(s.attrs.get("megatron.iteration"))
             if it is not None:
                 attrs[schema.ATTR_CHECKPOINT_STEP] = it
                 inc.saved = it if inc.saved is None else max(inc.saved, it)
+                if inc.mode != "per_step":
+                    inc.pending.append((s.start_ns, s.end_ns, it))
+                    self._stretches(inc)
             self.emit.span(key, schema.CHECKPOINT_SAVE, s.start_ns, s.end_ns, attrs,
                            span_id=s.span_id, error=s.error)
         elif name in _DIRECT:
@@ -258,10 +286,30 @@ class MegatronTranslator(Translator):
             self.emit.span(key, gname, s.start_ns, s.end_ns, dict(attrs), span_id=s.span_id,
                            error=s.error)
 
+    def _stretches(self, inc: _Incarnation) -> None:
+        """Default span groups: the steps between two saves as one ``goodput.step`` span
+        covering them (``goodput.step.count``), from the end of the last step (the first
+        iteration, or the save before) to the start of the save, whose
+        ``megatron.iteration`` is the last step's number."""
+        if inc.mode != "default":
+            return
+        for start, end, it in sorted(inc.pending, key=lambda p: p[2]):
+            last_end, last, _ = inc.stretch
+            if it <= last:
+                continue
+            attrs = {schema.ATTR_STEP: it}
+            if it - last > 1:
+                attrs[schema.ATTR_STEP_COUNT] = it - last
+            self.emit.span(inc.key, schema.STEP, last_end, max(start, last_end), attrs)
+            inc.stretch, inc.max_step = (end, it, last_end), it
+        inc.pending = []
+
     @staticmethod
     def _root_seen(inc: _Incarnation) -> bool:
         """Whether the ``megatron.train`` root of the highest iteration has arrived (the
         first iteration of an incarnation nests in ``megatron.train.first_iteration``)."""
+        if inc.mode == "default":  # a root ended after the last steps began
+            return inc.root_end > 0 and inc.root_end > inc.stretch[2]
         parent = inc.last_iter.parent_id if inc.last_iter is not None else ""
         return inc.first_iter.get(parent, parent) in inc.roots
 
@@ -283,12 +331,14 @@ class MegatronTranslator(Translator):
 
     def finish(self) -> None:
         for inc in self._inc.values():
-            if inc.roots and inc.max_step is None:
+            if inc.mode == "default":
+                self.warn("megatron_steps_from_saves")
+            elif inc.roots and inc.max_step is None:
                 self.warn("megatron_no_iteration_spans")
             if inc.ended:
                 continue
             lost = inc.parents - inc.ids
-            if inc.max_step is not None and not self._root_seen(inc):
+            if inc.mode == "per_step" and not self._root_seen(inc):
                 lost.add(inc.last_iter.parent_id)
             if lost:
                 # the open spans (interval root, iteration, startup) died with the process

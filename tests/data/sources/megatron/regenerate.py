@@ -1,5 +1,6 @@
-"""Regenerate ``otlp.jsonl`` and ``truth.jsonl``: Megatron-LM main's telemetry on CPU, a
-SIGKILL mid-run and a restart from the checkpoint.
+"""Regenerate ``otlp.jsonl`` and ``truth.jsonl`` (``per_step`` span groups) and
+``otlp-default.jsonl`` and ``truth-default.jsonl`` (Megatron's ``default`` span groups):
+Megatron-LM main's telemetry on CPU, a SIGKILL mid-run and a restart from the checkpoint.
 
 Pins (the environment ``venv.sh`` builds; Python 3.11, torch 2.13.0 CPU from the main
 environment):
@@ -25,7 +26,7 @@ BatchSpanProcessor with ``OTEL_BSP_SCHEDULE_DELAY`` = :data:`BSP_DELAY_MS`.
 (``"by": "driver"``: ``spawn``, ``kill``, ``exit``), fsync'd too.
 
 Run: ``/work/venvs/megatron/bin/python tests/data/sources/megatron/regenerate.py``
-(about 40 s on a loaded 2-core machine).
+(about 40 s a run on a loaded 2-core machine).
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ def _steps_done(truth: Path, pid: int) -> int:
     return n
 
 
-def loop_env(restart: int, extra: dict | None = None) -> dict:
+def loop_env(restart: int, extra: dict | None = None, span_groups: str = "per_step") -> dict:
     """The environment of the loop's process number ``restart`` (0, 1, ...)."""
     env = dict(os.environ)
-    env.update(MEGATRON_OTEL_ENABLED="1", MEGATRON_OTEL_SPAN_GROUPS="per_step",
+    env.update(MEGATRON_OTEL_ENABLED="1", MEGATRON_OTEL_SPAN_GROUPS=span_groups,
                MEGATRON_OTEL_METRICS_ENABLED="0", SLURM_JOB_ID=SLURM_JOB_ID,
                SLURM_RESTART_COUNT=str(restart), OTEL_BSP_SCHEDULE_DELAY=str(BSP_DELAY_MS),
                PYTHONWARNINGS="ignore")
@@ -86,13 +87,14 @@ def loop_env(restart: int, extra: dict | None = None) -> dict:
 
 
 def run_scenario(work: Path, python: str = sys.executable, *, otlp_file: Path | None = None,
-                 extra_env: dict | list | None = None, timeout_s: float = 300.0) -> dict:
+                 extra_env: dict | list | None = None, span_groups: str = "per_step",
+                 timeout_s: float = 300.0) -> dict:
     """Run the loop, SIGKILL it after step :data:`KILL_AFTER`, run it again to the end.
 
     ``otlp_file``: the spans' OTLP JSON lines file (None: nemo-lens's own OTLP exporter,
     configured by ``OTEL_EXPORTER_OTLP_*`` in ``extra_env``: one dict for both processes, or
-    a list of one per process). Returns ``{"truth": path,
-    "otlp": path or None, "rc": [rc of each process]}``.
+    a list of one per process); ``span_groups``: ``MEGATRON_OTEL_SPAN_GROUPS``. Returns
+    ``{"truth": path, "otlp": path or None, "rc": [rc of each process]}``.
 
     Raises:
         RuntimeError: the loop did not reach the kill point or did not finish in time.
@@ -108,7 +110,7 @@ def run_scenario(work: Path, python: str = sys.executable, *, otlp_file: Path | 
     for restart in (0, 1):
         _record(truth, ev="spawn", t=time.time(), restart=restart)
         env = extra_env[restart] if isinstance(extra_env, list) else extra_env
-        proc = subprocess.Popen(cmd, env=loop_env(restart, env), cwd=work,
+        proc = subprocess.Popen(cmd, env=loop_env(restart, env, span_groups), cwd=work,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + timeout_s
         if restart == 0:
@@ -184,13 +186,16 @@ def report_figures(job: dict) -> dict:
 
 
 def main() -> None:
-    work = HERE / "_work"
-    out = run_scenario(work, otlp_file=HERE / "otlp.jsonl")
-    os.replace(out["truth"], HERE / "truth.jsonl")
-    for p in work.iterdir():
-        p.unlink()
-    work.rmdir()
-    print(json.dumps(expected(HERE / "truth.jsonl"), indent=1))
+    """Both runs: ``per_step`` span groups (``otlp.jsonl``, ``truth.jsonl``) and Megatron's
+    ``default`` ones (``otlp-default.jsonl``, ``truth-default.jsonl``)."""
+    for groups, suffix in (("per_step", ""), ("default", "-default")):
+        work = HERE / "_work"
+        out = run_scenario(work, otlp_file=HERE / f"otlp{suffix}.jsonl", span_groups=groups)
+        os.replace(out["truth"], HERE / f"truth{suffix}.jsonl")
+        for p in work.iterdir():
+            p.unlink()
+        work.rmdir()
+        print(groups, json.dumps(expected(HERE / f"truth{suffix}.jsonl"), indent=1))
 
 
 if __name__ == "__main__":
