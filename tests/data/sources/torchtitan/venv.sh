@@ -9,8 +9,9 @@
 #            --out tests/data/sources/torchtitan
 # or:    TORCHTITAN_PYTHON=DIR/bin/python python -m pytest tests/test_source_torchtitan.py
 #
-# Took about 75 s on the 2-core machine of 2026-12-07 (pip from a PyPI mirror; triton's
-# wheel is the largest part).
+# Run it with the main environment active (its python3 has torch), or set MAIN_PY.
+# Took 2 min 17 s on the shared 2-core machine of 2026-12-07 while two torchtitan runs went
+# on (pip from PyPI; triton's wheel is the largest part).
 set -euo pipefail
 DIR=${1:-/work/venvs/torchtitan}
 MAIN_PY=${MAIN_PY:-python3}   # the main environment's python (it has torch)
