@@ -5,7 +5,9 @@ source) beside the driver's own truth.
 Usage (in the tool's environment, see ``venv.sh``)::
 
     /work/venvs/torchtitan/bin/python tests/data/sources/torchtitan/regenerate.py \
-        --workdir /tmp/tt-run --out tests/data/sources/torchtitan
+        --workdir /tmp/tt-run --restart torchrun --out tests/data/sources/torchtitan
+
+(60 s for the committed data on the 2-core machine; 90-140 s when it is loaded.)
 
 What runs: ``torchrun --standalone --nproc-per-node 2`` of this file in ``--worker`` mode,
 which applies the CPU shims below and calls torchtitan's own entry point
