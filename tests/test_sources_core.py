@@ -193,3 +193,24 @@ def test_a_third_party_source_registers_by_entry_point(tmp_path, monkeypatch):
     finally:
         sources._cache = None
         sys.modules.pop("toy_plugin", None)
+
+
+def test_import_beside_another_spool_keeps_it(tmp_path, toy_registered, capsys):
+    """A source's files go beside the workers' own spool (a launcher's log imported into
+    its workers' job); a second import of the same source is refused, and --overwrite
+    replaces that source's files only."""
+    path = _otlp_json(tmp_path / "t.json", "toyjob", _truth_runs())
+    job_dir = tmp_path / "runs" / "toyjob"
+    job_dir.mkdir(parents=True)
+    workers = job_dir / "spans-p00000-a0000-4242-abcdef12.jsonl"
+    workers.write_text("{}\n")
+    args = ["import", str(path), "--to", str(tmp_path / "runs"), "--format", "json"]
+    assert main(args) == 0
+    capsys.readouterr()
+    mine = sorted(p.name for p in job_dir.glob("spans-*-toy-*.jsonl"))
+    assert len(mine) == 2 and workers.read_text() == "{}\n"
+    assert main(args) == 2
+    assert "already holds spans imported from toy" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
+    assert sorted(p.name for p in job_dir.glob("spans-*-toy-*.jsonl")) == mine
+    assert workers.read_text() == "{}\n"
