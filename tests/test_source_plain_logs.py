@@ -167,6 +167,42 @@ def test_megatron_log_one_concatenated_file(tmp_path):
     assert r.attempts[1].start_ns == pytest.approx(_ns(a1["start"] + 4.2), abs=1_000_000)
 
 
+def _later(line: str, ns: int) -> str:
+    """``line`` with its RFC 3339 prefix moved ``ns`` later."""
+    from datetime import datetime, timezone
+    stamp, rest = line.split(" ", 1)
+    secs, frac = stamp[:-1].split(".")
+    t = datetime.strptime(secs, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    total = int(t.timestamp()) * NS + int(frac) + ns
+    new = datetime.fromtimestamp(total // NS, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{new}.{total % NS:09d}Z {rest}"
+
+
+def test_megatron_log_rank0_and_last_rank_pods(tmp_path):
+    """With several ranks per pod set, rank 0's pod prints the start, load and save lines
+    and the last rank's pod the iteration lines: four files (each pod's killed and current
+    container) merge by time into the same report as one pod's two."""
+    files = []
+    for f in ("trainer-0.previous.log", "trainer-0.log"):
+        lines = (MEG / f).read_text().splitlines()
+        first, rest = lines[0], lines[1:]
+        for pod, keep in (("rank0", lambda ln: " iteration " not in ln or "checkpoint" in ln),
+                          ("last", lambda ln: " iteration " in ln and "checkpoint" not in ln)):
+            out = tmp_path / f.replace("trainer-0", f"trainer-{pod}")
+            # the last rank's container starts 30 ms after rank 0's
+            head = first if pod == "rank0" else _later(first, 30_000_000)
+            out.write_text("\n".join([head] + [ln for ln in rest if keep(ln)]) + "\n")
+            files.append(out)
+    one = _report(translate_files(get_source("megatron-log"),
+                                  [MEG / "trainer-0.previous.log", MEG / "trainer-0.log"]),
+                  tmp_path / "one")
+    four = _report(translate_files(get_source("megatron-log"), files), tmp_path / "four")
+    assert [(a.start_ns, a.end_ns, a.resume_step, a.steps_kept, a.steps_wasted)
+            for a in four.attempts] == [(a.start_ns, a.end_ns, a.resume_step, a.steps_kept,
+                                         a.steps_wasted) for a in one.attempts]
+    assert four.badput_s == one.badput_s
+
+
 def test_megatron_log_without_timestamp_prefixes(tmp_path):
     """No kubectl prefixes: the dates Megatron prints itself (read as UTC) give the times of
     the iteration, save and print_datetime lines; the rest is not timed."""
