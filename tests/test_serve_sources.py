@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -422,3 +423,18 @@ def test_translated_spans_are_admitted_as_a_clients(monkeypatch):
         store.ingest_request(encode_spans(producer.spans.get_finished_spans()))
     assert e.value.reason == "over_jobs" and e.value.retryable
     assert store.jobs() == ["first"] and store.stats["spans_translated"] == 0
+
+
+def test_a_retired_job_leaves_the_translators(monkeypatch):
+    """A job serve retires (idle for --retention) is dropped from the sources' state too:
+    a long-lived serve keeps per job only what its live jobs need."""
+    register(monkeypatch)
+    producer = _Producer()
+    producer.run()
+    store = LiveStore(min_interval_s=0, retention_s=60)
+    store.ingest_request(encode_spans(producer.spans.get_finished_spans()))
+    (job,) = store.jobs()
+    emitter = store.foreign._tr["fwtool"][0]
+    assert emitter._procs
+    store.retire_idle(now_s=time.time() + 120)
+    assert store.jobs() == [] and not emitter._procs

@@ -543,6 +543,7 @@ class LiveStore(ForeignIntake):
                 self._dups.pop(name, None)
                 self._done.pop(name, None)
                 self._memos.pop(name, None)
+                self.foreign.forget(name)
                 self._reach.pop(name, None)
                 self._source_job_warnings.pop(name, None)
                 self._rate.forget(name)

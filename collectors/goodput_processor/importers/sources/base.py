@@ -394,6 +394,12 @@ class Emitter:
             s["status"] = {"code": 2}
         p.spans.append(s)
 
+    def forget(self, job: str) -> None:
+        """Drop the processes of ``job`` (``goodput serve`` retired it); a later record of
+        it names its process again."""
+        for key in [k for k, p in self._procs.items() if p.job == job]:
+            del self._procs[key]
+
     def take(self) -> list[dict]:
         """The OTLP JSON ``ResourceSpans`` of the spans added since the last take (one per
         process with new spans, up to :data:`SPANS_PER_LIST` spans per ``scopeSpans``)."""
@@ -451,6 +457,12 @@ class Translator:
 
     def finish(self) -> None:
         """The input has ended (import: every file read): close what is still open."""
+
+    def forget(self, job: str) -> None:
+        """``goodput serve`` retired ``job`` (idle for ``--retention``): drop what is kept for
+        it, so a long-lived translator's state follows the jobs it serves. Subclasses that
+        keep per-job state drop it too (and call this)."""
+        self.emit.forget(job)
 
 
 @dataclass(frozen=True)

@@ -342,6 +342,14 @@ class OtlpTranslation:
                                       len(records))
         return self._take(used)
 
+    def forget(self, job: str) -> None:
+        """``goodput serve`` retired ``job``: every translator drops what it kept for it."""
+        for _em, tr in self._tr.values():
+            try:
+                tr.forget(job)
+            except Exception:  # noqa: BLE001 - a source's bookkeeping never stops serve
+                continue
+
     def _take(self, used) -> list:
         out = []
         for name in sorted(used):
