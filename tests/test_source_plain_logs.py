@@ -556,3 +556,14 @@ def test_live_megatron_training_log_kill_and_restart(tmp_path):
     subprocess.run([py, str(MEG / "megatron_run.py"), "--out", str(tmp_path)], check=True,
                    timeout=600, stdout=sys.stderr)
     _check_megatron_real(tmp_path, tmp_path / "out", tol=NS // 2)
+
+
+def test_nemo_log_stdout_alone_shows_the_restart(tmp_path):
+    """Without the DLLogger files, the stdout of the two containers still shows two attempts
+    and the restore (and nothing of the steps)."""
+    run = translate_files(get_source("nemo-log"), [NEMO / "nemo-0.log", NEMO / "nemo-1.log"])
+    spans = _spans(run)
+    assert sorted({s[3]["attempt"] for s in spans}) == [0, 1]
+    (restore,) = [s for s in spans if s[0] == schema.CHECKPOINT_RESTORE]
+    assert restore[3]["attempt"] == 1 and int(restore[3][schema.ATTR_CHECKPOINT_STEP]) == 15
+    assert not [s for s in spans if s[0] == schema.STEP]

@@ -214,21 +214,27 @@ class NemoLogTranslator(Translator):
         if e.kind == "file_start":
             # a container's first line: the next attempt's start, unless the current one
             # has only just begun (its process's init came first)
-            if a is None or a.prev_step is not None or a.ended:
+            if (a is None or a.init is None or a.prev_step is not None or a.ended
+                    or a.spans):
                 self.pending_start = e.t if self.pending_start is None else self.pending_start
             return
         if e.kind == "alive":
-            if a is not None and self.pending_start is None:
+            if a is None:
+                self._new(e.t)
+            elif self.pending_start is None:
                 a.last_seen = max(a.last_seen, e.t)
             return
         if e.kind == "init":
-            if a is None or a.init is not None or a.prev_step is not None:
+            if (a is None or a.init is not None or a.prev_step is not None
+                    or self.pending_start is not None):
                 a = self._new(e.t, e.t)
             else:
                 a.init, a.start = e.t, min(a.start, e.t)
             return
-        if a is None:
-            a = self._new(e.t)
+        if a is None or self.pending_start is not None or (e.kind == "restoring" and (
+                a.prev_step is not None or a.ended
+                or any(sp[0] == schema.CHECKPOINT_RESTORE for sp in a.spans))):
+            a = self._new(e.t)   # a new container, or a restore after steps: a restart
         if e.kind == "step":
             if a.prev_step is not None and e.n <= a.prev_step:
                 self.warn("nemo_log_attempt_from_rewind")
