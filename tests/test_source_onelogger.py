@@ -4,8 +4,10 @@
 real CPU training that was SIGKILLed at step 67 and restarted from its step-60 checkpoint
 (``spans.jsonl``, OTLP JSON lines, the SDK's default 5 s batch delay), beside the driver's
 fsync'd truth (``truth.jsonl``) and the script that made both (``regenerate.py``). The tests
-on that data always run. ``test_live_kill_restart`` runs the tool itself again (skipped,
-with the reason, when the tool venv of ``venv.sh`` is missing).
+on that data always run, as do those on ``ddp/`` (a real clean two-rank DDP run) and the
+stored records sent to a real ``goodput serve`` over gRPC and HTTP. ``test_live_*`` run the
+tool itself again (skipped, with the reason, when the tool venv of ``venv.sh`` is missing;
+about 3.5 minutes on a 2-core machine).
 
 The report must agree with the truth: attempts and max step exactly; checkpoint restore
 within 0.5 s; kept steps, checkpoint save, wasted progress and infrastructure recovery
