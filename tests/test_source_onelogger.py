@@ -218,6 +218,31 @@ def test_ddp_two_ranks_are_one_attempt(tmp_path):
     assert att["steps_kept"] == 20 == job["max_productive_step"]
 
 
+def test_forget_drops_the_jobs_state():
+    """``goodput serve`` retiring the job: the translator forgets its incarnations, so the
+    restarted attempt's records sent again are a first incarnation (attempt hint 0)."""
+    from goodput_processor.importers.sources.base import Emitter, attrs_of, spans_of
+
+    src = get_source("onelogger")
+    tr = src.translator(Emitter(src.imported_from), None)
+    lines = [json.loads(x) for x in (DATA / "spans.jsonl").read_text().splitlines()]
+
+    def feed(docs):
+        for doc in docs:
+            for rs in doc["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    tr.spans(attrs_of(rs["resource"]["attributes"]), ss["scope"]["name"],
+                             spans_of(ss["spans"]), "test")
+        return {kv["value"]["intValue"] for rs in tr.emit.take()
+                for kv in rs["resource"]["attributes"] if kv["key"] == "goodput.attempt"}
+
+    assert feed(lines) == {"0", "1"}
+    second = [d for d in lines if d["resourceSpans"][0]["resource"] ==
+              lines[-1]["resourceSpans"][0]["resource"]]
+    tr.forget(JOB)
+    assert feed(second) == {"0"}
+
+
 def test_torn_and_malformed_records_are_skipped(tmp_path):
     lines = (DATA / "spans.jsonl").read_text().splitlines()
     bad = tmp_path / "bad.jsonl"

@@ -110,12 +110,13 @@ def _sec_ns(v) -> int | None:
 class _Proc:
     """One one-logger process incarnation (one ``service.instance.id``)."""
 
-    __slots__ = ("service", "key", "pending", "ended", "errored", "fake_events",
+    __slots__ = ("service", "key", "job", "pending", "ended", "errored", "fake_events",
                  "loop_start", "prev", "where")
 
     def __init__(self, service: str):
         self.service = service
         self.key: str | None = None  # the emitter's key, once the job is known
+        self.job: str | None = None
         self.pending: list = []  # (kind, args) held until the initialization event
         self.ended = False
         self.errored = False  # an error event of the application span was seen
@@ -147,6 +148,16 @@ class OneLoggerTranslator(Translator):
                 self._span(p, str(inst), s, where)
             except (TypeError, ValueError, KeyError) as e:
                 self.problems.add(where, "malformed", f"one-logger span {s.name!r}: {e!r}")
+
+    def forget(self, job: str) -> None:
+        """Drop what is kept for ``job`` (``goodput serve`` retired it)."""
+        every = getattr(self.emit, "job", None) == job  # --job NAME: every process is it
+        for inst in [i for i, p in self._procs.items()
+                     if p.job == job or (every and p.key is not None)]:
+            del self._procs[inst]
+        for k in [k for k in self._incarnations if k[0] == job or every]:
+            del self._incarnations[k]
+        super().forget(job)
 
     def finish(self) -> None:
         for inst, p in self._procs.items():
@@ -246,6 +257,7 @@ class OneLoggerTranslator(Translator):
             host=str(node) if node else None, extra={"onelogger.session_tag": session}
             if session else None)
         seen.append(p)
+        p.job = job
         pending, p.pending = p.pending, []
         for item in pending:
             self._out(p, inst, item)
