@@ -38,6 +38,11 @@ the first step, data loading, evaluation (inside the next step's seconds), async
 saves (``Started an asynchronous checkpoint save``: no end is printed), steps hidden by
 ``hide_profiler_step_metric`` (their line has no seconds: the chain restarts after them),
 other hosts (each host prints its own; import one host's log).
+
+Recovery phases of a restart: rescheduling (the killed run's last line to the new
+container's first line), restore (to the loop's start) and the first step's excess (its
+compilation) show; detection and termination are 0 (nothing says when the failure was
+seen or the old process ended).
 """
 
 from __future__ import annotations

@@ -48,6 +48,13 @@ program startup/compilation apart from steps (they are inside the iteration time
 evaluation (outside the stretches: ``other``), the ranks' processes (one stream, rank 0),
 step-by-step times inside a log interval, and a kill's exact time (the last line before
 it is the evidence).
+
+Recovery phases of a restart: rescheduling (the killed launch's last line to the new
+container's first line), initialization (to the first step, less the restore), restore
+and recompilation/warm-up (the first stretches' excess) show; detection and termination
+are 0 (no line says when the failure was seen or the old processes ended), and process
+start-up is inside initialization unless ``time to initialize megatron`` was printed
+(the process began that many seconds before it).
 """
 
 from __future__ import annotations

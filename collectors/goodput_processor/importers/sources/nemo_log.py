@@ -33,6 +33,11 @@ records (``other``), other ranks (DLLogger writes on rank 0 only), a step's time
 ``TimingCallback`` was given a ``buffer_size`` (it then reports a sliding mean), and
 records lost at a kill (``logger.save()`` flushes after every ``log_metrics``, so at most
 the record being written).
+
+Recovery phases of a restart: rescheduling (the killed run's last record or line to the
+new container's first line, or to its ``dllogger.init``), restore (with stdout), the time
+to the first step and the first steps' excess show; detection and termination are 0 (no
+record says when the failure was seen or the old process ended).
 """
 
 from __future__ import annotations
