@@ -101,9 +101,17 @@ def _pb_value(v) -> Any:
     return None
 
 
+_PB_SCALARS = frozenset(("int_value", "string_value", "bool_value", "double_value"))
+
+
 def pb_attrs(kvs) -> dict[str, Any]:
     """``{key: python value}`` of a protobuf ``KeyValue`` list."""
-    return {kv.key: _pb_value(kv.value) for kv in kvs}
+    out = {}
+    for kv in kvs:
+        v = kv.value
+        which = v.WhichOneof("value")
+        out[kv.key] = getattr(v, which) if which in _PB_SCALARS else _pb_value(v)
+    return out
 
 
 def _int(v, default: int = 0) -> int:
@@ -116,47 +124,79 @@ def _int(v, default: int = 0) -> int:
 class ForeignSpan:
     """One OTLP span of a foreign producer.
 
-    ``name``; ``start_ns``/``end_ns``: ns since the epoch; ``attrs``: ``{key: value}``;
-    ``error``: status ERROR. Read on first use (most translators need none of them):
+    ``name``; ``start_ns``/``end_ns``: ns since the epoch; ``error``: status ERROR. Read on
+    first use (most translators need few of them): ``attrs``: ``{key: value}`` (or one with
+    :meth:`attr`);
     ``trace_id``/``span_id``/``parent_id``: lowercase hex ("" when absent); ``events``:
     ``[(name, time_ns, attrs)]``; ``links``: ``[(trace_id, span_id)]``.
     """
 
-    __slots__ = ("name", "start_ns", "end_ns", "attrs", "error", "_raw", "_ids", "_events",
-                 "_links")
+    __slots__ = ("name", "start_ns", "end_ns", "_attrs", "error", "_raw", "_tid", "_sid",
+                 "_pid", "_events", "_links")
 
     def __init__(self, name: str, start_ns: int, end_ns: int, attrs: dict | None = None,
                  trace_id: str = "", span_id: str = "", parent_id: str = "",
                  events: list | None = None, links: list | None = None,
                  error: bool = False, raw=None):
         self.name, self.start_ns, self.end_ns = name, start_ns, end_ns
-        self.attrs = attrs if attrs is not None else {}
+        self._attrs = attrs if attrs is not None or raw is not None else {}
         self.error, self._raw = error, raw
-        self._ids = None if raw is not None else (trace_id, span_id, parent_id)
-        self._events = events if raw is None else None
-        self._links = links if raw is None else None
+        if raw is None:
+            self._tid, self._sid, self._pid = trace_id, span_id, parent_id
+            self._events, self._links = events, links
+        else:
+            self._tid = self._sid = self._pid = self._events = self._links = None
 
-    def _id3(self) -> tuple:
-        if self._ids is None:
+    @property
+    def attrs(self) -> dict:
+        """``{key: python value}`` of the span's attributes (read on first use)."""
+        if self._attrs is None:
             r = self._raw
-            if isinstance(r, dict):
-                self._ids = (_hex(r.get("traceId")), _hex(r.get("spanId")),
-                             _hex(r.get("parentSpanId")))
-            else:
-                self._ids = (r.trace_id.hex(), r.span_id.hex(), r.parent_span_id.hex())
-        return self._ids
+            self._attrs = (attrs_of(r.get("attributes")) if isinstance(r, dict)
+                           else pb_attrs(r.attributes))
+        return self._attrs
+
+    def attr(self, key: str, default=None):
+        """The value of attribute ``key`` (``default`` when absent), without reading the
+        others: the cheap way for a translator that needs one or two of them."""
+        if self._attrs is not None:
+            return self._attrs.get(key, default)
+        r = self._raw
+        if isinstance(r, dict):
+            for kv in r.get("attributes") or ():
+                if isinstance(kv, dict) and kv.get("key") == key:
+                    return value_of(kv.get("value"))
+            return default
+        for kv in r.attributes:
+            if kv.key == key:
+                v = kv.value
+                which = v.WhichOneof("value")
+                return getattr(v, which) if which in _PB_SCALARS else _pb_value(v)
+        return default
+
+    def _id(self, json_key: str, pb_field: str) -> str:
+        r = self._raw
+        if isinstance(r, dict):
+            return _hex(r.get(json_key))
+        return getattr(r, pb_field).hex()
 
     @property
     def trace_id(self) -> str:
-        return self._id3()[0]
+        if self._tid is None:
+            self._tid = self._id("traceId", "trace_id")
+        return self._tid
 
     @property
     def span_id(self) -> str:
-        return self._id3()[1]
+        if self._sid is None:
+            self._sid = self._id("spanId", "span_id")
+        return self._sid
 
     @property
     def parent_id(self) -> str:
-        return self._id3()[2]
+        if self._pid is None:
+            self._pid = self._id("parentSpanId", "parent_span_id")
+        return self._pid
 
     @property
     def events(self) -> list:
@@ -237,12 +277,11 @@ def spans_of(spans) -> list[ForeignSpan]:
             st = s.get("status")
             out.append(ForeignSpan(
                 str(s.get("name", "")), _int(s.get("startTimeUnixNano")),
-                _int(s.get("endTimeUnixNano")), attrs_of(s.get("attributes")),
+                _int(s.get("endTimeUnixNano")), None,
                 error=bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR"), raw=s))
         else:
-            out.append(ForeignSpan(s.name, int(s.start_time_unix_nano),
-                                   int(s.end_time_unix_nano), pb_attrs(s.attributes),
-                                   error=s.status.code == 2, raw=s))
+            out.append(ForeignSpan(s.name, s.start_time_unix_nano, s.end_time_unix_nano,
+                                   None, error=s.status.code == 2, raw=s))
     return out
 
 
@@ -378,18 +417,20 @@ class Emitter:
             KeyError: ``key`` was never named with :meth:`process`.
         """
         p = self._procs[key]
-        start_ns, end_ns = int(start_ns), int(end_ns)
+        if type(start_ns) is not int or type(end_ns) is not int:
+            start_ns, end_ns = int(start_ns), int(end_ns)
         if end_ns < start_ns:
             end_ns = start_ns
         if p.start_ns is None:
             p.start_ns = start_ns
-        attrs = attrs or {}
+        if attrs is None:
+            attrs = {}
         if not span_id:
             step = attrs.get(schema.ATTR_STEP, attrs.get(schema.ATTR_CHECKPOINT_STEP, ""))
             span_id = _digest(f"{key}\0{name}\0{start_ns}\0{end_ns}\0{step}", 8)
         s = {"traceId": p.trace_id, "spanId": span_id, "name": name, "kind": 1,
              "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(end_ns),
-             "attributes": [_kv(k, v) for k, v in attrs.items()]}
+             "attributes": [_kv(k, v) for k, v in attrs.items()] if attrs else []}
         if error:
             s["status"] = {"code": 2}
         p.spans.append(s)

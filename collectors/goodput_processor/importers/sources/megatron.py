@@ -223,7 +223,7 @@ class MegatronTranslator(Translator):
                     self.warn("megatron_span_after_end")
                 inc.last_end = end
             if name in _ITERATION:  # the hot path: one a step
-                it = s.attrs.get("megatron.iteration")
+                it = s.attr("megatron.iteration")
                 if type(it) is not int or it < 0:
                     self.problems.add(where, "malformed", f"{name} without megatron.iteration")
                     continue
