@@ -430,3 +430,20 @@ def test_end_waits_for_the_save_after_the_loop():
         names.append([s["name"] for rs in out for ss in rs["scopeSpans"] for s in ss["spans"]])
     assert schema.JOB_END not in names[0]
     assert names[1] == [schema.CHECKPOINT_SAVE, schema.JOB_END]
+
+
+def test_serve_forgets_a_retired_job():
+    """goodput serve's translator drops a retired job's incarnations (their span ids and
+    parents), so its state follows the live jobs."""
+    from goodput_processor.importers.sources.driver import OtlpTranslation
+
+    tr = OtlpTranslation()
+    for line in (DATA / "otlp.jsonl").read_text().splitlines():
+        tr.traces(json.loads(line).get("resourceSpans") or [], "test")
+    em, megatron = tr._tr["megatron"]
+    assert len(megatron._inc) == 2 and len(em._procs) == 2
+    (job,) = set(megatron._job_of.values())
+    tr.forget("another job")
+    assert len(megatron._inc) == 2
+    tr.forget(job)
+    assert megatron._inc == {} and em._procs == {}

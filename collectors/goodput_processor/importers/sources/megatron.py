@@ -173,6 +173,14 @@ class MegatronTranslator(Translator):
     def __init__(self, emitter: Emitter, problems=None):
         super().__init__(emitter, problems)
         self._inc: dict[str, _Incarnation] = {}
+        self._job_of: dict[str, str] = {}  # incarnation key -> the job it was written into
+
+    def forget(self, job: str) -> None:
+        """``goodput serve`` retired ``job``: its incarnations' state goes."""
+        for key in [k for k, j in self._job_of.items() if j == job]:
+            self._inc.pop(key, None)
+            del self._job_of[key]
+        super().forget(job)
 
     # --- identity ----------------------------------------------------------------------
     def _incarnation(self, res: dict) -> _Incarnation:
@@ -196,6 +204,7 @@ class MegatronTranslator(Translator):
                           attempt=max(attempt, 0), host=host if isinstance(host, str) else None,
                           pid=pid, extra={k: res[k] for k in _KEEP if k in res})
         inc = self._inc[key] = _Incarnation(key, _int(res.get("megatron.train_iters")))
+        self._job_of[key] = self.emit.job or job
         return inc
 
     # --- spans -------------------------------------------------------------------------
