@@ -20,6 +20,7 @@ before each run), and the next ones ("2nd") read the cache. Times are the median
 
     python benchmarks/bench_report.py [--steps 1000000] [--baseline-src /tmp/old/src]
     python benchmarks/bench_report.py --keep /tmp/spools   # again: the spools are reused
+    python benchmarks/bench_report.py --source megatron --steps 100000 --repeat 3
 
 Target (issue 17): a 10^6-step job makes a spool under 500 MB.
 """
@@ -82,8 +83,67 @@ def spool_sizes(run_dir: str) -> dict:
     return out
 
 
+def _megatron_file(path: str, steps: int) -> None:
+    """A Collector file exporter's OTLP JSON of a Megatron-LM job with NeMo Lens: ``steps``
+    ``megatron.train.iteration`` spans of 100 ms (one a step, 512 a line), on the resource of
+    the real run in ``tests/data/sources/megatron/otlp.jsonl``."""
+    data = ROOT / "tests" / "data" / "sources" / "megatron" / "otlp.jsonl"
+    with open(data) as f:
+        res = json.loads(f.readline())["resourceSpans"][0]["resource"]
+    t0 = 1_700_000_000 * 10**9
+    with open(path, "w") as f:
+        for lo in range(0, steps, 512):
+            spans = [{"traceId": "02" * 16, "spanId": f"{n + 1:016x}",
+                      "parentSpanId": f"{1 << 62:016x}", "name": "megatron.train.iteration",
+                      "kind": 1, "startTimeUnixNano": str(t0 + n * 100_000_000),
+                      "endTimeUnixNano": str(t0 + n * 100_000_000 + 95_000_000),
+                      "attributes": [
+                          {"key": "is_goodput_span", "value": {"boolValue": True}},
+                          {"key": "megatron.iteration", "value": {"intValue": str(n)}},
+                          {"key": "megatron.skipped", "value": {"boolValue": False}}]}
+                     for n in range(lo, min(steps, lo + 512))]
+            f.write(json.dumps({"resourceSpans": [{"resource": res, "scopeSpans": [
+                {"scope": {"name": "nemo.lens"}, "spans": spans}]}]}) + "\n")
+
+
+def compare_source(args) -> int:
+    """``--source megatron``: ``goodput report`` of a directory of a foreign producer's OTLP
+    JSON (translated on the way in) against the report of the same spans written in this
+    project's schema (``goodput import`` of that file), side by side, interleaved."""
+    sys.path.insert(0, str(ROOT / "collectors"))
+    from goodput_processor.importers.sources import get_source, translate_files, write_spool
+
+    if args.source != "megatron":
+        print(f"--source {args.source}: this benchmark knows megatron")
+        return 2
+    print(f"{'steps':>9} {'defs':>8} {'own s':>7} {'own MB':>7} {'source s':>9} "
+          f"{'source MB':>9} {'ratio':>6}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for steps in args.steps:
+            foreign = os.path.join(tmp, f"collector-{steps}")
+            os.makedirs(foreign)
+            _megatron_file(os.path.join(foreign, "traces.json"), steps)
+            own = os.path.join(tmp, f"own-{steps}")
+            run = translate_files(get_source("megatron"), [os.path.join(foreign,
+                                                                        "traces.json")])
+            (job,) = write_spool(run.resource_spans, own).values()
+            for defs in ("goodput", "mgm"):
+                a, b = [], []
+                for _ in range(args.repeat):
+                    a.append(measure(job["run_dir"], defs))
+                    b.append(measure(foreign, defs))
+                (wa, pa), (wb, pb) = _summary(a), _summary(b)
+                print(f"{steps:>9,} {defs:>8} {wa:>7.2f} {pa:>7.0f} {wb:>9.2f} {pb:>9.0f} "
+                      f"{wb / wa:>6.2f}", flush=True)
+    print("own: goodput report of the spool goodput import writes of the file; source: "
+          "goodput report of the file's directory; wall seconds (median) and peak MB (max)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", help="compare a source's report with the own schema's on "
+                    "the same spans (megatron); see compare_source")
     ap.add_argument("--steps", type=int, nargs="+", default=[1_000_000])
     ap.add_argument("--baseline-src", help="another checkout's src/ (today's recorder)")
     ap.add_argument("--repeat", type=int, default=1, help="reports per spool and definition")
@@ -91,6 +151,8 @@ def main(argv=None) -> int:
                     "spool already there (from an earlier run) is reused, not recorded again "
                     "(rec s: nan)")
     args = ap.parse_args(argv)
+    if args.source:
+        return compare_source(args)
     here = os.pathsep.join([str(ROOT / "src"), str(ROOT / "collectors")])
     recorders = {"this": here}
     if args.baseline_src:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 
 import pytest
@@ -214,3 +215,22 @@ def test_import_beside_another_spool_keeps_it(tmp_path, toy_registered, capsys):
     assert main([*args, "--overwrite"]) == 0
     assert sorted(p.name for p in job_dir.glob("spans-*-toy-*.jsonl")) == mine
     assert workers.read_text() == "{}\n"
+
+
+def test_a_quiet_foreign_directory_is_cached(tmp_path, toy_registered, monkeypatch):
+    """The second report of a finished foreign directory reads the columnar cache the first
+    wrote, instead of translating again, and gives the same spans."""
+    src = tmp_path / "collector"
+    src.mkdir()
+    path = _otlp_json(src / "traces.json", "toyjob", _truth_runs())
+    old = path.stat().st_mtime - 120  # a finished run: quiet for two minutes
+    os.utime(path, (old, old))
+    first = read_run_dir(src, cache=True)
+    assert (src / ".goodput-cache" / "index.json").is_file()
+    def no_translation(*_a, **_k):
+        raise AssertionError("translated again")
+
+    monkeypatch.setattr(sources, "translate_files", no_translation)
+    second = read_run_dir(src, cache=True)
+    assert job_to_dict(account(second.jobs["toyjob"])) == job_to_dict(
+        account(first.jobs["toyjob"]))

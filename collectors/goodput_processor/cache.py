@@ -57,9 +57,12 @@ def enabled(explicit: bool | None = None) -> bool:
 
 def _code_key() -> str:
     h = hashlib.sha256(str(_FORMAT).encode())
-    here = Path(__file__).parent  # the reader's modules (read*.py) and the row layout
-    for mod in sorted(p.name for p in here.glob("read*.py")) + ["timeline.py"]:
-        h.update((here / mod).read_bytes())
+    here = Path(__file__).parent  # the reader's modules (read*.py), the row layout and the
+    # sources that translate other tools' files on the way in (importers/sources)
+    mods = sorted(here.glob("read*.py")) + [here / "timeline.py"] + sorted(
+        (here / "importers" / "sources").glob("*.py"))
+    for mod in mods:
+        h.update(mod.read_bytes())
     return h.hexdigest()[:16]
 
 

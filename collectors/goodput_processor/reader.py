@@ -539,7 +539,7 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
         raise RunDirError(f"cannot list run directory {str(root)!r}: {e.strerror or e}") from e
     foreign = _foreign_files(root, files)
     if foreign:
-        return _read_with_foreign(root, files, foreign, workers)
+        return _read_with_foreign(root, files, foreign, cache)
     if not files:
         raise RunDirError(f"run directory {str(root)!r} holds no *.jsonl span files")
     try:
@@ -595,7 +595,8 @@ def _foreign_files(root: Path, files: list[Path]) -> dict:
         extra = []
     found: dict = {}
     for p in [*files, *extra]:
-        if p.name.startswith(("spans-", schema.METRICS_SPOOL_PREFIX)):
+        if p.name.startswith(("spans-", schema.METRICS_SPOOL_PREFIX)) or (
+                _cache.CACHE_DIR in p.relative_to(root).parts):
             continue
         try:
             name = detect_file_source(str(p))
@@ -607,16 +608,24 @@ def _foreign_files(root: Path, files: list[Path]) -> dict:
 
 
 def _read_with_foreign(root: Path, files: list[Path], foreign: dict,
-                       workers: int | None) -> SpanSet:
+                       cache: bool | None) -> SpanSet:
     """:func:`read_run_dir` of a directory holding another tool's OTLP JSON: each source's
     files are translated into goodput spans in a temporary spool (the
     ``goodput import --from`` path, :mod:`goodput_processor.importers.sources`) and read as
-    spool lines, with the directory's own spool files (no columnar cache); the records a
-    source skipped are counted in the report's skipped records."""
+    spool lines, with the directory's own spool files; the records a source skipped are
+    counted in the report's skipped records. The columnar cache (``cache``, as
+    :func:`read_run_dir`'s) keeps what a quiet directory gave, so the next report reads
+    that instead of translating again."""
     from .importers.sources import get_source, translate_files
 
     taken = {str(p) for ps in foreign.values() for p in ps}
     own = [p for p in files if str(p) not in taken]
+    every = sorted([*own, *(p for ps in foreign.values() for p in ps)])
+    use_cache = _cache.enabled(cache)
+    if use_cache:
+        cached = _cache.load(root, every)
+        if cached is not None:
+            return cached
     reader = _Reader()
     for p in own:
         reader.read_range(str(p))
@@ -631,5 +640,8 @@ def _read_with_foreign(root: Path, files: list[Path], foreign: dict,
     if reader.finish() == 0:
         raise RunDirError(f"run directory {str(root)!r} holds no goodput spans: the "
                           f"files of {', '.join(sorted(foreign))} gave none")
-    return SpanSet(str(root), reader.jobs, reader.skipped, reader.examples,
-                   reader.strings, len(own) + len(taken), reader.file_problems())
+    spans = SpanSet(str(root), reader.jobs, reader.skipped, reader.examples,
+                    reader.strings, len(own) + len(taken), reader.file_problems())
+    if use_cache:
+        _cache.save(root, every, spans)
+    return spans
