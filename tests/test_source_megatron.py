@@ -33,7 +33,8 @@ DATA = Path(__file__).parent / "data" / "sources" / "megatron"
 OTLP = DATA / "otlp.jsonl"
 TRUTH = DATA / "truth.jsonl"
 #: The loop's environment (``venv.sh``); GOODPUT_MEGATRON_PYTHON names another.
-MEGATRON_PYTHON = os.environ.get("GOODPUT_MEGATRON_PYTHON", "/work/venvs/megatron/bin/python")
+MEGATRON_PYTHON = os.environ.get("GOODPUT_MEGATRON_PYTHON", str(
+    Path(__file__).resolve().parent.parent / ".venvs" / "megatron" / "bin" / "python"))
 
 
 def _regen():

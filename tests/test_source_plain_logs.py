@@ -17,6 +17,8 @@ from goodput_processor.importers.sources import detect_file_source, get_source
 from goodput_processor.importers.sources.driver import translate_files, write_spool
 
 DATA = Path(__file__).parent / "data" / "sources"
+#: The tools' environments (each ``venv.sh``'s default place; ``GOODPUT_*_PYTHON`` wins).
+_VENVS = Path(__file__).resolve().parent.parent / ".venvs"
 MEG = DATA / "megatron-log"
 FAR = 2**62
 NS = 1_000_000_000
@@ -495,6 +497,8 @@ def _repo(env: str, default: str, commit: str) -> str | None:
     import os
     import subprocess
     path = os.environ.get(env, default)
+    if not path:
+        return None
     try:
         ok = subprocess.run(["git", "-C", path, "cat-file", "-e", f"{commit}^{{commit}}"],
                             capture_output=True, timeout=30).returncode == 0
@@ -509,8 +513,8 @@ def test_live_nemo_dllogger_kill_and_restart(tmp_path):
     import os
     import subprocess
     import sys
-    py = os.environ.get("GOODPUT_DLLOGGER_PYTHON", "/work/venvs/dllogger/bin/python")
-    repo = _repo("GOODPUT_NEMO_REPO", "/work/.mirror/NVIDIA+NeMo/repo",
+    py = os.environ.get("GOODPUT_DLLOGGER_PYTHON", str(_VENVS / "dllogger" / "bin" / "python"))
+    repo = _repo("GOODPUT_NEMO_REPO", "",
                  "8cfedd7203462cb251a914e700e5605444277561")
     if repo is None:
         pytest.skip("no NeMo git checkout with commit 8cfedd7 (set GOODPUT_NEMO_REPO)")
@@ -531,7 +535,7 @@ def test_live_maxtext_kill_and_restart(tmp_path):
     import subprocess
     import sys
     pytest.importorskip("absl", reason="MaxText's logging needs absl-py")
-    repo = _repo("GOODPUT_MAXTEXT_REPO", "/work/.mirror/AI-Hypercomputer+maxtext/repo",
+    repo = _repo("GOODPUT_MAXTEXT_REPO", "",
                  "e591f30cbbf217ed67ef71263ec0538239f9c3b8")
     if repo is None:
         pytest.skip("no MaxText git checkout with commit e591f30 (set GOODPUT_MAXTEXT_REPO)")
@@ -547,7 +551,7 @@ def test_live_megatron_training_log_kill_and_restart(tmp_path):
     import os
     import subprocess
     import sys
-    py = os.environ.get("GOODPUT_MEGATRON_PYTHON", "/work/venvs/megatron/bin/python")
+    py = os.environ.get("GOODPUT_MEGATRON_PYTHON", str(_VENVS / "megatron" / "bin" / "python"))
     if not os.path.exists(py) or subprocess.run(
             [py, "-c", "import megatron, nemo.lens"], capture_output=True,
             timeout=300).returncode != 0:

@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "sources" / "torchtitan"
 FILES = sorted(DATA.glob("*.jsonl.gz"))
 TOLERANCE_S = 0.5
-TOOL_PYTHON = os.environ.get("TORCHTITAN_PYTHON", "/work/venvs/torchtitan/bin/python")
+TOOL_PYTHON = os.environ.get("TORCHTITAN_PYTHON", str(
+    Path(__file__).resolve().parent.parent / ".venvs" / "torchtitan" / "bin" / "python"))
 
 
 def _report(paths, run_dir: Path) -> tuple[dict, dict]:

@@ -21,7 +21,7 @@ stub): ``torch.cuda.synchronize`` is a no-op and ``torch.cuda.current_device()``
 tensors there); no loss keys are passed to ``training_log`` (its reset makes them with
 ``device='cuda'``).
 
-Run (about 60 s on a loaded 2-core VM): ``/work/venvs/megatron/bin/python
+Run (about 60 s on a loaded 2-core VM): ``.venvs/megatron/bin/python
 tests/data/sources/megatron-log/megatron_run.py [--out DIR]``.
 """
 

@@ -25,7 +25,7 @@ BatchSpanProcessor with ``OTEL_BSP_SCHEDULE_DELAY`` = :data:`BSP_DELAY_MS`.
 ``end``; seconds since the epoch), each fsync'd before it went on, and the driver's
 (``"by": "driver"``: ``spawn``, ``kill``, ``exit``), fsync'd too.
 
-Run: ``/work/venvs/megatron/bin/python tests/data/sources/megatron/regenerate.py``
+Run: ``.venvs/megatron/bin/python tests/data/sources/megatron/regenerate.py``
 (about 40 s a run on a loaded 2-core machine).
 """
 

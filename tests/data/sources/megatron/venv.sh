@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the environment tests/test_source_megatron.py's live test runs Megatron-LM in.
 #
-#   tests/data/sources/megatron/venv.sh [VENV_DIR]        (default /work/venvs/megatron)
+#   tests/data/sources/megatron/venv.sh [VENV_DIR]        (default .venvs/megatron)
 #
 # - Python 3.11 venv; torch, the OTel SDK (1.45.2) and the rest come from the main
 #   environment through a .pth file (no torch reinstall).
@@ -17,7 +17,7 @@
 # Megatron-LM from a local mirror; a GitHub clone adds its download); the live test then
 # runs about 80 s on a loaded 2-core machine.
 set -euo pipefail
-VENV=${1:-/work/venvs/megatron}
+VENV=${1:-$(cd "$(dirname "$0")/../../../.." && pwd)/.venvs/megatron}
 HERE=$(cd "$(dirname "$0")" && pwd)
 COMMIT=$(sed -n 's/^MEGATRON_LM_COMMIT = "\([0-9a-f]*\)"/\1/p' "$HERE/regenerate.py")
 MAIN_PY=${MAIN_PY:-python3}

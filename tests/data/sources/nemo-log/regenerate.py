@@ -22,7 +22,7 @@ the truth: the child's own fsync'd ``on_train_batch_start``/``end`` times (a cal
 right after NeMo's). It SIGKILLs the child once step 17 has ended, then starts it again
 from the last checkpoint (step 15); the second run ends at step 30.
 
-Run (about 40 s): ``/work/venvs/dllogger/bin/python tests/data/sources/nemo-log/
+Run (about 40 s): ``.venvs/dllogger/bin/python tests/data/sources/nemo-log/
 regenerate.py --nemo-repo PATH_TO_NEMO_GIT`` (a clone or mirror holding the commit).
 Writes ``dllogger-0.json``, ``dllogger-1.json``, ``nemo-0.log``, ``nemo-1.log``,
 ``truth-0.jsonl``, ``truth-1.jsonl`` here.

@@ -8,8 +8,8 @@
 #   usage: venv.sh DLLOGGER_GIT_DIR [VENV_DIR]
 set -euo pipefail
 DLL_REPO=${1:?a git clone or mirror of NVIDIA/dllogger}
-VENV=${2:-/work/venvs/dllogger}
-MAIN_PY=${MAIN_PY:-/work/venv/bin/python}
+VENV=${2:-$(cd "$(dirname "$0")/../../../.." && pwd)/.venvs/dllogger}
+MAIN_PY=${MAIN_PY:-python3}
 python3 -m venv "$VENV"
 SRC=$(mktemp -d)
 git -C "$DLL_REPO" archive 0478734ff7be75adde8d160e04872664d1c62e5f | tar -x -C "$SRC"

@@ -72,9 +72,8 @@ PLANS: dict[str, list[tuple[int, int, int]]] = {
     "nvrx_kill_twice": [(1, 33, 0), (0, 28, 1)],  # killed again before its next save
 }
 #: The NVRx environment's Python (venv.sh builds it).
-NVRX_PYTHON = os.environ.get("NVRX_PYTHON",
-                             str(Path(os.environ.get("NVRX_VENV", "/work/venvs/nvrx"))
-                                 / "bin" / "python"))
+_VENV = os.environ.get("NVRX_VENV", str(Path(__file__).resolve().parents[4] / ".venvs" / "nvrx"))
+NVRX_PYTHON = os.environ.get("NVRX_PYTHON", str(Path(_VENV) / "bin" / "python"))
 #: The acceptance bound (s) on the named figures and the recovery phases (issue 37).
 TOL = 0.5
 FIGURES = ("checkpoint_save", "checkpoint_restore", "wasted_progress",

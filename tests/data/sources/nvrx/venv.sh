@@ -4,8 +4,8 @@
 # the main environment through a .pth file (the tool's own pins win: its site-packages come
 # first on sys.path).
 #
-#   . /work/venv/bin/activate            # the main environment: torch 2.13.0 CPU, goodput
-#   bash tests/data/sources/nvrx/venv.sh [DIR]      # DIR default: $NVRX_VENV or /work/venvs/nvrx
+#   . .venv/bin/activate               # the main environment: torch 2.13.0 CPU, goodput
+#   bash tests/data/sources/nvrx/venv.sh [DIR]      # DIR default: $NVRX_VENV or .venvs/nvrx
 #
 # pip cannot install nvidia-resiliency-ext 0.7.0 on Python 3.11 / glibc 2.36: PyPI has only
 # cp312/cp314 wheels for manylinux_2_39. Its Python code runs on 3.11 (its one extension,
@@ -14,7 +14,7 @@
 # torch and the "attribution" extra) are installed by pip.
 # Took 54 s in all on this 2-core VM (shared with other jobs; PyPI cache warm).
 set -euo pipefail
-DIR=${1:-${NVRX_VENV:-/work/venvs/nvrx}}
+DIR=${1:-${NVRX_VENV:-$(cd "$(dirname "$0")/../../../.." && pwd)/.venvs/nvrx}}
 MAIN_PY=${MAIN_PY:-python}
 MAIN_SITE=$("$MAIN_PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 "$MAIN_PY" -m venv "$DIR"

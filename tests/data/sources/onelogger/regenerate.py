@@ -21,7 +21,7 @@ the OTel SDK draws span ids from: one-logger's span ids repeat within a process 
 Usage::
 
     python tests/data/sources/onelogger/regenerate.py [--out-dir DIR] [--bsp-delay-ms 5000]
-        [--python /work/venvs/onelogger/bin/python] [--endpoint URL [--http]] [--ddp]
+        [--python .venvs/onelogger/bin/python] [--endpoint URL [--http]] [--ddp]
 
 Takes about 40 s on a 2-core machine (two interpreter starts, 100 steps of 0.1 s).
 Exit status: 0 when the killed attempt died by SIGKILL and the second one finished.
@@ -39,7 +39,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "train_onelogger.py"
-DEFAULT_PYTHON = os.environ.get("ONELOGGER_PYTHON", "/work/venvs/onelogger/bin/python")
+DEFAULT_PYTHON = os.environ.get("ONELOGGER_PYTHON", str(
+    Path(__file__).resolve().parents[4] / ".venvs" / "onelogger" / "bin" / "python"))
 JOB = "tiny-lightning"
 SESSION = "session-1"
 MAX_STEPS, CKPT_EVERY, VAL_EVERY, LOG_EVERY, STEP_S, KILL_AT = 100, 20, 25, 5, 0.1, 67

@@ -7,9 +7,9 @@
 # missing from the main environment (pydantic, fsspec, lightning-utilities, torchmetrics,
 # opentelemetry-sdk 1.45.2 are taken from there).
 # Took 10 s on a quiet 2-core VM, 72 s on a loaded one (pip from the local index; 2026-12-07).
-# Usage: sh venv.sh [DIR] [MAIN_PYTHON]   (defaults: /work/venvs/onelogger, python3)
+# Usage: sh venv.sh [DIR] [MAIN_PYTHON]   (defaults: .venvs/onelogger, python3)
 set -eu
-DIR=${1:-/work/venvs/onelogger}
+DIR=${1:-$(cd "$(dirname "$0")/../../../.." && pwd)/.venvs/onelogger}
 MAIN_PY=${2:-python3}
 python3 -m venv "$DIR"
 "$DIR/bin/pip" install -q --no-deps nv-one-logger-core==2.3.1 nv-one-logger-otel==2.3.1 \

@@ -6,7 +6,7 @@ to a ``goodput serve``.
 
 Used by ``regenerate.py`` (the test data) and by the live test in
 ``tests/test_source_torchft.py``. Needs the tool venv of ``venv.sh`` (``TORCHFT_VENV``,
-default ``/work/venvs/torchft``); the driver itself runs in any python with
+default ``.venvs/torchft``); the driver itself runs in any python with
 ``opentelemetry-proto``.
 
 Files written under ``out_dir``: ``truth-r<replica>.jsonl`` (``replica.py``'s truth),
@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-VENV = Path(os.environ.get("TORCHFT_VENV", "/work/venvs/torchft"))
+VENV = Path(os.environ.get("TORCHFT_VENV", HERE.parents[3] / ".venvs" / "torchft"))
 
 
 def venv_ok() -> str | None:

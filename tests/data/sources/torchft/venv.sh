@@ -5,9 +5,9 @@
 # appends the main environment's site-packages (torch 2.13.0 CPU there), so the venv's own
 # pins win. importlib_metadata/zipp: opentelemetry-api 1.39.1 imports them; the main env has
 # none. Took 13 s (pip, from PyPI) + 2 s on a 2-core VM.
-# Usage: sh venv.sh [DIR] (default /work/venvs/torchft), with the main env's python on PATH.
+# Usage: sh venv.sh [DIR] (default .venvs/torchft), with the main env's python on PATH.
 set -eu
-DIR=${1:-/work/venvs/torchft}
+DIR=${1:-$(cd "$(dirname "$0")/../../../.." && pwd)/.venvs/torchft}
 MAIN=$(python -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 python3 -m venv "$DIR"
 "$DIR/bin/pip" install -q --no-deps torchft==0.2.0 \

@@ -4,7 +4,7 @@ source) beside the driver's own truth.
 
 Usage (in the tool's environment, see ``venv.sh``)::
 
-    /work/venvs/torchtitan/bin/python tests/data/sources/torchtitan/regenerate.py \
+    .venvs/torchtitan/bin/python tests/data/sources/torchtitan/regenerate.py \
         --workdir /tmp/tt-run --restart torchrun --out tests/data/sources/torchtitan
 
 (60 s for the committed data on the 2-core machine; 90-140 s when it is loaded.)

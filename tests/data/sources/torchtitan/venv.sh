@@ -4,7 +4,7 @@
 # the main environment's site-packages (torch 2.13.0+cpu comes from there; the tool's own
 # pins win because they come first on sys.path).
 #
-# Usage: tests/data/sources/torchtitan/venv.sh [DIR]   (default /work/venvs/torchtitan)
+# Usage: tests/data/sources/torchtitan/venv.sh [DIR]   (default .venvs/torchtitan)
 # Then:  DIR/bin/python tests/data/sources/torchtitan/regenerate.py --workdir /tmp/tt-run \
 #            --out tests/data/sources/torchtitan
 # or:    TORCHTITAN_PYTHON=DIR/bin/python python -m pytest tests/test_source_torchtitan.py
@@ -13,7 +13,7 @@
 # Took 2 min 17 s on the shared 2-core machine of 2026-12-07 while two torchtitan runs went
 # on (pip from PyPI; triton's wheel is the largest part).
 set -euo pipefail
-DIR=${1:-/work/venvs/torchtitan}
+DIR=${1:-$(cd "$(dirname "$0")/../../../.." && pwd)/.venvs/torchtitan}
 MAIN_PY=${MAIN_PY:-python3}   # the main environment's python (it has torch)
 
 MAIN_SITE=$("$MAIN_PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
