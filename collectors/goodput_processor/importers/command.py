@@ -166,7 +166,7 @@ def add_import_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--from", dest="source", default="auto", metavar="SOURCE",
                    help="input format: auto (default: told from the first entries), mgm, "
                    "resiliency, or a source of another tool's telemetry: "
-                   + ", ".join(_builtin_sources()) + " (docs/sources/)")
+                   + ", ".join(_builtin_sources()) + " (" + doc_url("sources/README.md") + ")")
     p.add_argument("--job", metavar="NAME", default=None,
                    help="mgm, resiliency: import only this job (entries without a job name "
                    "belong to it); a source: write every record into job NAME (e.g. to merge "
