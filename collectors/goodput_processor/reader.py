@@ -617,6 +617,7 @@ def _read_with_foreign(root: Path, files: list[Path], foreign: dict,
     :func:`read_run_dir`'s) keeps what a quiet directory gave, so the next report reads
     that instead of translating again."""
     from .importers.sources import get_source, translate_files
+    from .importers.sources.driver import no_gc
 
     taken = {str(p) for ps in foreign.values() for p in ps}
     own = [p for p in files if str(p) not in taken]
@@ -630,11 +631,13 @@ def _read_with_foreign(root: Path, files: list[Path], foreign: dict,
     for p in own:
         reader.read_range(str(p))
     for name, paths in sorted(foreign.items()):
-        run = translate_files(get_source(name), paths)
-        for rs in run.resource_spans:  # the dicts as a spool line would hold them
-            job = reader._request({"resourceSpans": [rs]}, (name, "translated"))
-            if job is not None:
-                job.run_dirs.add(str(root))
+        with no_gc():  # (see no_gc: the translated dicts are read while they are many)
+            run = translate_files(get_source(name), paths)
+            for rs in run.resource_spans:  # the dicts as a spool line would hold them
+                job = reader._request({"resourceSpans": [rs]}, (name, "translated"))
+                if job is not None:
+                    job.run_dirs.add(str(root))
+            del run.resource_spans[:]
         reader.skipped.update(run.problems.counts)
         reader.examples.extend(run.problems.examples[: max(0, 20 - len(reader.examples))])
     if reader.finish() == 0:

@@ -164,8 +164,15 @@ class ForeignSpan:
         r = self._raw
         if isinstance(r, dict):
             for kv in r.get("attributes") or ():
-                if isinstance(kv, dict) and kv.get("key") == key:
-                    return value_of(kv.get("value"))
+                if kv.get("key") == key:
+                    v = kv.get("value")
+                    x = v.get("intValue") if type(v) is dict else None
+                    if x is not None:
+                        try:
+                            return int(x)
+                        except (TypeError, ValueError):
+                            return None
+                    return value_of(v)
             return default
         for kv in r.attributes:
             if kv.key == key:
@@ -245,12 +252,8 @@ def _hex(v) -> str:
     JSON mapping, ``json_format.MessageToJson``, writes bytes so) or as protobuf bytes;
     "" when absent or unreadable."""
     if isinstance(v, str):
-        if len(v) == 16 or len(v) == 32:
-            try:
-                bytes.fromhex(v)
-                return v.lower()
-            except ValueError:
-                pass
+        if len(v) == 16 or len(v) == 32:  # hex (base64 of 8 or 16 bytes is 12 or 24 long):
+            return v.lower()  # a bad digit is the reader's to refuse, as for any span
         if not v:
             return ""
         try:
