@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from goodput import schema
 from ..common import Problems
 
 __all__ = ["ForeignLog", "ForeignSpan", "Emitter", "Source", "Translator", "attrs_of",
+           "first_json",
            "logs_of", "pb_attrs", "spans_of", "value_of"]
 
 #: Spans per emitted ``scopeSpans`` list (as the recorder's journal lines).
@@ -119,6 +121,19 @@ def _int(v, default: int = 0) -> int:
         return int(v)
     except (TypeError, ValueError):
         return default
+
+
+def first_json(head: bytes) -> dict | None:
+    """The first line of ``head`` (a file's first bytes) as a JSON object, else None: what
+    a source's ``sniff`` and the OTLP detection read."""
+    line = head.split(b"\n", 1)[0].strip()
+    if not line.startswith(b"{"):
+        return None
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class ForeignSpan:
@@ -437,6 +452,19 @@ class Emitter:
         if error:
             s["status"] = {"code": 2}
         p.spans.append(s)
+
+    def spans_then_alive(self, key: str, start_ns: int, spans, last_seen_ns: int,
+                         ended: bool = False) -> None:
+        """Add ``spans`` (``(name, start_ns, end_ns, attrs, error)`` tuples) to process
+        ``key``, then, when the process was seen after the last of them (and from
+        ``start_ns``) and did not end, a heartbeat at ``last_seen_ns``: its last sign of
+        life, where the processor ends a killed attempt."""
+        last = start_ns
+        for name, start, end, attrs, error in spans:
+            self.span(key, name, start, end, attrs, error=error)
+            last = max(last, end)
+        if last_seen_ns > last and not ended:
+            self.span(key, schema.HEARTBEAT, last_seen_ns, last_seen_ns)
 
     def forget(self, job: str) -> None:
         """Drop the processes of ``job`` (``goodput serve`` retired it); a later record of

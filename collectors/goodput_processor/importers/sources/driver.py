@@ -36,7 +36,16 @@ except ImportError:  # pragma: no cover - depends on the environment
         return json.dumps(doc, separators=(",", ":"))
 
 from ..common import OutputExistsError, Problems, check_readable
-from .base import Emitter, Source, Translator, attrs_of, logs_of, pb_attrs, spans_of
+from .base import (
+    Emitter,
+    Source,
+    Translator,
+    attrs_of,
+    first_json,
+    logs_of,
+    pb_attrs,
+    spans_of,
+)
 
 __all__ = ["OtlpTranslation", "SourceRun", "detect_file_source", "match_otlp",
            "translate_files", "translate_otlp", "write_spool"]
@@ -96,14 +105,8 @@ def _first_line(path: str) -> bytes:
 
 def _otlp_first(head: bytes) -> dict | None:
     """The first line of ``head`` as an OTLP JSON request dict, else None."""
-    line = head.split(b"\n", 1)[0].strip()
-    if not line.startswith(b"{"):
-        return None
-    try:
-        doc = json.loads(line)
-    except ValueError:
-        return None
-    if isinstance(doc, dict) and ("resourceSpans" in doc or "resourceLogs" in doc):
+    doc = first_json(head)
+    if doc is not None and ("resourceSpans" in doc or "resourceLogs" in doc):
         return doc
     return None
 

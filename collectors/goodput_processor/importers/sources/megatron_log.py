@@ -435,12 +435,7 @@ class MegatronLogTranslator(Translator):
         prep_to = a.prep_end if a.prep_end is not None else first_step
         if prep_from is not None and prep_to is not None and prep_to > prep_from:
             self.emit.span(key, schema.TRAINING_PREP, prep_from, prep_to)
-        last = a.start
-        for name, start, end, attrs, error in a.spans:
-            self.emit.span(key, name, start, end, attrs, error=error)
-            last = max(last, end)
-        if a.last_seen > last and not a.ended:
-            self.emit.span(key, schema.HEARTBEAT, a.last_seen, a.last_seen)
+        self.emit.spans_then_alive(key, a.start, a.spans, a.last_seen, a.ended)
 
 
 SOURCE = Source(

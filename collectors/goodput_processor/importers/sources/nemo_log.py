@@ -281,12 +281,7 @@ class NemoLogTranslator(Translator):
         key = self.emit.process(f"nemo-log\0{self.job}\0{a.number}", job=self.job or "nemo",
                                 attempt=a.number, start_ns=a.start)
         self.emit.span(key, schema.JOB_START, a.start, a.start)
-        last = a.start
-        for name, start, end, attrs, error in a.spans:
-            self.emit.span(key, name, start, end, attrs, error=error)
-            last = max(last, end)
-        if a.last_seen > last and not a.ended:
-            self.emit.span(key, schema.HEARTBEAT, a.last_seen, a.last_seen)
+        self.emit.spans_then_alive(key, a.start, a.spans, a.last_seen, a.ended)
 
 
 _CHECKED = ("NVIDIA/dllogger 0478734 (1.0.0) JSONStreamBackend; NeMo 8cfedd7 DLLogger + "

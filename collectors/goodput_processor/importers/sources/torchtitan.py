@@ -71,7 +71,7 @@ import os
 
 from goodput import schema
 
-from .base import Source, Translator
+from .base import Source, Translator, first_json
 
 __all__ = ["SOURCE", "TorchtitanTranslator"]
 
@@ -316,14 +316,8 @@ def _job_name(path: str) -> str:
 
 def sniff(head: bytes) -> bool:
     """Whether a file's first bytes are torchtitan structured-log records."""
-    line = head.split(b"\n", 1)[0].strip()
-    if not line.startswith(b"{"):
-        return False
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(rec, dict) and all(k in rec for k in (
+    rec = first_json(head)
+    return rec is not None and all(k in rec for k in (
         "log_type_name", "time_us", "global_rank", "seq_id"))
 
 
