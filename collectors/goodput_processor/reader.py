@@ -537,7 +537,9 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
                      for p in files)
     except OSError as e:
         raise RunDirError(f"cannot list run directory {str(root)!r}: {e.strerror or e}") from e
-    foreign = _foreign_files(root, files)
+    from .read_foreign import foreign_files
+
+    foreign = foreign_files(root, files)
     if foreign:
         return _read_with_foreign(root, files, foreign, cache)
     if not files:
@@ -581,43 +583,15 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
     return spans
 
 
-def _foreign_files(root: Path, files: list[Path]) -> dict:
-    """The OTLP JSON files under ``root`` that a source of another tool's telemetry takes
-    (the Collector's file exporter writes them: ``*.json``/``*.jsonl``, ``.gz``), as
-    ``{source name: [paths]}``; files named like the spool (``spans-*``) are not looked at.
-    Each other file costs a read of its first 64 KiB."""
-    from .importers.sources import detect_file_source
-
-    try:
-        extra = sorted(p for pat in ("*.json", "*.json.gz") for p in root.rglob(pat)
-                       if p.is_file())
-    except OSError:
-        extra = []
-    found: dict = {}
-    for p in [*files, *extra]:
-        if p.name.startswith(("spans-", schema.METRICS_SPOOL_PREFIX)) or (
-                _cache.CACHE_DIR in p.relative_to(root).parts):
-            continue
-        try:
-            name = detect_file_source(str(p))
-        except Exception:  # noqa: BLE001 - unreadable here: the reader reports it
-            name = None
-        if name is not None:
-            found.setdefault(name, []).append(p)
-    return found
-
 
 def _read_with_foreign(root: Path, files: list[Path], foreign: dict,
                        cache: bool | None) -> SpanSet:
-    """:func:`read_run_dir` of a directory holding another tool's OTLP JSON: each source's
-    files are translated into goodput spans in a temporary spool (the
-    ``goodput import --from`` path, :mod:`goodput_processor.importers.sources`) and read as
-    spool lines, with the directory's own spool files; the records a source skipped are
-    counted in the report's skipped records. The columnar cache (``cache``, as
-    :func:`read_run_dir`'s) keeps what a quiet directory gave, so the next report reads
-    that instead of translating again."""
-    from .importers.sources import get_source, translate_files
-    from .importers.sources.driver import no_gc
+    """:func:`read_run_dir` of a directory holding another tool's OTLP JSON (``foreign``:
+    ``{source name: [paths]}``, :func:`.read_foreign.foreign_files`): the directory's own
+    spool files, then each source's files translated (:func:`.read_foreign.translate_into`);
+    the columnar cache (``cache``, as :func:`read_run_dir`'s) keeps what a quiet directory
+    gave, so the next report reads that instead of translating again."""
+    from .read_foreign import translate_into
 
     taken = {str(p) for ps in foreign.values() for p in ps}
     own = [p for p in files if str(p) not in taken]
@@ -630,16 +604,7 @@ def _read_with_foreign(root: Path, files: list[Path], foreign: dict,
     reader = _Reader()
     for p in own:
         reader.read_range(str(p))
-    for name, paths in sorted(foreign.items()):
-        with no_gc():  # (see no_gc: the translated dicts are read while they are many)
-            run = translate_files(get_source(name), paths)
-            for rs in run.resource_spans:  # the dicts as a spool line would hold them
-                job = reader._request({"resourceSpans": [rs]}, (name, "translated"))
-                if job is not None:
-                    job.run_dirs.add(str(root))
-            del run.resource_spans[:]
-        reader.skipped.update(run.problems.counts)
-        reader.examples.extend(run.problems.examples[: max(0, 20 - len(reader.examples))])
+    translate_into(reader, root, foreign)
     if reader.finish() == 0:
         raise RunDirError(f"run directory {str(root)!r} holds no goodput spans: the "
                           f"files of {', '.join(sorted(foreign))} gave none")
