@@ -49,6 +49,18 @@ def _port(text: str, what: str) -> int | None:
     return int(text)
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or name (only this machine can connect)."""
+    import ipaddress
+
+    if host.strip().lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _token(args) -> str | None:
     from ..cli import UsageError
 
@@ -282,6 +294,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             where += (f" wal={wal.root} (replayed {r.lines} lines of {len(store.jobs())} "
                       f"jobs in {r.seconds:.2f} s)")
         print(f"goodput serve: listening {where}".rstrip(), file=sys.stderr, flush=True)
+        if not _loopback(args.host) and not args.token_file:
+            print(f"goodput serve: warning: listening on {args.host} (beyond this machine) "
+                  "without a token: anyone who reaches the port can send spans and read "
+                  "every job's report; give --token-file (and --tls-cert/--tls-key)",
+                  file=sys.stderr, flush=True)
         while not stop.wait(interval or 3600):
             if interval:
                 try:
