@@ -294,10 +294,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             where += (f" wal={wal.root} (replayed {r.lines} lines of {len(store.jobs())} "
                       f"jobs in {r.seconds:.2f} s)")
         print(f"goodput serve: listening {where}".rstrip(), file=sys.stderr, flush=True)
-        if not _loopback(args.host) and not args.token_file:
+        if not _loopback(args.host) and not (args.token_file or os.environ.get(_TOKEN_ENV)):
             print(f"goodput serve: warning: listening on {args.host} (beyond this machine) "
                   "without a token: anyone who reaches the port can send spans and read "
-                  "every job's report; give --token-file (and --tls-cert/--tls-key)",
+                  f"every job's report; give --token-file or ${_TOKEN_ENV} (and "
+                  "--tls-cert/--tls-key)",
                   file=sys.stderr, flush=True)
         while not stop.wait(interval or 3600):
             if interval:
