@@ -303,5 +303,10 @@ def test_live_kill_restart_to_goodput_serve(tmp_path):
     want = truth(tmp_path / "run")
     print("live", _figures(live), "offline", _figures(off), "truth", want)
     assert _figures(live) == _figures(off)
-    assert live["badput_s"] == off["badput_s"]
+    # torchft logs nothing at exit: live, the last attempt is still running when /v1/report
+    # is asked, so its time after its last step (in `other`) runs to that moment, while the
+    # import ends it at the last record it holds (some sent after that moment); every other
+    # bucket is the same
+    assert {k: v for k, v in live["badput_s"].items() if k != "other"} == {
+        k: v for k, v in off["badput_s"].items() if k != "other"}
     _agrees(_figures(live), want)
