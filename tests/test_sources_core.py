@@ -234,3 +234,7 @@ def test_a_quiet_foreign_directory_is_cached(tmp_path, toy_registered, monkeypat
     second = read_run_dir(src, cache=True)
     assert job_to_dict(account(second.jobs["toyjob"])) == job_to_dict(
         account(first.jobs["toyjob"]))
+    from goodput_processor import result_cache
+
+    file_stats, _params, _kept = result_cache.lookup(src, {"definitions": "goodput"})
+    assert [f[0] for f in file_stats] == ["traces.json"]  # the report's result is kept too

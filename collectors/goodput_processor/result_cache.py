@@ -10,7 +10,8 @@ definitions) and :func:`~goodput_processor.definitions.report` with ``mgm``, bot
 directory of :mod:`goodput_processor.cache`), one entry per ``(definitions, ideal step
 time, job)`` asked for:
 
-- **valid** while the span files are the same paths with the same sizes and modification
+- **valid** while the span files (and a foreign producer's files that a source reads,
+  :mod:`.read_foreign`) are the same paths with the same sizes and modification
   times (ns, taken *before* the files were read), and the processor's code is the same
   (a hash of every module of ``goodput_processor`` and of ``goodput.schema``);
 - **written** only for a finished run: every span file unmodified for
@@ -97,9 +98,15 @@ def lookup(path, params: dict) -> tuple[list, dict, list | None] | None:
     the first two to :func:`save` after accounting."""
     if not cache_enabled():
         return None
+    from .read_foreign import foreign_files
+
     root = Path(path)
     try:
-        file_stats = stats(root, span_files(root) + tail_files(root))
+        files = span_files(root) + tail_files(root)
+        # a foreign producer's files too (goodput report of a Collector's OTLP JSON)
+        files += sorted({p for ps in foreign_files(root, files).values() for p in ps}
+                        - set(files))
+        file_stats = stats(root, files)
     except OSError:
         return None
     return file_stats, params, (load(root, file_stats, params) if file_stats else None)
