@@ -112,6 +112,28 @@ def test_torn_tail_is_cut_and_appending_goes_on(tmp_path):
     assert _store(wal_dir).replayed.lines == 2
 
 
+def test_a_segment_that_is_a_directory_stops_no_startup(tmp_path):
+    """A directory named like a segment (never one serve wrote) is left out of the replay
+    with a count; the other jobs and that job's own segments replay, and the job appends
+    to a new segment after it (issue 38: it stopped the startup of every job)."""
+    wal_dir = tmp_path / "wal"
+    store = _store(wal_dir)
+    for job in ("good", "odd"):
+        for line in _lines(tmp_path, job, attempts=1)[:3]:
+            store.ingest_json(json.loads(line), ("http", 1))
+    before = _doc(store.results(now_ns=NOW))
+    store.wal.close()
+    odd = wal_dir / "jobs" / job_slug("odd")
+    (odd / "seg-00000099.jsonl").mkdir()
+    again = _store(wal_dir)
+    assert again.replayed.skipped == 1 and _doc(again.results(now_ns=NOW)) == before
+    line = _lines(tmp_path, "odd", attempts=1)[3]
+    again.ingest_json(json.loads(line), ("http", 2))
+    again.wal.close()
+    assert (odd / "seg-00000100.jsonl").is_file()
+    assert _store(wal_dir).replayed.lines == again.replayed.lines + 1
+
+
 def test_segments_rotate_and_fsync_every_append(tmp_path):
     store = _store(tmp_path / "wal", segment_bytes=3000, fsync_interval_s=0)
     lines = _lines(tmp_path, "r")

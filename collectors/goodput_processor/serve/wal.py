@@ -52,13 +52,15 @@ def job_slug(job: str) -> str:
 @dataclass
 class ReplayStats:
     """What :meth:`WriteAheadLog.replay` read: ``lines`` taken in, ``bytes`` read,
-    ``torn`` last lines cut off, ``segments`` files, ``seconds`` of wall time."""
+    ``torn`` last lines cut off, ``segments`` files, ``seconds`` of wall time, ``skipped``
+    segments left out (a directory, or unreadable: logged; the startup goes on)."""
 
     lines: int = 0
     bytes: int = 0
     torn: int = 0
     segments: int = 0
     seconds: float = 0.0
+    skipped: int = 0
 
 
 class _Segment:
@@ -113,14 +115,25 @@ class WriteAheadLog:
         for job_dir in sorted(p for p in self.jobs_dir.iterdir() if p.is_dir()):
             size = 0
             for seg in self._segments(job_dir):
+                if seg.is_dir():  # never one serve wrote: its job's other segments count
+                    st.skipped += 1
+                    _log.warning("goodput serve: %s is a directory: left out of the replay",
+                                 seg)
+                    continue
                 st.segments += 1
-                size += self._replay_segment(seg, take, st)
+                try:
+                    size += self._replay_segment(seg, take, st)
+                except OSError as e:  # unreadable: this segment only, never the startup
+                    st.skipped += 1
+                    _log.error("goodput serve: cannot replay %s (%s): left out", seg,
+                               e.strerror or e)
             self._sizes[job_dir.name] = size
         st.seconds = time.monotonic() - t0
         return st
 
     @staticmethod
     def _segments(job_dir: Path) -> list[Path]:
+        """Every entry of ``job_dir`` named like a segment, in order (files or not)."""
         return sorted(p for p in job_dir.iterdir() if _SEG.match(p.name))
 
     @staticmethod
@@ -197,7 +210,7 @@ class WriteAheadLog:
         job_dir.mkdir(exist_ok=True)
         segs = self._segments(job_dir)
         n = int(_SEG.match(segs[-1].name).group(1)) if segs else 0
-        if new or not segs:
+        if new or not segs or segs[-1].is_dir():  # (never append into a directory)
             n += 1
         path = job_dir / f"seg-{n:08d}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
