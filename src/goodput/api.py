@@ -9,6 +9,7 @@ import threading
 import time
 
 from goodput import config
+from goodput.clock import to_ns
 from goodput.recorder import Recorder
 
 _log = logging.getLogger(__name__)
@@ -74,7 +75,6 @@ def configure(
     after phases were recorded (with the defaults, or by an earlier ``configure``), it says
     where those went and where what follows goes.
     """
-    from goodput.phases import to_ns  # phases imports this module
 
     global _RECORDER
     at = None
@@ -196,7 +196,6 @@ def _recorder_or_none_error(message: str, *args) -> None:
 
 
 def _at(at, name: str):
-    from goodput.phases import to_ns
 
     if at is None:
         return None
