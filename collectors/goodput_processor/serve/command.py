@@ -10,7 +10,6 @@ at shutdown, and optionally publishes the metrics (``--prometheus-port``,
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -19,6 +18,10 @@ import sys
 import threading
 
 from goodput.links import doc_url, install_hint
+
+from .config import mark_defaults
+from .exposure import hostport, warnings
+from .report_writer import ReportWriter
 
 __all__ = ["add_serve_command", "cmd_serve"]
 
@@ -49,19 +52,9 @@ def _port(text: str, what: str) -> int | None:
     return int(text)
 
 
-def _loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address or name (only this machine can connect)."""
-    import ipaddress
-
-    if host.strip().lower() in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _token(args) -> str | None:
+def _token(args, from_config: str | None = None) -> str | None:
+    """The token: ``--token-file``'s, else the config file's ``token`` key, else
+    ``$GOODPUT_SERVE_TOKEN``, else None. Raises UsageError for an unreadable or empty file."""
     from ..cli import UsageError
 
     if args.token_file:
@@ -74,38 +67,7 @@ def _token(args) -> str | None:
         if not token:
             raise UsageError(f"--token-file {args.token_file!r} is empty")
         return token
-    return os.environ.get(_TOKEN_ENV) or None
-
-
-class _Reports:
-    """Writes reports as JSON lines (one line per report) or rich tables."""
-
-    def __init__(self, fmt: str, path: str | None):
-        self.fmt, self.path = fmt, path
-
-    def write(self, results, final: bool = False) -> None:
-        from ..report import to_json_dict
-
-        if self.fmt == "json":
-            doc = to_json_dict(results)
-            doc["final"] = final
-            line = json.dumps(doc, separators=(",", ":")) + "\n"
-            if self.path:
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(line)
-            else:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        elif results:
-            from rich.console import Console
-
-            from ..report import make_console, render_table
-
-            if self.path:
-                with open(self.path, "a", encoding="utf-8") as f:
-                    render_table(results, Console(file=f, width=120, highlight=False))
-            else:
-                render_table(results, make_console())
+    return from_config or os.environ.get(_TOKEN_ENV) or None
 
 
 def _metrics(args, store, budget=lambda: None):
@@ -119,10 +81,12 @@ def _metrics(args, store, budget=lambda: None):
     from .telemetry import SERVICE_NAME, add_serve_instruments
 
     registry = prometheus_client.CollectorRegistry()
-    reader, prom = prometheus_reader(args.prometheus_port, args.host, registry=registry)
+    port = _port(str(args.prometheus_port), "--prometheus-port")
+    reader, prom = prometheus_reader(port, args.prometheus_host, registry=registry)
     readers = [reader]
     if args.otlp_metrics_endpoint:
-        readers.append(otlp_reader(args.otlp_metrics_endpoint, interval_s=args.metrics_interval))
+        readers.append(otlp_reader(args.otlp_metrics_endpoint, interval_s=_number(
+            str(args.metrics_interval), "--metrics-interval")))
     provider = MeterProvider(metric_readers=readers,
                              resource=Resource.create({"service.name": SERVICE_NAME}))
     windows = tuple(_number(w, "--windows", 0) for w in args.windows.split(",") if w.strip())
@@ -212,7 +176,21 @@ def _spill(args, packing: bool):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run ``goodput serve`` until SIGTERM/SIGINT; returns the exit status."""
+    """Run ``goodput serve`` until SIGTERM/SIGINT; returns the exit status. Raises UsageError
+    (printed as one line by ``goodput``) for a bad flag or config file, naming the flag (and
+    the key and file when the config file set it), or a missing extra with its install line."""
+    from ..cli import UsageError
+    from . import config, extras
+
+    loaded = config.apply(args) if args.config else None
+    try:
+        extras.require(args)
+        return _serve(args, loaded)
+    except UsageError as e:
+        raise config.blame(e, loaded) from e
+
+
+def _serve(args: argparse.Namespace, loaded) -> int:
     from ..cli import UsageError
 
     try:
@@ -244,7 +222,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store = LiveStore(ideal, min_interval_s=min(interval or 1.0, 1.0), limits=limits, wal=wal,
                       retention_s=retention, pack_after_s=pack_after,
                       spill=_spill(args, pack_after is not None))
-    reports = _Reports(args.format, args.report_file)
+    token = _token(args, loaded.token if loaded is not None else None)
+    reports = ReportWriter(args.format, args.report_file)
     holder: list = []  # the server, once started: its byte budget for the telemetry
     provider, registry, prom = _metrics(args, store, lambda: holder[0].budget if holder else None)
 
@@ -261,7 +240,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         server = GoodputServer(store, host=args.host, grpc_port=grpc_port, http_port=http_port,
-                               spool_dirs=args.spool_dir or (), token=_token(args),
+                               spool_dirs=args.spool_dir or (), token=token,
                                tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
                                poll_s=poll, limits=limits, metrics=metrics_text,
                                on_retire=retired)
@@ -288,18 +267,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         where = " ".join(f"{k}={v}" for k, v in server.addresses().items())
         if prom is not None:
-            where += f" prometheus=http://{args.host}:{prom.server_port}/metrics"
+            where += f" prometheus=http://{hostport(args.prometheus_host, prom.server_port)}" \
+                "/metrics"
         if wal is not None:
             r = store.replayed
             where += (f" wal={wal.root} (replayed {r.lines} lines of {len(store.jobs())} "
                       f"jobs in {r.seconds:.2f} s)")
         print(f"goodput serve: listening {where}".rstrip(), file=sys.stderr, flush=True)
-        if not _loopback(args.host) and not (args.token_file or os.environ.get(_TOKEN_ENV)):
-            print(f"goodput serve: warning: listening on {args.host} (beyond this machine) "
-                  "without a token: anyone who reaches the port can send spans and read "
-                  f"every job's report; give --token-file or ${_TOKEN_ENV} (and "
-                  "--tls-cert/--tls-key)",
-                  file=sys.stderr, flush=True)
+        for line in warnings(args.host, token, _TOKEN_ENV, args.prometheus_host,
+                             None if prom is None else prom.server_port):
+            print(f"goodput serve: warning: {line}", file=sys.stderr, flush=True)
         while not stop.wait(interval or 3600):
             if interval:
                 try:
@@ -340,45 +317,25 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
         "--http-port off --spool-dir goodput-runs/my-run --report-interval 10. "
         "Stop it with SIGTERM or Ctrl-C: it writes the final report. See "
         + doc_url("serve.md"))
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces)")
-    p.add_argument("--grpc-port", default="4317", metavar="PORT",
-                   help="OTLP/gRPC port: TraceService and LogsService (default 4317; 0: "
-                   "any free port; off: no gRPC receiver)")
-    p.add_argument("--http-port", default="4318", metavar="PORT",
-                   help="OTLP/HTTP (/v1/traces, /v1/logs), /v1/report and /metrics port "
-                   "(default 4318; 0: any free port; off: no HTTP receiver)")
-    p.add_argument("--spool-dir", action="append", metavar="DIR",
-                   help="tail *.jsonl spool files under DIR (repeatable)")
-    p.add_argument("--poll-interval", default="0.5", metavar="SECONDS",
-                   help="seconds between spool polls (default 0.5)")
-    p.add_argument("--report-interval", default=None, metavar="SECONDS",
-                   help="write the current report every SECONDS (default: only at exit)")
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="report format: rich table or JSON lines (default table)")
-    p.add_argument("--report-file", metavar="PATH", default=None,
-                   help="append reports to PATH instead of stdout")
-    p.add_argument("--ideal-step-time", metavar="SECONDS", default=None,
-                   help="ideal step time in seconds (default: median of kept step times)")
-    p.add_argument("--wal-dir", default="goodput-serve-wal", metavar="DIR",
-                   help="write-ahead log: requests are appended here before they are "
-                   "acknowledged and replayed at start (default ./goodput-serve-wal; off: "
-                   "none; not used when both receivers are off)")
-    p.add_argument("--wal-fsync-interval", default="1", metavar="SECONDS",
-                   help="fsync the log every SECONDS: a machine crash loses at most that much "
-                   "acknowledged data; 0 = before every acknowledgement (default 1)")
-    p.add_argument("--retention", default="604800", metavar="SECONDS",
-                   help="a job with no new span for SECONDS leaves: its final report is "
-                   "written (report file, WAL_DIR/results) and its log removed (default "
-                   "604800 = 7 days; off: never)")
-    p.add_argument("--pack-after", default="60", metavar="SECONDS",
-                   help="a process with no new span for SECONDS (a finished attempt's) is "
-                   "compacted: its rows packed, what the accounting keeps of it let go or "
-                   "shared (default 60; off: never)")
-    p.add_argument("--spill-dir", default="auto", metavar="DIR",
-                   help="compacted processes' packed rows are kept in files here, not in "
-                   "memory, removed when their job leaves or the server stops (default auto: "
-                   "a new directory under the system's temporary directory; off: in memory)")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="read flags from this YAML file: keys are the flags below without "
+                   "their dashes (max-jobs: 2000), flags given here win over it; an unknown "
+                   "key or a bad value is an error: " + doc_url("serve.md", "Config file"))
+    ing = p.add_argument_group("ingest", "Where spans come in: the OTLP receivers and the "
+                               "spool directories.")
+    ing.add_argument("--host", default="127.0.0.1",
+                     help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces: "
+                     "give a token, see security)")
+    ing.add_argument("--grpc-port", default="4317", metavar="PORT",
+                     help="OTLP/gRPC port: TraceService and LogsService (default 4317; 0: "
+                     "any free port; off: no gRPC receiver)")
+    ing.add_argument("--http-port", default="4318", metavar="PORT",
+                     help="OTLP/HTTP (/v1/traces, /v1/logs), /v1/report and /metrics port "
+                     "(default 4318; 0: any free port; off: no HTTP receiver)")
+    ing.add_argument("--spool-dir", action="append", metavar="DIR",
+                     help="tail *.jsonl spool files under DIR (repeatable)")
+    ing.add_argument("--poll-interval", default="0.5", metavar="SECONDS",
+                     help="seconds between spool polls (default 0.5)")
     lim = p.add_argument_group(
         "limits", "Past one, a request gets the retryable status, or the job an over_limit "
         "warning: " + doc_url("serve.md", "Limits"))
@@ -400,24 +357,56 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     lim.add_argument("--max-job-spans-per-second", default="100000", metavar="N",
                      help="spans per second one job may send, over 10 s bursts (default "
                      "100000)")
-    p.add_argument("--tls-cert", metavar="PEM", default=None, help="TLS certificate chain")
-    p.add_argument("--tls-key", metavar="PEM", default=None, help="TLS private key")
-    p.add_argument("--token-file", metavar="PATH", default=None,
-                   help=f"require 'Authorization: Bearer <token>' with the token in PATH "
-                   f"(or in ${_TOKEN_ENV})")
-    p.add_argument("--shutdown-timeout", default="10", metavar="SECONDS",
-                   help="bound on drain + final report at SIGTERM/SIGINT (default 10)")
-    p.add_argument("--prometheus-port", type=int, default=None, metavar="PORT",
-                   help="also serve /metrics on PORT with NO token (0 = any); GET /metrics on "
-                   "the HTTP port always serves them, with the token when one is set")
-    p.add_argument("--otlp-metrics-endpoint", default=None, metavar="HOST:PORT",
-                   help="export the goodput metrics over OTLP/gRPC to this endpoint")
-    p.add_argument("--metrics-interval", type=float, default=60.0, metavar="SECONDS",
-                   help="OTLP metric export interval (default 60)")
-    p.add_argument("--windows", default="60,300,900", metavar="S,S,...",
-                   help="rolling windows in seconds for the metrics (default 60,300,900)")
+    sto = p.add_argument_group("storage", "What is kept, where, and for how long: the "
+                               "write-ahead log, retention, compaction.")
+    sto.add_argument("--wal-dir", default="goodput-serve-wal", metavar="DIR",
+                     help="write-ahead log: requests are appended here before they are "
+                     "acknowledged and replayed at start (default ./goodput-serve-wal; off: "
+                     "none; not used when both receivers are off)")
+    sto.add_argument("--wal-fsync-interval", default="1", metavar="SECONDS",
+                     help="fsync the log every SECONDS: a machine crash loses at most that "
+                     "much acknowledged data; 0 = before every acknowledgement (default 1)")
+    sto.add_argument("--retention", default="604800", metavar="SECONDS",
+                     help="a job with no new span for SECONDS leaves: its final report is "
+                     "written (report file, WAL_DIR/results) and its log removed (default "
+                     "604800 = 7 days; off: never)")
+    sto.add_argument("--pack-after", default="60", metavar="SECONDS",
+                     help="a process with no new span for SECONDS (a finished attempt's) is "
+                     "compacted: its rows packed, what the accounting keeps of it let go or "
+                     "shared (default 60; off: never)")
+    sto.add_argument("--spill-dir", default="auto", metavar="DIR",
+                     help="compacted processes' packed rows are kept in files here, not in "
+                     "memory, removed when their job leaves or the server stops (default "
+                     "auto: a new directory under the system's temporary directory; off: in "
+                     "memory)")
+    pub = p.add_argument_group("publish", "The reports and the metrics: where they go and "
+                               "how often.")
+    pub.add_argument("--report-interval", default=None, metavar="SECONDS",
+                     help="write the current report every SECONDS (default: only at exit)")
+    pub.add_argument("--format", choices=("table", "json"), default="table",
+                     help="report format: rich table or JSON lines (default table)")
+    pub.add_argument("--report-file", metavar="PATH", default=None,
+                     help="append reports to PATH instead of stdout")
+    pub.add_argument("--ideal-step-time", metavar="SECONDS", default=None,
+                     help="ideal step time in seconds (default: median of kept step times)")
+    pub.add_argument("--shutdown-timeout", default="10", metavar="SECONDS",
+                     help="bound on drain + final report at SIGTERM/SIGINT (default 10)")
+    pub.add_argument("--prometheus-port", default="off", metavar="PORT",
+                     help="also serve /metrics on PORT with NO token (0 = any free port; "
+                     "default off); GET /metrics on the HTTP port always serves them, with "
+                     "the token when one is set")
+    pub.add_argument("--prometheus-host", default="127.0.0.1", metavar="ADDRESS",
+                     help="address of --prometheus-port (default 127.0.0.1, whatever --host "
+                     "is: this endpoint has no token; serve warns when it is beyond loopback)")
+    pub.add_argument("--otlp-metrics-endpoint", default=None, metavar="HOST:PORT",
+                     help="export the goodput metrics over OTLP/gRPC to this endpoint (needs "
+                     "the otlp extra)")
+    pub.add_argument("--metrics-interval", default="60", metavar="SECONDS",
+                     help="OTLP metric export interval (default 60)")
+    pub.add_argument("--windows", default="60,300,900", metavar="S,S,...",
+                     help="rolling windows in seconds for the metrics (default 60,300,900)")
     gcm = p.add_argument_group(
-        "ml-goodput-measurement's Cloud Monitoring series",
+        "publish: ml-goodput-measurement's Cloud Monitoring series",
         "The compute.googleapis.com/workload/* series, so that existing dashboards keep "
         "working (needs the gcp extra): " + doc_url("metrics.md",
                                                    "The incumbent's Cloud Monitoring series"))
@@ -438,5 +427,14 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                      "project's")
     gcm.add_argument("--workload-interval", default="60", metavar="SECONDS",
                      help="seconds between uploads (default 60)")
+    sec = p.add_argument_group("security", "Who may send spans and read reports: keep serve "
+                               "on loopback, or give a token and TLS: "
+                               + doc_url("serve.md", "Security"))
+    sec.add_argument("--token-file", metavar="PATH", default=None,
+                     help=f"require 'Authorization: Bearer <token>' with the token in PATH "
+                     f"(or in ${_TOKEN_ENV}, or the config file's token key)")
+    sec.add_argument("--tls-cert", metavar="PEM", default=None, help="TLS certificate chain")
+    sec.add_argument("--tls-key", metavar="PEM", default=None, help="TLS private key")
     p.set_defaults(func=cmd_serve)
+    mark_defaults(p)  # last: a flag given on the command line is told from its default
     return p
