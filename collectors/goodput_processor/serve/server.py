@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 
 from ..report import JobResult
+from .health import HealthListener
 from .limits import ByteBudget, Limits
 from .receiver import Gate, GrpcReceiver, HttpReceiver
 from .store import LiveStore
@@ -49,6 +50,10 @@ class GoodputServer:
             after the store's ``retention_s`` (e.g. to write it to a report file).
         maintain_s: seconds between maintenance rounds (retire idle jobs, probe a failed
             write-ahead log, pack quiet processes' rows).
+        health_port: port of ``/healthz`` and ``/readyz`` apart from the receivers, on
+            ``host`` (:mod:`~goodput_processor.serve.health`; 0 = any free port, None = none:
+            they are answered on the HTTP port only, where ingest connections can starve
+            them).
 
     Raises:
         RuntimeError, OSError: a port cannot be bound or a TLS file cannot be read (what
@@ -61,7 +66,7 @@ class GoodputServer:
                  spool_dirs=(), token: str | None = None, tls: tuple[str, str] | None = None,
                  max_message_bytes: int | None = None, poll_s: float = 0.5,
                  limits: Limits | None = None, metrics=None, on_retire=None,
-                 maintain_s: float = 5.0):
+                 maintain_s: float = 5.0, health_port: int | None = None):
         if max_message_bytes is not None and not max_message_bytes > 0:
             raise ValueError(f"max_message_bytes must be > 0, got {max_message_bytes!r}")
         self.store = store or LiveStore(limits=limits)
@@ -71,13 +76,16 @@ class GoodputServer:
         max_message_bytes = self.limits.max_message_bytes
         self.budget = ByteBudget(self.limits.max_inflight_bytes)
         self.gate = Gate()
-        self.grpc = self.http = self.tailer = None
+        self.grpc = self.http = self.tailer = self.health = None
         self._stopped = threading.Event()
         self._maintainer: threading.Thread | None = None
         self.on_retire, self.maintain_s = on_retire, float(maintain_s)
         kw = dict(token=token, tls=tls, max_message_bytes=max_message_bytes, gate=self.gate,
                   limits=self.limits, budget=self.budget)
         try:
+            if health_port is not None:  # first: it answers while the rest starts
+                self.health = HealthListener(host, health_port, alive=self.alive,
+                                             ready=self.store.ready).start()
             if grpc_port is not None:
                 self.grpc = GrpcReceiver(self.store, host, grpc_port, **kw).start()
             if http_port is not None:
@@ -124,14 +132,31 @@ class GoodputServer:
                 self.on_retire(r)
         return retired
 
+    def alive(self) -> tuple[bool, str]:
+        """``(True, "ok")`` while the process serves: the HTTP receiver's and the
+        maintenance threads run (what ``/healthz`` of the health port answers); else
+        ``(False, why)``. Takes no lock."""
+        if self._stopped.is_set():
+            return False, "stopping"
+        http = self.http._thread if self.http is not None else None
+        if http is not None and not http.is_alive():
+            return False, "the OTLP/HTTP receiver stopped"
+        if self._maintainer is not None and not self._maintainer.is_alive():
+            return False, "the maintenance thread stopped"
+        return True, "ok"
+
     def addresses(self) -> dict[str, str]:
-        """What is listening: ``{"grpc": "host:port", "http": "http://host:port"}``."""
+        """What is listening: ``{"grpc": "host:port", "http": "http://host:port"}``, and
+        ``"health": "http://host:port"`` with a health port."""
         out = {}
         if self.grpc:
             out["grpc"] = f"{self.grpc.host}:{self.grpc.port}"
         if self.http:
             host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
             out["http"] = f"{self.http.scheme}://{host}:{self.http.port}"
+        if self.health:
+            host = f"[{self.health.host}]" if ":" in self.health.host else self.health.host
+            out["health"] = f"http://{host}:{self.health.port}"
         return out
 
     def stop(self, timeout_s: float = 10.0, final: bool = True) -> list[JobResult] | None:
@@ -155,6 +180,8 @@ class GoodputServer:
             self._maintainer.join(left() / 4)
         if self.store.wal is not None:
             self.store.wal.close()  # fsynced: nothing acknowledged waits on a timer
+        if self.health is not None:  # last: it answered (503, stopping) while the rest stopped
+            self.health.stop(min(1.0, left()))
         if not final:
             return None
         box: list = []

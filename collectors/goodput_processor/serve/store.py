@@ -57,6 +57,7 @@ from .decode import ingest_pb
 from .encode import json_line, pb_line, split_json, split_pb
 from .foreign import ForeignIntake, own_only_json, own_only_pb
 from .limits import Limits, RateLimiter, Refused
+from .malformed import ServeSkips, check_traces_json
 from .rows import PackedProcessSpans, ProcessRows
 from .spill import Spill
 from .wal import ReplayStats, WriteAheadLog, job_slug
@@ -128,6 +129,9 @@ class LiveStore(ForeignIntake):
         #: Counters: ``requests``, ``spans`` (of any scope), ``lines`` (spool lines), and
         #: ``refused_<reason>`` for requests refused (see :meth:`count`).
         self.stats: Counter = Counter()
+        #: Records no job owns (``stats["skipped_<reason>"]``; see :mod:`.malformed`).
+        self.serve_skips = ServeSkips(self.stats)
+        self._file_job: dict[str, str] = {}  # spool/log file -> the last job it named
         #: Accounting failures per job (the job is reported with ``error`` set).
         self.job_errors: Counter = Counter()
         #: What the last :meth:`replay` read (None before).
@@ -138,11 +142,18 @@ class LiveStore(ForeignIntake):
     # --- readiness and replay -----------------------------------------------------
 
     def ready(self) -> tuple[bool, str]:
-        """``(True, "ready")``, or ``(False, why)``: replaying the log, or it cannot write."""
+        """``(True, "ready")``, or ``(False, why)``: replaying the log, it cannot write, or
+        it refused a job's spans lately (:meth:`WriteAheadLog.refusals`: a file-size limit
+        refuses one job while others write). Takes no lock (``/readyz``)."""
         if not self._ready:
             return False, "replaying the write-ahead log"
         if self.wal is not None and self.wal.error:
             return False, self.wal.error
+        refused = self.wal.refusals() if self.wal is not None else None
+        if refused:
+            job, why = next(iter(refused.items()))
+            more = f" (and {len(refused) - 1} more jobs)" if len(refused) > 1 else ""
+            return False, f"spans of job {job!r}{more} refused: {why}"
         return True, "ready"
 
     def replay(self) -> ReplayStats:
@@ -235,60 +246,74 @@ class LiveStore(ForeignIntake):
         """Take in one OTLP JSON ``ExportTraceServiceRequest`` (a dict).
 
         ``durable=False``: a spool line or a replayed log line, already on disk: neither
-        logged again nor subject to the limits on requests.
+        logged again nor subject to the limits on requests; a part that is not OTLP is
+        counted as ``malformed`` for the job its file named last (as ``goodput report``
+        counts it), else in serve's own ``stats`` (:mod:`~goodput_processor.serve.
+        malformed`), never in another job's report.
 
         Raises:
-            ValueError: ``req`` is not a dict with ``resourceSpans`` (nothing is stored).
+            ValueError: (``durable``) ``req`` is not OTLP down to its span objects
+                (:func:`~goodput_processor.serve.malformed.check_traces_json`): nothing of
+                it is stored, logged or translated.
             Refused: (``durable`` only) as :meth:`ingest_request`.
         """
-        if not isinstance(req, dict) or "resourceSpans" not in req:
-            got = f"{type(req).__name__}" + (f" with keys {sorted(req)[:5]}"
-                                             if isinstance(req, dict) else "")
-            raise ValueError(f"expected a JSON object with \"resourceSpans\" (an OTLP "
-                             f"ExportTraceServiceRequest), got {got}")
-
-        def take(rss) -> None:
-            self._take_json(rss, where)
-
-        if durable and not own_only_json(req["resourceSpans"]):  # through the sources
-            req = self._foreign_spans(req["resourceSpans"], where, pb=False)
         if not durable:
             with self._lock:
                 self.stats["requests"] += 1
-                take(req["resourceSpans"])
+                self._take_line(req, where)
             return
-        try:
-            groups = split_json(req)
-        except (TypeError, AttributeError, KeyError, ValueError) as e:
-            with self._lock:  # as the reader counts it (not logged: nothing to replay)
-                self.stats["requests"] += 1
-                self._reader._skip(None, "malformed", where, f"bad OTLP structure ({e!r})")
-            return
+        check_traces_json(req)  # all or nothing, before the sources or the log see it
+        if not own_only_json(req["resourceSpans"]):  # through the sources
+            req = self._foreign_spans(req["resourceSpans"], where, pb=False)
+        groups = split_json(req)
         lines = {n: json_line(rss) for n, (rss, _) in groups.items()} if self.wal else {}
         with self._lock:
             self._admit(groups)
             self.stats["requests"] += 1
-            self._log_lines(groups, lines, take)
+            self._log_lines(groups, lines, lambda rss: self._take_json(rss, where))
             self.stats["spans"] += sum(n for _, n in groups.values())
 
     def _take_json(self, rss: list, where) -> None:
-        """Under the lock: read OTLP JSON ``ResourceSpans`` ``rss`` (a structure that is
-        not OTLP is counted as malformed)."""
+        """Under the lock: read the OTLP JSON ``ResourceSpans`` ``rss`` of a checked request
+        (what still fails is serve's to count, not a job's)."""
         try:
             self._reader._request({"resourceSpans": rss}, where)
         except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
-            self._reader._skip(None, "malformed", where, f"bad OTLP structure ({e!r})")
+            self.serve_skips.skip("malformed", where, f"bad OTLP structure ({e!r})")
+
+    def _take_line(self, req, where: tuple) -> None:
+        """Under the lock: read a spool or log line's request ``req``; ``where`` is
+        ``(path, line number)``. What is not OTLP counts for the job the file named last."""
+        if not isinstance(req, dict) or "resourceSpans" not in req:
+            return self._line_skip(where, "expected a JSON object with \"resourceSpans\" "
+                                   f"(an OTLP ExportTraceServiceRequest), got {type(req).__name__}")
+        try:
+            job = self._reader._request(req, where)
+        except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
+            return self._line_skip(where, f"bad OTLP structure ({e!r})")
+        if job is not None:
+            self._file_job[where[0]] = job.name
+
+    def _line_skip(self, where: tuple, why: str) -> None:
+        """Under the lock: a ``malformed`` line, for its file's last job if there is one."""
+        job = self._reader.jobs.get(self._file_job.get(where[0], ""))
+        if job is not None:
+            self._reader._skip(job, "malformed", where, why)
+        else:
+            self.serve_skips.skip("malformed", where, why)
 
     def ingest_line(self, line: bytes, where: tuple, count: bool = True) -> None:
-        """Take in one complete spool line (OTLP JSON); a bad line is counted as malformed."""
+        """Take in one complete spool line (OTLP JSON); ``where`` is ``(path, line
+        number)``. A bad line is counted as malformed (see :meth:`ingest_json`)."""
         if not line.strip():
             return
         try:
             req = rd._loads(line)
-            self.ingest_json(req, where, durable=False)
         except (ValueError, RecursionError) as e:
             with self._lock:
-                self._reader._skip(None, "malformed", where, f"not an OTLP JSON line ({e})")
+                self._line_skip(where, f"not an OTLP JSON line ({e})")
+        else:
+            self.ingest_json(req, where, durable=False)
         if count:
             with self._lock:
                 self.stats["lines"] += 1
@@ -341,12 +366,12 @@ class LiveStore(ForeignIntake):
                                                        _buf=array("q"))
                 else:
                     procs[key] = p.copy(data=r.view(), run=dict(p.run), _buf=array("q"))
-            skipped = Counter(job.skipped) + Counter(self._reader.skipped)
+            skipped = Counter(job.skipped)  # (what no job owns is serve's: serve_skips)
             if self._dups[name]:
                 skipped["duplicate"] += self._dups[name]
             raw = self._reader._examples
             examples = [":".join(map(str, ex[:-1])) + ": " + ex[-1]
-                        for ex in (raw.get(name, []) + raw.get(None, []))[: rd._MAX_EXAMPLES]]
+                        for ex in raw.get(name, [])[: rd._MAX_EXAMPLES]]
             out = JobSpans(name, skipped=skipped, examples=examples,
                            strings=list(self._reader.strings),
                            schema_versions=set(job.schema_versions),
@@ -425,9 +450,8 @@ class LiveStore(ForeignIntake):
         job = self._reader.jobs[name]
         return (len(job.processes), sum(r.n for r in self._rows.get(name, {}).values()),
                 sum(len(p._buf) for p in job.processes.values()),
-                sum(job.skipped.values()), sum(self._reader.skipped.values()),
-                self._dups[name], len(self._reader._examples.get(name, ())),
-                len(self._reader._examples.get(None, ())), len(self._reader.strings),
+                sum(job.skipped.values()), self._dups[name],
+                len(self._reader._examples.get(name, ())), len(self._reader.strings),
                 sum(job.over_limit.values()), len(job.schema_versions),
                 hash(tuple((repr(p.run), p.host, p.process_count, p.pid, p.process_start_ns,
                             p.attempt_source, p.index_source, p.schema_version)

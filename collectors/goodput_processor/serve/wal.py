@@ -24,6 +24,7 @@ line (serve killed mid-write, or a failed undo) is cut off and counted.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -38,6 +39,9 @@ from pathlib import Path
 __all__ = ["ReplayStats", "WriteAheadLog", "job_slug"]
 
 _log = logging.getLogger(__name__)
+#: Seconds a job whose spans the log refused keeps serve not ready (``/readyz``) after its
+#: last refused append, unless one of its appends succeeds first (its client retries).
+REFUSAL_MEMORY_S = 60.0
 _SEG = re.compile(r"seg-(\d{8})\.jsonl$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _PROBE_BYTES = 64 << 10
@@ -102,6 +106,9 @@ class WriteAheadLog:
         self._sizes: dict[str, int] = {}  # slug -> bytes in its segments
         #: The last write error (None after a successful write or probe).
         self.error: str | None = None
+        #: job -> (monotonic s, why, a file-size limit?) of jobs whose last append failed
+        #: (see refusals())
+        self._refused: dict[str, tuple[float, str, bool]] = {}
         self.fsyncs = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -179,6 +186,10 @@ class WriteAheadLog:
             except OSError as e:
                 self.error = f"cannot write the write-ahead log in {self.root}: " \
                              f"{e.strerror or e}"
+                self._refused.pop(job, None)  # (newest last; the oldest go past 1000)
+                self._refused[job] = (time.monotonic(), self.error, e.errno == errno.EFBIG)
+                while len(self._refused) > 1000:
+                    del self._refused[next(iter(self._refused))]
                 try:  # opened again by the next append (the disk may be back by then)
                     self._close(slug)
                 except OSError:
@@ -186,6 +197,16 @@ class WriteAheadLog:
                 raise
             self._sizes[slug] = self._sizes.get(slug, 0) + len(data)
             self.error = None
+            if self._refused:
+                self._refused.pop(job, None)
+
+    def refusals(self, within_s: float | None = None) -> dict[str, str]:
+        """``{job: why}`` of the jobs whose last append failed within the last
+        ``within_s`` seconds (default :data:`REFUSAL_MEMORY_S`): a file-size limit refuses
+        one job while the others, and the probe, still write. Takes no lock (what
+        ``/readyz`` reads)."""
+        since = time.monotonic() - (REFUSAL_MEMORY_S if within_s is None else within_s)
+        return {job: why for job, (t, why, _) in list(self._refused.items()) if t >= since}
 
     def _write(self, seg: _Segment, data: bytes) -> None:
         view, done = memoryview(data), 0
@@ -268,6 +289,8 @@ class WriteAheadLog:
                 pass
         with self._lock:
             self.error = None
+            # the disk takes writes again; a file-size limit is one file's: still refused
+            self._refused = {j: r for j, r in self._refused.items() if r[2]}
         return None
 
     # --- retiring jobs -----------------------------------------------------------------
