@@ -546,23 +546,27 @@ def test_report_pages_over_250_jobs():
 
 
 def test_abuse_memory_bounded():
-    """benchmarks/serve_abuse.py, shortened: a real ``goodput serve`` process under slow-loris
-    connections (trickling, holding, and sending all but the last byte of 4 MiB bodies),
-    a flood of distinct job names over HTTP and gRPC, 1 MiB attributes of new custom badput
-    types and gzip bombs, all at once for 15 s.
+    """benchmarks/serve_abuse.py, shortened (issue 38's acceptance run, 5 s, small limits): a
+    real ``goodput serve`` process with its WAL and a token, under slow-loris connections
+    (trickling, holding, and sending all but the last byte of 4 MiB bodies), a flood of
+    distinct job names over HTTP and gRPC, 1 MiB attributes of new custom badput types and
+    gzip bombs, all at once, while a healthy job is exported by the OTel SDK (gRPC and HTTP).
 
     Ceiling (``Result.ceiling_bytes``): peak RSS <= baseline + max_inflight_bytes +
-    max_connections x 256 KiB + 96 MiB, i.e. the RSS after start and one healthy job, plus
+    max_connections x 256 KiB + 96 MiB, i.e. the RSS after start and the quiet jobs, plus
     the request bytes the budget lets be held at once (bodies, inflated and parsed), a
     thread's stack and buffers per connection, and a margin for what the store keeps of at
     most ``max_jobs`` jobs (attributes cut to ``max_attribute_bytes``), gRPC's buffers and
-    the allocator's slack. The service stays up and the healthy job's report is unchanged.
+    the allocator's slack. After a restart on the same WAL every job with an acknowledged
+    span is there with its steps; the healthy job's exports are acknowledged (not timed
+    here) and, where all were, its report equals its quiet copy's.
     """
     from instr_util import load_benchmark
 
     abuse = load_benchmark("serve_abuse")
     MiB = abuse.MiB
-    cfg = abuse.Config(duration_s=15, slowloris=100, slowloris_bytes=4 * MiB, jobs=100_000,
+    cfg = abuse.Config(duration_s=5, attacks=("slowloris", "flood", "hugeattr", "bomb"),
+                       slowloris=100, slowloris_bytes=4 * MiB, jobs=100_000,
                        http_flooders=2, attr_bytes=1 * MiB, bomb_bytes=64 * MiB,
                        margin_bytes=96 * MiB,
                        limits={"max_connections": 64, "max_inflight_bytes": 32 * MiB,
@@ -571,11 +575,21 @@ def test_abuse_memory_bounded():
                                "max_attribute_bytes": 1024})
     res = abuse.run(cfg)
     print(abuse.table(res))
-    assert res.samples > 10 and res.baseline_rss > 0
+    assert res.samples > 10 and res.baseline_rss > 0 and not res.killed_at_rss
     assert res.peak <= res.ceiling_bytes(), abuse.table(res)
-    assert res.healthz_ok and res.healthy_unchanged and res.exit_code == 0
+    assert res.health["ok"] > 0, abuse.table(res)
+    # every acknowledged span is there after a restart; a healthy copy whose exports were
+    # all acknowledged (slow clients holding the budget can delay one past the exporter's
+    # 10 s: a known gap, docs/serve.md#limits) reports as its quiet copy does
+    assert not res.lost, abuse.table(res)
+    for proto, e in res.exports.items():
+        assert e["acked"] > 0, abuse.table(res)
+        if e["acked"] == e["exports"]:
+            assert res.healthy_unchanged[proto], abuse.table(res)
+    assert res.exit_code == 0 and res.restart_exit_code == 0, abuse.table(res)
     # each attack was met: over the connection cap or the budget (503), dropped at the
-    # request timeout, bombs and jobs past max_jobs refused
+    # request timeout, jobs past max_jobs refused
     assert res.answers["slowloris"].get("503", 0) > 0
     assert res.answers["slowloris"].get("dropped", 0) > 0
-    assert res.jobs_accepted <= 200 < res.jobs_sent
+    flooded = res.acked_jobs - 2  # the healthy job, over gRPC and HTTP
+    assert flooded <= 200 < res.answers["flood"]["names sent"]
