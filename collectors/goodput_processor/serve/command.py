@@ -321,8 +321,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="read flags from this YAML file: keys are the flags below without "
                    "their dashes (max-jobs: 2000), flags given here win over it; an unknown "
                    "key or a bad value is an error: " + doc_url("serve.md", "Config file"))
-    ing = p.add_argument_group("ingest", "Where spans come in: the OTLP receivers and the "
-                               "spool directories.")
+    ing = p.add_argument_group("ingest", "Where serve listens and spans come in: the OTLP "
+                               "receivers, the health port, the spool directories.")
     ing.add_argument("--host", default="127.0.0.1",
                      help="address to bind (default 127.0.0.1; 0.0.0.0 for all interfaces: "
                      "give a token, see security)")
