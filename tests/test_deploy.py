@@ -331,9 +331,12 @@ def test_serve_statefulset():
     assert ports["otlp-grpc"] == int(f["--grpc-port"]) == 4317
     assert ports["otlp-http"] == int(f["--http-port"]) == 4318
     assert "--prometheus-port" not in f  # its /metrics would have no token
+    # the probes go to the health port, which ingest connections cannot starve
+    assert ports["health"] == int(f["--health-port"]) == 13133
     probes = {k: (c[k]["httpGet"]["path"], ports[c[k]["httpGet"]["port"]])
-              for k in ("livenessProbe", "readinessProbe")}
-    assert probes == {"livenessProbe": ("/healthz", 4318), "readinessProbe": ("/readyz", 4318)}
+              for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes == {"startupProbe": ("/healthz", 13133), "livenessProbe": ("/healthz", 13133),
+                      "readinessProbe": ("/readyz", 13133)}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     (claim,) = spec["volumeClaimTemplates"]
     assert mounts[f["--wal-dir"]] == claim["metadata"]["name"]

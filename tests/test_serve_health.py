@@ -112,16 +112,19 @@ def _line(job: str, steps: int) -> bytes:
 
 
 def test_readyz_is_not_ready_while_a_job_is_refused_for_a_file_size_limit(tmp_path):
-    """A real serve whose files cannot grow past 20 kB: job "big" sends a request larger
-    than that (refused, 503), then job "small" writes (its append succeeds). /readyz says
-    which job is refused, and why, until "big" is taken in or the refusal is old."""
+    """A real ``goodput serve --health-port 0`` whose files cannot grow past 20 kB: job
+    "big" sends a request larger than that (refused, 503), then job "small" writes (its
+    append succeeds). /readyz says which job is refused, and why (until "big" is taken in,
+    or for wal.REFUSAL_MEMORY_S)."""
     cmd = [sys.executable, "-m", "goodput_processor.cli", "serve", "--grpc-port", "off",
-           "--http-port", "0", "--wal-dir", str(tmp_path / "wal"), "--format", "json",
-           "--report-file", str(tmp_path / "r.jsonl")]
+           "--http-port", "0", "--health-port", "0", "--wal-dir", str(tmp_path / "wal"),
+           "--format", "json", "--report-file", str(tmp_path / "r.jsonl")]
     proc = subprocess.Popen(cmd, env=child_env(), stderr=subprocess.PIPE, text=True,
                             preexec_fn=_fsize_limit(20_000), cwd=tmp_path)
     try:
-        url = re.search(r"http=(\S+)", proc.stderr.readline()).group(1)
+        listening = proc.stderr.readline()
+        url = re.search(r"http=(\S+)", listening).group(1)
+        health = re.search(r"health=(\S+)", listening).group(1)
 
         def post(body: bytes) -> int:
             req = urllib.request.Request(url + "/v1/traces", data=body, method="POST",
@@ -136,9 +139,10 @@ def test_readyz_is_not_ready_while_a_job_is_refused_for_a_file_size_limit(tmp_pa
         assert _get(url + "/readyz") == (200, b"ready\n")
         assert post(_line("big", 200)) == 503  # about 50 kB of log line
         assert post(_line("small", 3)) == 200  # another job still writes
-        status, why = _get(url + "/readyz")
-        assert status == 503 and b"'big'" in why and b"File too large" in why, why
-        assert _get(url + "/healthz") == (200, b"ok\n")  # alive all along
+        for where in (url, health):  # the same answer on both ports
+            status, why = _get(where + "/readyz")
+            assert status == 503 and b"'big'" in why and b"File too large" in why, why
+            assert _get(where + "/healthz") == (200, b"ok\n")  # alive all along
         report = json.loads(_get(url + "/v1/report")[1])
         assert [j["job"] for j in report["jobs"]] == ["small"]
     finally:

@@ -216,6 +216,7 @@ def _serve(args: argparse.Namespace, loaded) -> int:
         raise UsageError("--tls-cert and --tls-key go together")
     grpc_port, http_port = _port(args.grpc_port, "--grpc-port"), _port(args.http_port,
                                                                         "--http-port")
+    health_port = _port(args.health_port, "--health-port")
     if grpc_port is None and http_port is None and not args.spool_dir:
         raise UsageError("nothing to serve: both receivers are off and no --spool-dir given")
     wal = _wal(args, grpc_port is not None or http_port is not None)
@@ -243,7 +244,7 @@ def _serve(args: argparse.Namespace, loaded) -> int:
                                spool_dirs=args.spool_dir or (), token=token,
                                tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
                                poll_s=poll, limits=limits, metrics=metrics_text,
-                               on_retire=retired)
+                               on_retire=retired, health_port=health_port)
     except (OSError, RuntimeError) as e:
         provider.shutdown(timeout_millis=1000)
         if prom is not None:
@@ -332,6 +333,10 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     ing.add_argument("--http-port", default="4318", metavar="PORT",
                      help="OTLP/HTTP (/v1/traces, /v1/logs), /v1/report and /metrics port "
                      "(default 4318; 0: any free port; off: no HTTP receiver)")
+    ing.add_argument("--health-port", default="off", metavar="PORT",
+                     help="/healthz and /readyz on a port of their own, on --host, which "
+                     "ingest connections cannot starve: point liveness and readiness probes "
+                     "at it (default off: answered on --http-port only; 0: any free port)")
     ing.add_argument("--spool-dir", action="append", metavar="DIR",
                      help="tail *.jsonl spool files under DIR (repeatable)")
     ing.add_argument("--poll-interval", default="0.5", metavar="SECONDS",

@@ -36,7 +36,9 @@ Endpoints (errors carry a ``google.rpc.Status`` in the request's encoding):
 - ``GET /metrics``: the Prometheus text exposition (token required when one is set; 404
   when the server has no metrics).
 - ``GET /healthz``: ``ok`` while the process serves; ``GET /readyz``: ``ready``, or ``503``
-  with the reason (``LiveStore.ready()``). No token.
+  with the reason (``LiveStore.ready()``). No token. Here they share the connection cap
+  with ingest; :mod:`~goodput_processor.serve.health` answers them on a port of their own
+  (``--health-port``), which ingest connections cannot starve.
 """
 
 from __future__ import annotations
