@@ -14,6 +14,9 @@ import urllib.error
 import urllib.request
 
 import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
 from otlp_fixtures import T0_NS, Timeline, otlp_span, request_line
 
 from goodput import schema
@@ -57,6 +60,26 @@ def _lines(job: str, trace: str) -> list[str]:
             request_line(res, [spans[3], bad_time, bad_id, spans[1]]),
             request_line(res, other, scope="someone.else"),
             request_line(res, spans[4:])]
+
+
+def _pb(job: str, trace: str) -> bytes:
+    """A protobuf request of ``job``: a good step 7, a step ending before it starts and a
+    step with a 4-byte span id (two invalid_span)."""
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    for key, value in Timeline(job=job).resource.items():
+        any_value = (common_pb2.AnyValue(string_value=value) if isinstance(value, str)
+                     else common_pb2.AnyValue(int_value=value))
+        rs.resource.attributes.append(common_pb2.KeyValue(key=key, value=any_value))
+    ss = rs.scope_spans.add()
+    ss.scope.name = schema.SCOPE_NAME
+    step = common_pb2.KeyValue(key=schema.ATTR_STEP, value=common_pb2.AnyValue(int_value=7))
+    for sid, start, end in ((b"\0" * 7 + b"\x77", 7, 8), (b"\0" * 7 + b"\x78", 9, 8),
+                            (b"\x79" * 4, 10, 11)):
+        ss.spans.append(trace_pb2.Span(trace_id=bytes.fromhex(trace), span_id=sid,
+                                       name=schema.STEP, start_time_unix_nano=T0_NS + start * S,
+                                       end_time_unix_nano=T0_NS + end * S, attributes=[step]))
+    return req.SerializeToString()
 
 
 def _not_otlp(valid: dict) -> list[bytes]:
@@ -121,7 +144,8 @@ def test_not_otlp_is_refused_whole_and_touches_no_job(tmp_path):
 
 
 def test_serve_and_goodput_report_count_the_same_skips(tmp_path):
-    """The same records, two ways in: POSTed to serve (its write-ahead log reported by
+    """The same records, two ways in: POSTed to serve as OTLP/JSON and protobuf (its
+    write-ahead log reported by
     ``goodput report``), and written to a spool that serve tails and ``goodput report``
     reads. A garbage line inside a file counts for the job the file named last, both ways;
     one before any job line is serve's own (never a job's)."""
@@ -131,6 +155,7 @@ def test_serve_and_goodput_report_count_the_same_skips(tmp_path):
         url = srv.addresses()["http"]
         for line in lines:
             assert _post(url, line.encode())[0] == 200
+        assert _post(url, _pb("m", "c" * 32), "application/x-protobuf")[0] == 200
         assert _post(url, b'{"resourceSpans": 5}')[0] == 400
         (live,) = srv.store.results(now_ns=NOW, job="m")
     finally:
@@ -138,7 +163,7 @@ def test_serve_and_goodput_report_count_the_same_skips(tmp_path):
     (offline,) = report_run_dir(tmp_path / "wal" / "jobs" / job_slug("m"), now_ns=NOW)
     assert live.skipped == offline.skipped
     assert {k: v for k, v in live.skipped.items() if v} == {
-        "invalid_span": 2, "duplicate": 1, "unknown": 2}
+        "invalid_span": 4, "duplicate": 1, "unknown": 2}
     assert live.step_time.count == offline.step_time.count
 
     run = tmp_path / "spool"
