@@ -145,9 +145,8 @@ def test_not_otlp_is_refused_whole_and_touches_no_job(tmp_path):
 
 def test_serve_and_goodput_report_count_the_same_skips(tmp_path):
     """The same records, two ways in: POSTed to serve as OTLP/JSON and protobuf (its
-    write-ahead log reported by
-    ``goodput report``), and written to a spool that serve tails and ``goodput report``
-    reads. A garbage line inside a file counts for the job the file named last, both ways;
+    write-ahead log reported by ``goodput report``), and written to a spool that serve
+    tails and ``goodput report`` reads. A garbage line inside a file counts for the job the file named last, both ways;
     one before any job line is serve's own (never a job's)."""
     lines = _lines("m", "c" * 32)
     srv = _server(tmp_path)
