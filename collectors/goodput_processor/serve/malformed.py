@@ -18,7 +18,8 @@ same way ``goodput report`` counts it when it reads that job's write-ahead log o
 
 **Skips that no job owns stay serve's.** A spool or log line that is not OTLP JSON before
 any line of its file named a job cannot be told to a job. :class:`ServeSkips` counts such
-records in the store's ``stats`` (``skipped_<reason>``) and keeps the first
+records in the store's ``stats`` (``skipped_<reason>``, exported as
+``goodput_serve_skipped_total{goodput_serve_reason}``) and keeps the first
 :data:`MAX_EXAMPLES` examples for the operator (the service's log, at debug level): never
 in a job's report, where one client's address or another job's file path would show.
 """

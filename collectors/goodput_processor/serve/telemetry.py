@@ -42,6 +42,10 @@ def add_serve_instruments(meter, store, budget=lambda: None) -> None:
         return [Observation(n, {ATTR_REASON: k[len("refused_"):]})
                 for k, n in sorted(store.stats.items()) if k.startswith("refused_")]
 
+    def skipped(options: CallbackOptions):  # records no job owns (.malformed.ServeSkips)
+        return [Observation(n, {ATTR_REASON: k[len("skipped_"):]})
+                for k, n in sorted(store.stats.items()) if k.startswith("skipped_")]
+
     def wal_size(options):
         return [] if store.wal is None else [Observation(store.wal.size_bytes())]
 
@@ -59,6 +63,8 @@ def add_serve_instruments(meter, store, budget=lambda: None) -> None:
                                     "Spans in the OTLP requests taken in, of any scope")
     meter.create_observable_counter("goodput.serve.refused", [refused], "{request}",
                                     "Requests refused, by reason")
+    meter.create_observable_counter("goodput.serve.skipped", [skipped], "{record}",
+                                    "Records no job owns that serve skipped, by reason")
     for name, key, unit, text in (
             ("log_records", "log_records", "{record}", "OTLP log records received"),
             ("log_records.ignored", "log_records_ignored", "{record}",
