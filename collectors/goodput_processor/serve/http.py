@@ -71,6 +71,7 @@ from .receiver import (
     _token_ok,
     parse_cost,
 )
+from .slots import as_client
 from .store import LiveStore
 
 __all__ = ["HttpReceiver"]
@@ -271,7 +272,11 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 results, token = store.results(job=job), None
             except KeyError as e:
-                return self._error(404, 5, "json", e.args[0])
+                final = getattr(store, "final_report", lambda _job: None)(job)
+                if final is None:
+                    return self._error(404, 5, "json", e.args[0])
+                doc = {**to_json_dict([]), "jobs": [final], "final": True}  # (retired: .slots)
+                return self._reply(200, dumps(doc).encode(), "application/json")
         else:
             text = query.get("limit", [str(_PAGE)])[0]
             if not (text.isdigit() and int(text) > 0):
@@ -382,7 +387,8 @@ class _Handler(BaseHTTPRequestHandler):
                 except DecodeError as e:
                     raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not a "
                                    f"protobuf {request.__name__} ({e})") from None
-                getattr(app.store, method)(req, "otlp-http")
+                with as_client(self.client_address[0]):  # (job slots per client: .slots)
+                    getattr(app.store, method)(req, "otlp-http")
                 return response().SerializeToString(), "application/x-protobuf"
             try:
                 doc = json.loads(body)
@@ -391,7 +397,8 @@ class _Handler(BaseHTTPRequestHandler):
                                f"JSON ({e})") from None
             take = app.store.ingest_logs_json if signal == "logs" else app.store.ingest_json
             try:
-                take(doc, ("otlp-http", self.client_address[0]))
+                with as_client(self.client_address[0]):
+                    take(doc, ("otlp-http", self.client_address[0]))
             except ValueError as e:
                 raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not an "
                                f"OTLP JSON {request.__name__} ({e})") from None

@@ -38,6 +38,11 @@ class Limits:
             body (a slow-loris client is cut off after it).
         max_jobs: jobs tracked; spans of a new job past it are refused (retryable: a
             finished job leaves after ``--retention``).
+        max_jobs_per_client: jobs one client (peer address) may hold of ``max_jobs``
+            (None: half of ``max_jobs``, at least 1); see :mod:`.slots`.
+        idle_without_progress_s: when job slots are short, a job with no kept step that
+            has sent nothing for this many seconds leaves (final) before a new job is
+            refused.
         max_custom_types: distinct custom badput types per job; spans of further types
             are counted as ``skipped.over_limit`` and the job carries an ``over_limit``
             warning.
@@ -53,6 +58,8 @@ class Limits:
     max_message_bytes: int = 16 << 20
     request_timeout_s: float = 30.0
     max_jobs: int = 1000
+    max_jobs_per_client: int | None = None
+    idle_without_progress_s: float = 300.0
     max_custom_types: int = 64
     max_attribute_bytes: int = 1024
     max_job_spans_per_s: float = 100_000.0
@@ -64,6 +71,14 @@ class Limits:
             v = getattr(self, name)
             if not (isinstance(v, int) and v > 0):
                 raise ValueError(f"{name} must be an integer > 0, got {v!r}")
+        if self.max_jobs_per_client is not None and not (
+                isinstance(self.max_jobs_per_client, int) and self.max_jobs_per_client > 0):
+            raise ValueError(f"max_jobs_per_client must be an integer > 0 or None, got "
+                             f"{self.max_jobs_per_client!r}")
+        if not (isinstance(self.idle_without_progress_s, (int, float))
+                and 0 <= self.idle_without_progress_s < float("inf")):
+            raise ValueError(f"idle_without_progress_s must be a finite number >= 0, got "
+                             f"{self.idle_without_progress_s!r}")
         for name in ("request_timeout_s", "max_job_spans_per_s", "burst_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 < v < float("inf")):
@@ -75,7 +90,8 @@ class Refused(Exception):
 
     Args:
         reason: counted as ``stats["refused_<reason>"]`` (``unavailable``, ``too_large``,
-            ``over_jobs``, ``rate``, ``wal``, ``connections``, ``inflight``, ...).
+            ``over_jobs``, ``over_client_jobs``, ``retired``, ``rate``, ``wal``,
+            ``connections``, ``inflight``, ...).
         message: one line for the client and the log.
         retryable: True: the client should send it again later (gRPC ``UNAVAILABLE``,
             HTTP ``503`` with ``Retry-After``); False: it never will be accepted (gRPC

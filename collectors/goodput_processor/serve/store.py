@@ -27,7 +27,8 @@ rows are kept on disk.
 Ceilings (:class:`~goodput_processor.serve.limits.Limits`): jobs tracked, spans per second
 per job, job-name length (refused requests), custom types per job and string attribute
 size (cut and reported as ``over_limit``). Idle jobs leave after ``retention_s``
-(:meth:`LiveStore.retire_idle`).
+(:meth:`LiveStore.retire_idle`), for good. Job slots per client, which jobs leave first
+when they are short, and the refusal of retired jobs' late spans: :mod:`.slots`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from .foreign import ForeignIntake, own_only_json, own_only_pb
 from .limits import Limits, RateLimiter, Refused
 from .malformed import ServeSkips, check_traces_json
 from .rows import PackedProcessSpans, ProcessRows
+from .slots import JobSlots, current_client, made_progress
 from .spill import Spill
 from .wal import ReplayStats, WriteAheadLog, job_slug
 
@@ -137,6 +139,8 @@ class LiveStore(ForeignIntake):
         #: What the last :meth:`replay` read (None before).
         self.replayed: ReplayStats | None = None
         self._ready = wal is None
+        #: Who holds the job slots; retired jobs (:mod:`~goodput_processor.serve.slots`).
+        self.slots = JobSlots(self.limits, wal.results_dir if wal is not None else None)
         self._init_sources()
 
     # --- readiness and replay -----------------------------------------------------
@@ -188,17 +192,15 @@ class LiveStore(ForeignIntake):
         if not self._ready:
             raise Refused("unavailable", "goodput serve is replaying its write-ahead log",
                           retry_after_s=2.0)
+        if not groups:
+            return
         lim = self.limits
         for name in groups:
             if len(name.encode("utf-8", "surrogatepass")) > lim.max_attribute_bytes:
                 raise Refused("job_name", f"job name of {len(name)} characters is over "
                               f"--max-attribute-bytes {lim.max_attribute_bytes}",
                               retryable=False)
-        new = sum(1 for name in groups if name not in self._reader.jobs)
-        if new and len(self._reader.jobs) + new > lim.max_jobs:
-            raise Refused("over_jobs", f"{len(self._reader.jobs)} jobs tracked, the limit is "
-                          f"{lim.max_jobs} (--max-jobs): a job leaves after --retention "
-                          "seconds without spans", retry_after_s=30.0)
+        self._admit_jobs(groups)
         costs = {name: n for name, (_, n) in groups.items()}
         wait = self._rate.wait_s(costs)
         if wait > 0:
@@ -206,6 +208,46 @@ class LiveStore(ForeignIntake):
                           f"{lim.max_job_spans_per_s:g} spans/s (--max-job-spans-per-second)",
                           retry_after_s=wait)
         self._rate.take(costs)
+        for name in groups:  # (the first client of a job since serve started holds it)
+            self.slots.claim(name, current_client())
+
+    def _admit_jobs(self, groups: dict) -> None:
+        """Under the lock (:meth:`_admit`): spans of a retired job are refused for good
+        (in a request that holds other jobs' spans too, only they are left out of
+        ``groups``, counted in ``stats["retired_spans"]``); spans of a job being retired
+        are refused as retryable; new jobs that do not fit make room by retiring idle jobs
+        without progress (the lock is let go meanwhile: :meth:`_admit` is the first thing
+        done under it), else they are refused (:mod:`~goodput_processor.serve.slots`)."""
+        slots, jobs = self.slots, self._reader.jobs
+        slots.limits = self.limits  # (a test may swap the limits)
+        slots.take_out_late(groups, jobs, self.stats, job_slug if self.wal else None)
+        slots.make_room(groups, jobs, current_client(), self._last_seen, self._progress,
+                        self._retire_jobs, self._lock, self.retention_s)
+
+    def _new_from_line(self, known: int) -> None:
+        """Under the lock: the jobs a spool line made (those after the first ``known``)
+        are claimed by the tailer; one that was retired is dropped again (its spans
+        counted in ``stats["retired_spans"]``). Not while replaying the log (what it
+        holds of a retired job is decided by :meth:`~goodput_processor.serve.wal.
+        WriteAheadLog.replay`)."""
+        jobs = self._reader.jobs
+        for name in list(jobs)[known:]:
+            why = self.slots.retired(name, job_slug(name) if self.wal is not None else None)
+            if why is None:
+                self.slots.claim(name, current_client())
+                continue
+            job = jobs.pop(name)
+            self._reader._examples.pop(name, None)
+            self.stats["retired_spans"] += sum(len(p._buf) for p in
+                                               job.processes.values()) // tl.NCOLS
+            self.stats["retired_lines"] += 1
+            if self.stats["retired_lines"] in (1, 10) or self.stats["retired_lines"] % 1000 == 0:
+                _log.warning("goodput serve: a spool line: %s", self.slots.late(
+                    name, why, None).message)
+
+    def _progress(self, name: str) -> bool:
+        """Under the lock: whether job ``name`` has a kept step."""
+        return made_progress(self._reader.jobs[name], self._rows.get(name, {}))
 
     def _log_lines(self, groups, lines: dict[str, bytes], take) -> None:
         """Under lock: per job, append its line to the log, then ``take`` its spans. A log
@@ -260,7 +302,10 @@ class LiveStore(ForeignIntake):
         if not durable:
             with self._lock:
                 self.stats["requests"] += 1
+                known = len(self._reader.jobs)
                 self._take_line(req, where)
+                if len(self._reader.jobs) > known and self._ready:  # (the replay: .wal)
+                    self._new_from_line(known)
             return
         check_traces_json(req)  # all or nothing, before the sources or the log see it
         if not own_only_json(req["resourceSpans"]):  # through the sources
@@ -512,6 +557,11 @@ class LiveStore(ForeignIntake):
             with self._lock:
                 known = job in self._reader.jobs
             if not known:
+                with self._lock:
+                    why = self.slots.retired(job, job_slug(job) if self.wal else None)
+                if why is not None:
+                    raise KeyError(f"job {job!r} was retired ({why}); its final report is in "
+                                   "the write-ahead log's results/ and the report file")
                 names = self.jobs()
                 raise KeyError(f"no job named {job!r} (jobs: {', '.join(names[:20]) or 'none'}"
                                f"{', ...' if len(names) > 20 else ''})")
@@ -539,44 +589,71 @@ class LiveStore(ForeignIntake):
         return out
 
     def retire_idle(self, now_s: float | None = None) -> list[JobResult]:
-        """Jobs with no new span for ``retention_s`` leave: their final result is written to
-        the log's ``results/`` (with a log) and their spans and segments are dropped.
-        Returns the final results of the jobs that left (none without ``retention_s``)."""
+        """Jobs with no new span for ``retention_s`` leave for good: their final result
+        (``"final": true``) is written to the log's ``results/`` (with a log), their spans
+        and segments are dropped, and spans for them that arrive later are refused
+        (:mod:`~goodput_processor.serve.slots`). Returns the final results of the jobs that
+        left (none without ``retention_s``)."""
         if self.retention_s is None:
             return []
         now_s = time.time() if now_s is None else now_s
         with self._lock:
             idle = sorted(n for n, t in self._last_seen.items()
                           if now_s - t >= self.retention_s and n in self._reader.jobs)
+        return self._retire_jobs(idle, f"no span for {self.retention_s:g} s (--retention)")
+
+    def _retire_jobs(self, names: list[str], why: str) -> list[JobResult]:
+        """Retire the jobs ``names`` (not under the lock) because ``why``; returns their
+        final results. A job whose result cannot be written stays (logged)."""
         out = []
-        for name in idle:
-            result = self.account(name, time.time_ns())
-            if self.wal is not None:
-                try:
-                    self.wal.retire(name, json.dumps(job_to_dict(result)).encode())
-                except OSError as e:
-                    _log.error("goodput serve: cannot write the final result of job %r "
-                               "(%s); it stays", name, e.strerror or e)
-                    continue
+        for name in names:
             with self._lock:
-                self._reader.jobs.pop(name, None)
-                self._reader._examples.pop(name, None)
-                self._last_seen.pop(name, None)
-                self._cache.pop(name, None)
-                self._rows.pop(name, None)
-                self._dups.pop(name, None)
-                self._done.pop(name, None)
-                self._memos.pop(name, None)
-                self.foreign.forget(name)
-                self._reach.pop(name, None)
-                self._source_job_warnings.pop(name, None)
-                self._rate.forget(name)
-            if self.spill is not None:
-                self.spill.forget(name)
-            _log.info("goodput serve: job %r left after %g s without spans", name,
-                      self.retention_s)
-            out.append(result)
+                if name not in self._reader.jobs or name in self.slots.retiring:
+                    continue
+                self.slots.retiring.add(name)
+            try:
+                result = self._retire(name, why)
+            finally:
+                with self._lock:
+                    self.slots.retiring.discard(name)
+            if result is not None:
+                out.append(result)
         return out
+
+    def _retire(self, name: str, why: str) -> JobResult | None:
+        result = self.account(name, time.time_ns())
+        if self.wal is not None:
+            doc = job_to_dict(result)
+            doc["final"], doc["retired"] = True, why
+            try:
+                self.wal.retire(name, json.dumps(doc).encode())
+            except OSError as e:
+                _log.error("goodput serve: cannot write the final result of job %r "
+                           "(%s); it stays", name, e.strerror or e)
+                return None
+        with self._lock:
+            self.slots.retire(name, why)
+            self._reader.jobs.pop(name, None)
+            self._reader._examples.pop(name, None)
+            self._last_seen.pop(name, None)
+            self._cache.pop(name, None)
+            self._rows.pop(name, None)
+            self._dups.pop(name, None)
+            self._done.pop(name, None)
+            self._memos.pop(name, None)
+            self.foreign.forget(name)
+            self._reach.pop(name, None)
+            self._source_job_warnings.pop(name, None)
+            self._rate.forget(name)
+        if self.spill is not None:
+            self.spill.forget(name)
+        _log.info("goodput serve: job %r retired: %s", name, why)
+        return result
+
+    def final_report(self, name: str) -> dict | None:
+        """The final report of retired job ``name`` (:meth:`~goodput_processor.serve.slots.
+        JobSlots.final_report`); None when there is none (or no log)."""
+        return self.slots.final_report(job_slug(name))
 
     def compact(self, min_quiet_s: float | None = None, min_rows: int = 4096,
                 map_least: int | None = None) -> int:

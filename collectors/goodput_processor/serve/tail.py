@@ -32,6 +32,7 @@ from goodput import schema
 
 from .. import read_tail
 from ..read_io import open_spool
+from .slots import as_client
 from .store import LiveStore
 
 __all__ = ["SpoolTailer"]
@@ -96,24 +97,31 @@ class SpoolTailer:
         with self._poll_lock:
             n = 0
             for d in self.dirs:
-                try:
-                    files = self._list(os.fspath(d))
-                except OSError:
-                    continue  # missing or unreadable for now: try again next poll
-                names = set(files)
-                tails = []
-                for p in files:
-                    if read_tail.is_tail(p):
-                        tails.append(p)
-                    elif p.endswith(".gz"):
-                        if p not in self._files and p[:-3] not in self._files:
-                            n += self._read_gz(p)
-                    elif p in self._files or p + ".gz" not in names:
-                        n += self._read(p)
-                for p in tails:  # after every journal: what they lack
-                    if p not in self._tails_read:
-                        n += self._read_tail(p)
+                with as_client(f"spool:{os.fspath(d)}"):  # (who holds the job slots: .slots)
+                    n += self._poll_dir(d)
             return n
+
+    def _poll_dir(self, d) -> int:
+        """Read what is new in directory ``d`` (under the poll lock)."""
+        n = 0
+        try:
+            files = self._list(os.fspath(d))
+        except OSError:
+            return 0  # missing or unreadable for now: try again next poll
+        names = set(files)
+        tails = []
+        for p in files:
+            if read_tail.is_tail(p):
+                tails.append(p)
+            elif p.endswith(".gz"):
+                if p not in self._files and p[:-3] not in self._files:
+                    n += self._read_gz(p)
+            elif p in self._files or p + ".gz" not in names:
+                n += self._read(p)
+        for p in tails:  # after every journal: what they lack
+            if p not in self._tails_read:
+                n += self._read_tail(p)
+        return n
 
     def _read_tail(self, path: str) -> int:
         """Take in the records of a spool tail its journal lacks, once its writer is gone."""

@@ -4,7 +4,8 @@ Before a request is acknowledged, its spans are appended to this log, one segmen
 job, in the spool's own format (OTLP JSON lines, :mod:`.encode`)::
 
     WAL_DIR/jobs/<job slug>/seg-00000001.jsonl   appended, rotated at segment_bytes
-    WAL_DIR/results/<job slug>.json              a retired job's final report
+    WAL_DIR/results/<job slug>.json              a retired job's final report ("final":
+                                                 true); the job stays retired (see .slots)
 
 ``<job slug>`` is the job name made safe for a file name (at most 80 characters) plus 16
 hex digits of its SHA-256, so two names never share a directory. A job's directory is a
@@ -29,6 +30,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -120,6 +122,9 @@ class WriteAheadLog:
         job, segment by segment; cut off torn last lines. Returns what was read."""
         t0, st = time.monotonic(), ReplayStats()
         for job_dir in sorted(p for p in self.jobs_dir.iterdir() if p.is_dir()):
+            if self._retired_before(job_dir):  # (serve died between result and removal)
+                self._finish_retiring(job_dir)
+                continue
             size = 0
             for seg in self._segments(job_dir):
                 if seg.is_dir():  # never one serve wrote: its job's other segments count
@@ -314,11 +319,23 @@ class WriteAheadLog:
         with self._lock:
             self._close(slug)
             self._sizes.pop(slug, None)
-        job_dir = self.jobs_dir / slug
+        self._finish_retiring(self.jobs_dir / slug)
+
+    def _retired_before(self, job_dir: Path) -> bool:
+        """Whether ``job_dir``'s job has a result file written after its last segment: it
+        was retired and serve died before removing the segments. (Segments written after a
+        result are a job that came back under an older serve: they are replayed.)"""
+        try:
+            done = (self.results_dir / f"{job_dir.name}.json").stat().st_mtime_ns
+            return all(seg.stat().st_mtime_ns <= done for seg in job_dir.iterdir())
+        except OSError:
+            return False
+
+    @staticmethod
+    def _finish_retiring(job_dir: Path) -> None:
+        """Remove a retired job's segments (its result file is written)."""
         if job_dir.is_dir():
-            for seg in job_dir.iterdir():
-                seg.unlink()
-            job_dir.rmdir()
+            shutil.rmtree(job_dir)
 
     def size_bytes(self) -> int:
         """Bytes in all segments."""
