@@ -83,6 +83,8 @@ class Config:
     export_every_s: float = 1.0
     steps_per_export: int = 10
     serve_args: tuple = ()  # more ``goodput serve`` flags, as given
+    #: ``--health-port 0`` where serve has it (``/healthz`` probed there), else the HTTP port
+    health_port: bool = True
     #: ``goodput serve`` limits (Limits field names; None: the serve default).
     limits: dict = field(default_factory=lambda: {
         "max_connections": 256, "max_inflight_bytes": 256 * MiB, "max_message_bytes": 16 * MiB,
@@ -188,7 +190,8 @@ def run(cfg: Config) -> Result:
     res, tok = Result(config=cfg), cfg.token
     n_exports = max(1, int(cfg.duration_s / cfg.export_every_s))
     with tempfile.TemporaryDirectory(prefix="serve-abuse-") as tmp:
-        proc, addr, tail = sv.start_serve(cfg.limits, tmp, tok, list(cfg.serve_args))
+        proc, addr, tail = sv.start_serve(cfg.limits, tmp, tok, list(cfg.serve_args),
+                                         cfg.health_port)
         base, hbase = addr["http"], sv.health_base(addr)
         try:
             _wait_ready(base, tok)
@@ -241,7 +244,8 @@ def run(cfg: Config) -> Result:
             res.final_rss, res.hwm_rss = sv.rss(proc.pid)
             res.peak_rss = max(res.peak_rss, res.final_rss)
             res.health = {"asked": health.asked, "ok": health.ok, "misses": health.misses,
-                          "worst_s": round(health.worst_s, 3)}
+                          "worst_s": round(health.worst_s, 3),
+                          "port": "--health-port" if hbase != base else "--http-port"}
             for p, h in healthy.items():
                 res.exports[p] = h.out.summary()
                 res.export_latencies[p] = [round(x, 4) for x in h.out.latencies]
@@ -256,7 +260,8 @@ def run(cfg: Config) -> Result:
             res.wal_bytes = sv.dir_bytes(os.path.join(tmp, "wal"))
             res.stderr_tail = list(tail)[-10:]
         # restart on the same WAL: is every acknowledged span there?
-        proc, addr, tail = sv.start_serve(cfg.limits, tmp, tok, list(cfg.serve_args))
+        proc, addr, tail = sv.start_serve(cfg.limits, tmp, tok, list(cfg.serve_args),
+                                         cfg.health_port)
         try:
             _wait_ready(addr["http"], tok)
             jobs = sv.all_jobs(addr["http"], tok)
@@ -306,7 +311,7 @@ def table(res: Result) -> str:
         out.append(f"{kind:<22} " + ", ".join(f"{s}: {n}" for s, n in sorted(
             by.items(), key=lambda kv: -kv[1])))
     h = res.health
-    out += ["", f"/healthz                {h.get('ok')} of {h.get('asked')} answered 200 within "
+    out += ["", f"/healthz ({h.get('port')}) {h.get('ok')} of {h.get('asked')} answered 200 within "
             f"1 s (worst {h.get('worst_s')} s); misses at s: {h.get('misses', [])[:12]}"]
     for p, e in res.exports.items():
         out.append(f"healthy export {p:<8} {e['within_1s']} of {e['exports']} acked within 1 s "
@@ -342,6 +347,8 @@ def main(argv=None) -> int:
     p.add_argument("--rss-kill", type=int, default=c.rss_kill_bytes,
                    help="SIGKILL serve past this RSS (bytes), to spare the machine")
     p.add_argument("--no-token", action="store_true", help="serve without --token-file")
+    p.add_argument("--no-health-port", action="store_true",
+                   help="probe /healthz on the HTTP port even where serve has --health-port")
     p.add_argument("--serve-arg", action="append", default=[],
                    help="one more goodput serve flag (repeatable; '--serve-arg=--flag=v')")
     for k, v in c.limits.items():
@@ -357,6 +364,7 @@ def main(argv=None) -> int:
                  malformed_pause_s=a.malformed_pause, margin_bytes=a.margin,
                  rss_kill_bytes=a.rss_kill,
                  token=None if a.no_token else c.token, serve_args=tuple(a.serve_arg),
+                 health_port=not a.no_health_port,
                  limits={k: getattr(a, k) for k in c.limits},
                  **{k: getattr(a, k) for k in (
                      "amplify_clients", "wrongtoken_calls", "wrongtoken_bytes", "stalled_calls",

@@ -21,15 +21,24 @@ FLAGS = {"max_connections": "--max-connections", "max_inflight_bytes": "--max-in
          "max_job_spans_per_s": "--max-job-spans-per-second"}
 
 
+_HELP: list = []
+
+
 def serve_help() -> str:
-    """``goodput serve --help`` of this checkout (to see which flags it has)."""
-    return subprocess.run([sys.executable, "-m", "goodput_processor.cli", "serve", "--help"],
-                          capture_output=True, text=True, timeout=120).stdout
+    """``goodput serve --help`` of this checkout (to see which flags it has; asked once)."""
+    if not _HELP:
+        _HELP.append(subprocess.run(
+            [sys.executable, "-m", "goodput_processor.cli", "serve", "--help"],
+            capture_output=True, text=True, timeout=120).stdout)
+    return _HELP[0]
 
 
-def start_serve(limits: dict, tmp: str, token: str | None, extra: list[str]):
-    """Start ``goodput serve`` on loopback with ``--wal-dir TMP/wal`` and the limit flags;
-    returns ``(process, {"grpc": ..., "http": ..., ...}, stderr tail)``.
+def start_serve(limits: dict, tmp: str, token: str | None, extra: list[str],
+                health_port: bool = True):
+    """Start ``goodput serve`` on loopback with ``--wal-dir TMP/wal``, the limit flags and,
+    where this checkout has it and ``health_port``, ``--health-port 0`` (``/healthz`` on a
+    listener of its own); returns ``(process, {"grpc": ..., "http": ..., ...}, stderr
+    tail)``.
 
     Raises:
         RuntimeError: serve printed no ``listening`` line (its stderr is in the message), or
@@ -48,6 +57,8 @@ def start_serve(limits: dict, tmp: str, token: str | None, extra: list[str]):
     for k, v in limits.items():
         if v is not None:
             cmd += [FLAGS[k], str(v)]
+    if health_port and "--health-port" in serve_help():
+        cmd += ["--health-port", "0"]
     cmd += list(extra)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env)
