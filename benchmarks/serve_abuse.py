@@ -6,8 +6,8 @@ Starts ``goodput serve`` as a real subprocess on loopback with the write-ahead l
 healthy job go in first (the OTel SDK's OTLP exporters, gRPC and HTTP). Then, for
 ``--duration`` seconds, the attacks of ``--attacks`` (default all; see
 :mod:`abuse.attacks`: ``amplify``, ``wrongtoken``, ``stalled``, ``idle``, ``malformed``,
-``hugeattr``, ``flood``, ``slowloris``, ``bomb``) run from a process of their own while this
-one measures:
+``hugeattr``, ``flood``, ``slowloris``, ``bomb``) run, each from a process of its own, while
+this one measures:
 
 - serve's resident memory (``VmRSS`` every ``--sample`` s, the kernel's peak ``VmHWM`` at
   the end) against :meth:`Result.ceiling_bytes`;
@@ -179,6 +179,36 @@ def _stop(proc, timeout_s=90) -> int:
         return proc.wait(10)
 
 
+def _attacker(attack: str, acfg: dict, env: dict) -> subprocess.Popen:
+    """``python -m abuse.attacks`` for one attack (its settings on stdin)."""
+    proc = subprocess.Popen([sys.executable, "-m", "abuse.attacks"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc.stdin.write(json.dumps({**acfg, "attacks": [attack]}))
+    proc.stdin.close()
+    proc.stdin = None  # communicate() reads only
+    return proc
+
+
+def _gather(attackers: list) -> dict:
+    """The attackers' results merged: answers, acked_jobs, acked_present, unfinished.
+
+    Raises:
+        RuntimeError: one gave no result within 120 s (its stderr in the message).
+    """
+    doc = {"answers": {}, "acked_jobs": [], "acked_present": [], "unfinished": []}
+    for a in attackers:
+        try:
+            out, err = a.communicate(timeout=120)
+            one = json.loads(out)
+        except (subprocess.TimeoutExpired, ValueError) as e:
+            a.kill()
+            raise RuntimeError(f"an attacker gave no result: {e}") from e
+        doc["answers"].update(one["answers"])
+        for k in ("acked_jobs", "acked_present", "unfinished"):
+            doc[k] += one.get(k, [])
+    return doc
+
+
 def run(cfg: Config) -> Result:
     """One abuse run against a fresh ``goodput serve`` (see the module docstring).
 
@@ -201,7 +231,7 @@ def run(cfg: Config) -> Result:
             time.sleep(1.0)
             res.baseline_rss = sv.rss(proc.pid)[0]
             acfg = {**asdict(cfg), "addr": addr, "victim": "healthy-grpc",
-                    "attacks": list(cfg.attacks)}
+                    "duration_s": cfg.duration_s + 60}  # they stop at SIGTERM below
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(
                 [os.path.dirname(os.path.abspath(__file__))] + sys.path)}
             stop, health = threading.Event(), Health()
@@ -209,13 +239,9 @@ def run(cfg: Config) -> Result:
                        for p, t in (("grpc", addr["grpc"]), ("http", base))}
             for h in healthy.values():  # a job that was there before the attack: its slot
                 h.export_one(0)
-            attackers = subprocess.Popen([sys.executable, "-m", "abuse.attacks"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True, env=env)
-            attackers.stdin.write(json.dumps(acfg))
-            attackers.stdin.close()
-            attackers.stdin = None  # communicate() below reads only
-            attackers.stderr.readline()  # "started"
+            attackers = [_attacker(a, acfg, env) for a in cfg.attacks]  # one process each
+            for a in attackers:
+                a.stderr.readline()  # "started"
             threads = [threading.Thread(target=probe_health, args=(hbase, stop, health))]
             threads += [threading.Thread(target=h.run, args=(stop, cfg.export_every_s, 1))
                         for h in healthy.values()]
@@ -231,16 +257,12 @@ def run(cfg: Config) -> Result:
                     proc.kill()
                 time.sleep(cfg.sample_s)
             stop.set()
-            try:
-                out, err = attackers.communicate(timeout=120)
-                doc = json.loads(out)
-            except (subprocess.TimeoutExpired, ValueError) as e:
-                attackers.kill()
-                raise RuntimeError(f"the attackers gave no result: {e}") from e
+            for a in attackers:
+                a.send_signal(signal.SIGTERM)
+            doc = _gather(attackers)
             for t in threads:
                 t.join(60)
-            res.answers = doc["answers"]
-            res.attackers_unfinished = doc["unfinished"]
+            res.answers, res.attackers_unfinished = doc["answers"], doc["unfinished"]
             res.final_rss, res.hwm_rss = sv.rss(proc.pid)
             res.peak_rss = max(res.peak_rss, res.final_rss)
             res.health = {"asked": health.asked, "ok": health.ok, "misses": health.misses,

@@ -1,7 +1,8 @@
 """The attackers of ``benchmarks/serve_abuse.py``, each a function of ``(cfg, addr, stop,
-counts)`` run in threads of one process of their own (``python -m abuse.attacks``: the run's
-settings as JSON on stdin, what each attack got as JSON on stdout), so that their CPU and
-GIL do not slow the process that measures serve.
+counts)`` run in threads of a process that ``serve_abuse`` starts for each attack
+(``python -m abuse.attacks``: the run's settings as JSON on stdin, what the attack got as
+JSON on stdout at SIGTERM or after ``duration_s``), so that their CPU and GIL do not slow
+each other or the process that measures serve.
 
 Attacks (issue 38, and the earlier ones of issue 15):
 
