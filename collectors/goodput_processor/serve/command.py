@@ -114,6 +114,10 @@ def _limits(args):
             max_message_bytes=int(_number(args.max_message_bytes, "--max-message-bytes")),
             request_timeout_s=_number(args.request_timeout, "--request-timeout"),
             max_jobs=int(_number(args.max_jobs, "--max-jobs")),
+            max_jobs_per_client=(None if args.max_jobs_per_client is None else int(_number(
+                args.max_jobs_per_client, "--max-jobs-per-client"))),
+            idle_without_progress_s=_number(args.idle_without_progress,
+                                            "--idle-without-progress", strict=False),
             max_custom_types=int(_number(args.max_custom_types, "--max-custom-types")),
             max_attribute_bytes=int(_number(args.max_attribute_bytes, "--max-attribute-bytes")),
             max_job_spans_per_s=_number(args.max_job_spans_per_second,
@@ -235,7 +239,7 @@ def _serve(args: argparse.Namespace, loaded) -> int:
 
     def retired(result):
         try:
-            reports.write([result])
+            reports.write([result], final=True)  # (retirement is final: .slots)
         except Exception:  # noqa: BLE001 - a report that cannot be written is logged
             _log.exception("goodput serve: cannot write the final report of a retired job")
 
@@ -355,6 +359,12 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                      help="time a client may take to send one request (default 30)")
     lim.add_argument("--max-jobs", default="1000", metavar="N",
                      help="jobs tracked at once (default 1000)")
+    lim.add_argument("--max-jobs-per-client", default=None, metavar="N",
+                     help="jobs one client (peer address) may hold of --max-jobs (default: "
+                     "half of --max-jobs)")
+    lim.add_argument("--idle-without-progress", default="300", metavar="SECONDS",
+                     help="when job slots are short, a job with no step yet leaves (final) "
+                     "after SECONDS without spans (default 300)")
     lim.add_argument("--max-custom-types", default="64", metavar="N",
                      help="distinct custom badput types per job (default 64)")
     lim.add_argument("--max-attribute-bytes", default="1024", metavar="N",

@@ -314,7 +314,7 @@ class JobSlots:
 
     def late(self, name: str, why: str, where: str | None) -> Refused:
         """The refusal, for good, of spans for retired job ``name``."""
-        at = f"; its final report is {where}" if where else ""
+        at = f" ({where})" if where else ""
         return Refused("retired", f"job {name!r} was retired ({why}) and its report is "
                        f"final{at}: spans sent after are refused, never starting it "
                        "over; send a new run under a new job name (goodput.job.name), or "
