@@ -127,7 +127,7 @@ class HealthListener:
         while not self._stop.is_set():
             try:
                 events = self._sel.select(0.2)
-            except OSError:  # closed by stop()
+            except (OSError, ValueError):  # closed by stop()
                 return
             accept = False
             for key, _ in events:  # requests that arrived first, then new connections
