@@ -115,6 +115,7 @@ def test_not_otlp_is_refused_whole_and_touches_no_job(tmp_path):
         for line in first:
             assert _post(url, line.encode())[0] == 200
         before = {p.name: p.stat().st_size for p in wal.rglob("seg-*")}
+        (was,) = srv.store.results(now_ns=NOW, job="a")
         intruder = json.loads(_lines("intruder", "b" * 32)[0])
         bodies = _not_otlp(intruder)
         for body in bodies:
@@ -138,6 +139,7 @@ def test_not_otlp_is_refused_whole_and_touches_no_job(tmp_path):
         live = {k: v for k, v in r.skipped.items() if v}
         assert live == {"invalid_span": 2, "duplicate": 1, "unknown": 2}
         assert "malformed" not in live
+        assert r.skipped_examples == was.skipped_examples  # nothing of the other client's
         assert not any("intruder" in ex or "resourceSpans" in ex for ex in r.skipped_examples)
     finally:
         srv.stop(5, final=False)
@@ -146,8 +148,9 @@ def test_not_otlp_is_refused_whole_and_touches_no_job(tmp_path):
 def test_serve_and_goodput_report_count_the_same_skips(tmp_path):
     """The same records, two ways in: POSTed to serve as OTLP/JSON and protobuf (its
     write-ahead log reported by ``goodput report``), and written to a spool that serve
-    tails and ``goodput report`` reads. A garbage line inside a file counts for the job the file named last, both ways;
-    one before any job line is serve's own (never a job's)."""
+    tails and ``goodput report`` reads. A garbage line inside a file counts for the job
+    the file named last, both ways; one before any job line is serve's own (never a
+    job's)."""
     lines = _lines("m", "c" * 32)
     srv = _server(tmp_path)
     try:
