@@ -52,12 +52,13 @@ def translate_into(reader, root: Path, foreign: dict) -> None:
     in the reader's skipped records (with up to 20 examples in all)."""
     from .importers.sources import get_source, translate_files
     from .importers.sources.driver import no_gc
+    from .read_emitted import ingest_emitted
 
     for name, paths in sorted(foreign.items()):
-        with no_gc():  # (see no_gc: the translated dicts are read while they are many)
-            run = translate_files(get_source(name), paths)
-            for rs in run.resource_spans:  # the dicts as a spool line would hold them
-                job = reader._request({"resourceSpans": [rs]}, (name, "translated"))
+        with no_gc():  # (see no_gc: the translated spans are read while they are many)
+            run = translate_files(get_source(name), paths, batches=True)
+            for batch in run.resource_spans:  # rows straight, as their spool lines give
+                job = ingest_emitted(reader, batch, (name, "translated"))
                 if job is not None:
                     job.run_dirs.add(str(root))
             del run.resource_spans[:]

@@ -43,7 +43,9 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from goodput import schema
 
 from ..importers.sources.driver import OtlpTranslation
-from .encode import json_job_name, json_line, split_json
+from ..read_emitted import ingest_emitted
+from ..reader import job_name
+from .encode import json_line
 
 __all__ = ["ForeignIntake", "own_only_json", "own_only_pb"]
 
@@ -129,7 +131,7 @@ def _where(where) -> str:
 class ForeignIntake:
     """The sources' side of a :class:`~goodput_processor.serve.store.LiveStore` (a base
     class of it: it uses the store's ``_lock``, ``stats``, ``wal``, ``_admit``,
-    ``_log_lines`` and ``_take_json``). See the module docstring."""
+    ``_log_lines`` and ``_reader``). See the module docstring."""
 
     def _init_sources(self) -> None:
         #: The sources' translators, one per source (used under the store's lock).
@@ -160,7 +162,8 @@ class ForeignIntake:
                 tr.problems.add(where, "malformed", f"{len(bad)} ResourceLogs not OTLP",
                                 len(bad))
         try:
-            own, out = ([], tr.logs(items, where)) if logs else tr.traces(items, where)
+            own, out = (([], tr.logs(items, where, batches=True)) if logs
+                        else tr.traces(items, where, batches=True))
         except Exception as e:  # noqa: BLE001 - a source never stops serve
             tr.problems.add(where, "malformed", f"the sources failed on it ({e!r})")
             own, out = ([] if logs else list(items)), []
@@ -169,7 +172,7 @@ class ForeignIntake:
         self.stats["source_skipped"] = len(tr.problems)
         delta = self._warning_totals() - before
         if delta and out:
-            jobs = {json_job_name(rs) for rs in out}
+            jobs = {job_name(b.resource) for b in out}
             if len(jobs) == 1:
                 self._source_job_warnings.setdefault(jobs.pop(), Counter()).update(delta)
         return own, out
@@ -201,21 +204,38 @@ class ForeignIntake:
         return SimpleNamespace(resource_spans=own) if pb else {"resourceSpans": own}
 
     def _take_translated(self, translated: list, where) -> None:
-        """Take in the goodput ``ResourceSpans`` a source made as a client's OTLP JSON
-        request: logged, admitted, read (not counted as a request of its own).
+        """Take in the goodput spans a source made (``translated``: its
+        :class:`~goodput_processor.importers.sources.base.EmittedSpans`) as a client's OTLP
+        JSON request: admitted, logged as the OTLP JSON they are, read into rows straight
+        (:func:`~goodput_processor.read_emitted.ingest_emitted`: the rows the log's line
+        gives on replay); not counted as a request of its own.
 
         Raises:
             Refused: over a limit, or the write-ahead log cannot write them.
         """
         if not translated:
             return
-        groups = split_json({"resourceSpans": translated})
-        lines = {n: json_line(rss) for n, (rss, _) in groups.items()} if self.wal else {}
+        groups: dict[str, tuple[list, int]] = {}  # job -> (batches, spans), as split_json
+        for b in translated:
+            name = job_name(b.resource)  # as json_job_name of its OTLP JSON
+            got, n = groups.get(name) or ([], 0)
+            got.append(b)
+            groups[name] = (got, n + len(b))
+        lines = ({n: json_line([b.resource_spans() for b in bs])
+                  for n, (bs, _) in groups.items()} if self.wal else {})
         where = where if isinstance(where, tuple) else (where,)
         with self._lock:
             self._admit(groups)
-            self._log_lines(groups, lines, lambda rss: self._take_json(rss, where))
+            self._log_lines(groups, lines, lambda bs: self._take_emitted(bs, where))
             self.stats["spans_translated"] += sum(n for _, n in groups.values())
+
+    def _take_emitted(self, batches: list, where: tuple) -> None:
+        """Under the lock: read one job's translated spans into the store's reader."""
+        for b in batches:
+            try:
+                ingest_emitted(self._reader, b, where)
+            except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as e:
+                self._reader._skip(None, "malformed", where, f"bad OTLP structure ({e!r})")
 
     # --- logs ------------------------------------------------------------------------
 

@@ -48,9 +48,8 @@ from .records import (
     value_of,
 )
 
-__all__ = ["ForeignLog", "ForeignSpan", "Emitter", "Source", "Translator", "attrs_of",
-           "first_json",
-           "logs_of", "pb_attrs", "spans_of", "value_of"]
+__all__ = ["ForeignLog", "ForeignSpan", "EmittedSpans", "Emitter", "Source", "Translator",
+           "attrs_of", "first_json", "logs_of", "pb_attrs", "spans_of", "value_of"]
 
 #: Spans per emitted ``scopeSpans`` list (as the recorder's journal lines).
 SPANS_PER_LIST = 512
@@ -76,7 +75,7 @@ class _Proc:
     def __init__(self, key: str, job: str, attrs: dict, start_ns: int | None):
         self.key, self.job, self.resource = key, job, attrs
         self.trace_id = _digest("trace\0" + key, 16)
-        self.spans: list[dict] = []
+        self.spans: list[tuple] = []  # see EmittedSpans
         self.start_ns = start_ns
         self.fixed = False  # the resource was handed out: it never changes after that
 
@@ -169,17 +168,14 @@ class Emitter:
             end_ns = start_ns
         if p.start_ns is None:
             p.start_ns = start_ns
-        if attrs is None:
-            attrs = {}
         if not span_id:
-            step = attrs.get(schema.ATTR_STEP, attrs.get(schema.ATTR_CHECKPOINT_STEP, ""))
+            step = (attrs.get(schema.ATTR_STEP, attrs.get(schema.ATTR_CHECKPOINT_STEP, ""))
+                    if attrs else "")
             span_id = _digest(f"{key}\0{name}\0{start_ns}\0{end_ns}\0{step}", 8)
-        s = {"traceId": p.trace_id, "spanId": span_id, "name": name, "kind": 1,
-             "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(end_ns),
-             "attributes": [_kv(k, v) for k, v in attrs.items()] if attrs else []}
-        if error:
-            s["status"] = {"code": 2}
-        p.spans.append(s)
+        # kept as a tuple (the OTLP JSON dict is made only when asked: take()); the
+        # attributes copied, as a translator may reuse its dict
+        p.spans.append((name, start_ns, end_ns, dict(attrs) if attrs else None, span_id,
+                        error))
 
     def spans_then_alive(self, key: str, start_ns: int, spans, last_seen_ns: int,
                          ended: bool = False) -> None:
@@ -203,6 +199,12 @@ class Emitter:
     def take(self) -> list[dict]:
         """The OTLP JSON ``ResourceSpans`` of the spans added since the last take (one per
         process with new spans, up to :data:`SPANS_PER_LIST` spans per ``scopeSpans``)."""
+        return [b.resource_spans() for b in self.take_batches()]
+
+    def take_batches(self) -> list[EmittedSpans]:
+        """:meth:`take`'s spans as :class:`EmittedSpans`, one per process with new spans,
+        before they are made OTLP JSON: a reader can make its rows of them straight
+        (:mod:`goodput_processor.read_emitted`), and each gives its OTLP JSON on demand."""
         out = []
         for p in self._procs.values():
             if not p.spans:
@@ -212,11 +214,42 @@ class Emitter:
                     p.resource[schema.RES_PROCESS_START] = int(p.start_ns)
                 p.fixed = True
             spans, p.spans = p.spans, []
-            out.append({"resource": {"attributes": [_kv(k, v) for k, v in p.resource.items()]},
-                        "scopeSpans": [{"scope": {"name": schema.SCOPE_NAME},
-                                        "spans": spans[i:i + SPANS_PER_LIST]}
-                                       for i in range(0, len(spans), SPANS_PER_LIST)]})
+            out.append(EmittedSpans(p.job, p.resource, p.trace_id, spans))
         return out
+
+
+class EmittedSpans:
+    """The goodput spans an :class:`Emitter` made for one process since its last take.
+
+    ``job``: the process's job; ``resource``: its resource attributes ``{key: bool | int |
+    str}`` (fixed once taken: never changed after); ``trace_id``: 32 hex digits;
+    ``spans``: ``(name, start_ns, end_ns, attrs or None, span_id (16 hex digits), error)``
+    tuples. :meth:`resource_spans` is the same as OTLP JSON.
+    """
+
+    __slots__ = ("job", "resource", "trace_id", "spans")
+
+    def __init__(self, job: str, resource: dict, trace_id: str, spans: list):
+        self.job, self.resource, self.trace_id, self.spans = job, resource, trace_id, spans
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def resource_spans(self) -> dict:
+        """The OTLP JSON ``ResourceSpans`` dict (up to :data:`SPANS_PER_LIST` spans per
+        ``scopeSpans``)."""
+        tid, out = self.trace_id, []
+        for name, start, end, attrs, span_id, error in self.spans:
+            s = {"traceId": tid, "spanId": span_id, "name": name, "kind": 1,
+                 "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
+                 "attributes": [_kv(k, v) for k, v in attrs.items()] if attrs else []}
+            if error:
+                s["status"] = {"code": 2}
+            out.append(s)
+        return {"resource": {"attributes": [_kv(k, v) for k, v in self.resource.items()]},
+                "scopeSpans": [{"scope": {"name": schema.SCOPE_NAME},
+                                "spans": out[i:i + SPANS_PER_LIST]}
+                               for i in range(0, len(out), SPANS_PER_LIST)]}
 
 
 # --- translators and sources -------------------------------------------------------------

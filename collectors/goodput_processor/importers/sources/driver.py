@@ -14,6 +14,7 @@ import contextlib
 import gc
 import gzip
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterable
@@ -26,11 +27,13 @@ try:  # optional speed-up, never a dependency (as in goodput_processor.reader)
     import orjson
 
     _loads = orjson.loads
+    _BYTES = True  # orjson reads UTF-8 bytes as their text
 
     def _dumps(doc) -> str:
         return orjson.dumps(doc).decode()
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
+    _BYTES = False  # json.loads would guess the bytes' encoding
 
     def _dumps(doc) -> str:
         return json.dumps(doc, separators=(",", ":"))
@@ -72,11 +75,28 @@ class SourceRun:
 
 
 def _open(path: str):
+    """``path`` (inflated if gzip) as bytes: :func:`_lines` makes its lines."""
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="")
-    return open(path, encoding="utf-8", errors="replace", newline="")
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _lines(f):
+    """``(body, text)`` of each line of binary file ``f``, as a text file in UTF-8 with
+    ``errors="replace"`` and universal newlines (``newline=""``) reads them, without the
+    line end: ``body`` the line's bytes (None where they are not its text's UTF-8: a lone
+    ``\\r`` split it), ``text`` a callable giving its text. The bytes are decoded only
+    when asked (an OTLP JSON line is parsed from its bytes)."""
+    for raw in f:
+        body = raw.rstrip(b"\r\n")
+        if b"\r" not in body:
+            yield body, body.decode
+            continue
+        for piece in io.StringIO(raw.decode("utf-8", "replace"), newline=""):
+            text = piece.rstrip("\r\n")
+            yield None, lambda *_, text=text: text
 
 
 def _head(path: str) -> bytes:
@@ -223,23 +243,25 @@ def no_gc():
 
 
 def translate_files(source: Source, paths, progress=None, *,
-                    job: str | None = None) -> SourceRun:
+                    job: str | None = None, batches: bool = False) -> SourceRun:
     """Run ``source`` over ``paths`` (in order) with one translator; returns what it made.
 
     A file is read as lines (``.gz`` is inflated). For a source that reads OTLP
     (``traces``/``logs``), a line that is an OTLP JSON request is handed over whole (the
     Collector's file exporter writes one request per line); other lines go to
     :meth:`Translator.line`. ``progress(n_bytes)`` is called as files are read. ``job``:
-    write every process into this job (``goodput import --job``).
+    write every process into this job (``goodput import --job``). ``batches``: the run's
+    ``resource_spans`` are :class:`~.base.EmittedSpans` (one per process, read into rows
+    straight by :func:`goodput_processor.read_emitted.ingest_emitted`), not OTLP JSON.
 
     Raises:
         InputError: a file is missing or unreadable.
     """
     with no_gc():
-        return _translate_files(source, paths, progress, job)
+        return _translate_files(source, paths, progress, job, batches)
 
 
-def _translate_files(source: Source, paths, progress, job) -> SourceRun:
+def _translate_files(source: Source, paths, progress, job, batches=False) -> SourceRun:
     run = SourceRun(source.name)
     emitter = Emitter(source.imported_from, job=job, export_delay_ms=source.export_delay_ms)
     tr = source.translator(emitter, run.problems)
@@ -249,27 +271,37 @@ def _translate_files(source: Source, paths, progress, job) -> SourceRun:
         size = check_readable(path)
         tr.start_file(path)
         with _open(path) as f:
-            for lineno, text in enumerate(f, 1):
-                text = text.rstrip("\r\n")
+            for lineno, (body, text) in enumerate(_lines(f), 1):
                 where = f"{path}:{lineno}"
-                if otlp and text.startswith("{") and ('"resourceSpans"' in text
-                                                      or '"resourceLogs"' in text):
-                    try:
-                        doc = _loads(text)
-                    except ValueError as e:
-                        run.problems.add(where, "malformed", f"not JSON ({e})")
-                        continue
+                if body is None:
+                    body = text("utf-8", "replace").encode("utf-8", "surrogatepass")
+                if otlp and body[:1] == b"{" and (b'"resourceSpans"' in body
+                                                  or b'"resourceLogs"' in body):
+                    doc = None
+                    if _BYTES:  # invalid UTF-8 is refused: read as its text, below
+                        try:
+                            doc = _loads(body)
+                        except ValueError:
+                            pass
+                    if doc is None:
+                        try:
+                            doc = _loads(text("utf-8", "replace"))
+                        except ValueError as e:
+                            run.problems.add(where, "malformed", f"not JSON ({e})")
+                            continue
                     if not isinstance(doc, dict):
                         run.problems.add(where, "malformed", "not a JSON object")
                         continue
                     run.records += _feed_otlp(tr, source, doc, where, run.problems)
-                elif text.strip():
-                    run.records += 1
-                    tr.line(text, where)
+                else:
+                    line = text("utf-8", "replace")
+                    if line.strip():
+                        run.records += 1
+                        tr.line(line, where)
         if progress is not None:
             progress(size)
     tr.finish()
-    run.resource_spans = emitter.take()
+    run.resource_spans = emitter.take_batches() if batches else emitter.take()
     run.warnings = dict(tr.warnings)
     return run
 
@@ -310,11 +342,13 @@ class OtlpTranslation:
             self.warnings[src.name] = got[1].warnings
         return got
 
-    def traces(self, resource_spans, where: str) -> tuple[list, list]:
+    def traces(self, resource_spans, where: str, *,
+               batches: bool = False) -> tuple[list, list]:
         """Split ``resource_spans`` (OTLP JSON dicts or protobuf ``ResourceSpans``) into
         ``(own, translated)``: the ones no source takes, untouched (this project's spans,
         and foreign ones the reader counts as unknown), and the goodput ``ResourceSpans``
-        (JSON dicts) the sources made of the others."""
+        (JSON dicts; ``batches``: :class:`~.base.EmittedSpans`) the sources made of the
+        others."""
         own, used = [], set()
         for rs in resource_spans:
             pb = not isinstance(rs, dict)
@@ -339,12 +373,13 @@ class OtlpTranslation:
                     self.problems.add(where, "malformed", f"bad OTLP span ({e!r})", len(spans))
             if not taken:
                 own.append(rs)
-        return own, self._take(used)
+        return own, self._take(used, batches)
 
-    def logs(self, resource_logs, where: str) -> list:
-        """The goodput ``ResourceSpans`` (JSON dicts) made of ``resource_logs`` (OTLP JSON
-        dicts or protobuf ``ResourceLogs``); records no source takes are dropped (counted
-        in :attr:`ignored`)."""
+    def logs(self, resource_logs, where: str, *, batches: bool = False) -> list:
+        """The goodput ``ResourceSpans`` (JSON dicts; ``batches``:
+        :class:`~.base.EmittedSpans`) made of ``resource_logs`` (OTLP JSON dicts or
+        protobuf ``ResourceLogs``); records no source takes are dropped (counted in
+        :attr:`ignored`)."""
         used = set()
         for rl in resource_logs:
             if isinstance(rl, dict):
@@ -366,7 +401,7 @@ class OtlpTranslation:
                 except (TypeError, KeyError, ValueError, AttributeError) as e:
                     self.problems.add(where, "malformed", f"bad OTLP log record ({e!r})",
                                       len(records))
-        return self._take(used)
+        return self._take(used, batches)
 
     def forget(self, job: str) -> None:
         """``goodput serve`` retired ``job``: every translator drops what it kept for it."""
@@ -376,10 +411,11 @@ class OtlpTranslation:
             except Exception:  # noqa: BLE001 - a source's bookkeeping never stops serve
                 continue
 
-    def _take(self, used) -> list:
+    def _take(self, used, batches: bool = False) -> list:
         out = []
         for name in sorted(used):
-            out.extend(self._tr[name][0].take())
+            em = self._tr[name][0]
+            out.extend(em.take_batches() if batches else em.take())
         return out
 
 

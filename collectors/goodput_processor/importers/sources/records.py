@@ -128,8 +128,7 @@ class ForeignSpan:
         if raw is None:
             self._tid, self._sid, self._pid = trace_id, span_id, parent_id
             self._events, self._links = events, links
-        else:
-            self._tid = self._sid = self._pid = self._events = self._links = None
+        # else: ids, events and links are read from ``raw`` on first use (slots left unset)
 
     @property
     def attrs(self) -> dict:
@@ -173,25 +172,38 @@ class ForeignSpan:
 
     @property
     def trace_id(self) -> str:
-        if self._tid is None:
+        try:
+            return self._tid
+        except AttributeError:
             self._tid = self._id("traceId", "trace_id")
         return self._tid
 
     @property
     def span_id(self) -> str:
-        if self._sid is None:
-            self._sid = self._id("spanId", "span_id")
+        try:
+            return self._sid
+        except AttributeError:
+            r = self._raw
+            if type(r) is dict:
+                v = r.get("spanId")
+                self._sid = v.lower() if type(v) is str and len(v) == 16 else _hex(v)
+            else:
+                self._sid = r.span_id.hex()
         return self._sid
 
     @property
     def parent_id(self) -> str:
-        if self._pid is None:
+        try:
+            return self._pid
+        except AttributeError:
             self._pid = self._id("parentSpanId", "parent_span_id")
         return self._pid
 
     @property
     def events(self) -> list:
-        if self._events is None:
+        try:
+            return self._events
+        except AttributeError:
             r = self._raw
             if isinstance(r, dict):
                 self._events = [(str(e.get("name", "")), _int(e.get("timeUnixNano")),
@@ -203,7 +215,9 @@ class ForeignSpan:
 
     @property
     def links(self) -> list:
-        if self._links is None:
+        try:
+            return self._links
+        except AttributeError:
             r = self._raw
             if isinstance(r, dict):
                 self._links = [(_hex(x.get("traceId")), _hex(x.get("spanId")))
@@ -259,16 +273,28 @@ def spans_of(spans) -> list[ForeignSpan]:
             caller counts it as malformed).
     """
     out = []
-    for s in spans:
+    append, new, cls = out.append, object.__new__, ForeignSpan
+    for s in spans:  # (ForeignSpan(..., raw=s), made without the call's arguments)
+        f = new(cls)
+        f._raw, f._attrs = s, None
         if isinstance(s, dict):
-            st = s.get("status")
-            out.append(ForeignSpan(
-                str(s.get("name", "")), _int(s.get("startTimeUnixNano")),
-                _int(s.get("endTimeUnixNano")), None,
-                error=bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR"), raw=s))
+            get = s.get
+            name = get("name", "")
+            f.name = name if type(name) is str else str(name)
+            try:
+                f.start_ns = int(get("startTimeUnixNano"))
+            except (TypeError, ValueError):
+                f.start_ns = 0
+            try:
+                f.end_ns = int(get("endTimeUnixNano"))
+            except (TypeError, ValueError):
+                f.end_ns = 0
+            st = get("status")
+            f.error = bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR")
         else:
-            out.append(ForeignSpan(s.name, s.start_time_unix_nano, s.end_time_unix_nano,
-                                   None, error=s.status.code == 2, raw=s))
+            f.name, f.start_ns, f.end_ns = s.name, s.start_time_unix_nano, s.end_time_unix_nano
+            f.error = s.status.code == 2
+        append(f)
     return out
 
 
