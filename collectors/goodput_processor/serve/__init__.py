@@ -22,7 +22,7 @@ import importlib
 # subcommand) neither pays for nor needs grpcio.
 _EXPORTS = {
     "DEFAULT_MAX_MESSAGE_BYTES": ".receiver",
-    "GrpcReceiver": ".receiver",
+    "GrpcReceiver": ".grpc_receiver",
     "HttpReceiver": ".receiver",
     "GoodputServer": ".server",
     "LiveStore": ".store",

@@ -39,17 +39,15 @@ import json
 import logging
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from .limits import ByteBudget, Limits, Refused
+from .limits import ByteBudget, Refused
 from .store import LiveStore
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Gate", "GrpcReceiver", "parse_cost"]  # + HttpReceiver
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Gate", "parse_cost"]  # + HttpReceiver, GrpcReceiver
 
 _log = logging.getLogger(__name__)
 #: Default request size limit (bytes, after gzip decompression).
@@ -185,64 +183,6 @@ class Held:
         self.give_back(self.n)
 
 
-class _TraceService:
-    """``TraceService/Export`` (or ``LogsService/Export``: ``signal="logs"``) on raw bytes,
-    so that a body that does not parse gets ``INVALID_ARGUMENT`` with the reason (gRPC's own
-    deserializer answers ``INTERNAL``)."""
-
-    def __init__(self, store: LiveStore, token: str | None, gate, budget: ByteBudget,
-                 signal: str = "traces"):
-        self.store, self.token, self.gate, self.budget = store, token, gate, budget
-        self.request, self.response, self.service, self.method = SIGNALS[signal]
-
-    def Export(self, request: bytes, context):  # noqa: N802 - the gRPC method name
-        if not _token_ok(dict(context.invocation_metadata()).get("authorization"), self.token):
-            _refused(self.store, "unauthenticated", context.peer())
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "goodput serve: missing or wrong bearer token (Authorization header)")
-        r = self._take_in(request, context.peer())
-        if r is not None:  # abort() raises, so it is called outside of any try
-            if r.reason is not None:
-                _refused(self.store, r.reason)
-            if r.retry_after is not None:
-                context.set_trailing_metadata(_retry_info(r.retry_after))
-            context.abort(r.grpc_status, f"goodput serve: {r.message}")
-        return self.response()
-
-    def _take_in(self, request: bytes, peer: str) -> Rejected | None:
-        """Parse and store ``request``; None, or the :class:`Rejected` to answer."""
-        if not self.gate.enter():
-            return Rejected("unavailable", 503, 14, "goodput serve is shutting down",
-                            retry_after=1)
-        held = Held(self.budget)
-        try:
-            held.take(len(request) + parse_cost("protobuf", request), "the request")
-            req = self.request()
-            try:
-                req.ParseFromString(request)
-            except DecodeError as e:
-                return Rejected("malformed", 400, 3, f"request of {len(request)} bytes is not "
-                                f"a protobuf {self.request.__name__} ({e})")
-            getattr(self.store, self.method)(req, "otlp-grpc")
-            return None
-        except Rejected as r:  # the budget: RESOURCE_EXHAUSTED (never fits), UNAVAILABLE
-            return r
-        except Refused as e:
-            return Rejected.from_refused(e)
-        except Exception:
-            _log.exception("goodput serve grpc: taking in a request from %s failed", peer)
-            return Rejected("internal", 500, 13, "internal error (logged)")
-        finally:
-            held.release()
-            self.gate.leave()
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        export = grpc.unary_unary_rpc_method_handler(
-            self.Export, request_deserializer=None,
-            response_serializer=self.response.SerializeToString)
-        return grpc.method_handlers_generic_handler(self.service, {"Export": export})
-
-
 def _retry_info(seconds: float) -> tuple:
     """Trailing metadata asking the client to retry after ``seconds`` (``RetryInfo``, which
     the OTLP/gRPC exporter follows)."""
@@ -283,64 +223,6 @@ class Gate:
             return self._cond.wait_for(lambda: self._inflight == 0, timeout_s)
 
 
-class GrpcReceiver:
-    """OTLP/gRPC ``TraceService`` and ``LogsService`` on ``host:port`` (port 0 = any free
-    port; see :attr:`port`).
-
-    Args:
-        store: where spans go.
-        token: bearer token required (None: none).
-        tls: ``(cert_file, key_file)`` PEM paths (None: plaintext).
-        max_message_bytes: largest request (used when ``limits`` is None; else
-            ``limits.max_message_bytes``).
-        workers: threads running ``Export`` calls.
-        gate: shared with the HTTP receiver, for draining at shutdown.
-        limits: the ceilings (default :class:`Limits` with ``max_message_bytes``).
-        budget: bytes in flight, shared with the HTTP receiver (default: its own, of
-            ``limits.max_inflight_bytes``).
-
-    Raises:
-        RuntimeError: the address cannot be bound.
-        OSError: a TLS file cannot be read.
-    """
-
-    def __init__(self, store: LiveStore, host: str = "127.0.0.1", port: int = 4317, *,
-                 token: str | None = None, tls: tuple[str, str] | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, workers: int = 8,
-                 gate: Gate | None = None, limits: Limits | None = None,
-                 budget: ByteBudget | None = None):
-        self.gate = gate or Gate()
-        self.limits = limits or Limits(max_message_bytes=max_message_bytes)
-        self.budget = budget or ByteBudget(self.limits.max_inflight_bytes)
-        opts = [("grpc.max_receive_message_length", self.limits.max_message_bytes),
-                ("grpc.max_send_message_length", 1 << 20), ("grpc.so_reuseport", 0)]
-        self.server = grpc.server(ThreadPoolExecutor(workers, "goodput-serve-grpc"), options=opts,
-                                  maximum_concurrent_rpcs=self.limits.max_connections)
-        self.server.add_generic_rpc_handlers(tuple(
-            _TraceService(store, token, self.gate, self.budget, signal).handler()
-            for signal in SIGNALS))
-        addr = _hostport(host, port)
-        if tls:
-            with open(tls[0], "rb") as c, open(tls[1], "rb") as k:
-                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-            self.port = self.server.add_secure_port(addr, creds)
-        else:
-            self.port = self.server.add_insecure_port(addr)
-        if not self.port:
-            raise RuntimeError(f"cannot listen for OTLP/gRPC on {addr}")
-        self.host = host
-
-    def start(self) -> GrpcReceiver:
-        """Start serving; returns ``self``."""
-        self.server.start()
-        return self
-
-    def stop(self, timeout_s: float) -> None:
-        """Refuse new RPCs, let those in flight finish for up to ``timeout_s`` seconds."""
-        self.gate.close(timeout_s)
-        self.server.stop(grace=timeout_s).wait(timeout_s)
-
-
 def _status_body(kind: str, code: int, message: str) -> tuple[bytes, str]:
     """A ``google.rpc.Status`` body in the request's encoding (protobuf/JSON), else text."""
     if kind == "json":
@@ -357,10 +239,15 @@ def _status_body(kind: str, code: int, message: str) -> tuple[bytes, str]:
 
 
 def __getattr__(name: str):
-    """``HttpReceiver`` lives in :mod:`goodput_processor.serve.http` (which imports the
-    helpers above), and is imported from here on first use."""
+    """``HttpReceiver`` lives in :mod:`goodput_processor.serve.http` and ``GrpcReceiver`` in
+    :mod:`goodput_processor.serve.grpc_receiver` (which import the helpers above); each is
+    imported from here on first use."""
     if name == "HttpReceiver":
         from .http import HttpReceiver
 
         return HttpReceiver
+    if name == "GrpcReceiver":  # in goodput_processor.serve.grpc_receiver, likewise
+        from .grpc_receiver import GrpcReceiver
+
+        return GrpcReceiver
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

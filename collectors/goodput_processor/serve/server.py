@@ -18,9 +18,10 @@ import time
 from dataclasses import replace
 
 from ..report import JobResult
+from .grpc_receiver import GrpcReceiver
 from .health import HealthListener
 from .limits import ByteBudget, Limits
-from .receiver import Gate, GrpcReceiver, HttpReceiver
+from .receiver import Gate, HttpReceiver
 from .store import LiveStore
 from .tail import SpoolTailer
 

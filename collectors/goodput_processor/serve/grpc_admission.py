@@ -1,0 +1,186 @@
+"""Admission of gRPC calls to ``goodput serve`` before their message is read.
+
+gRPC core buffers a call's message only while someone reads it: until then it holds at most
+the HTTP/2 stream window of it. So a call of the receiver
+(:mod:`goodput_processor.serve.grpc_receiver`) is checked (token) and admitted *before* its
+message is read: it takes a **read slot** here, which holds ``max_message_bytes`` of the
+shared :class:`~goodput_processor.serve.limits.ByteBudget` (the most gRPC core can buffer
+for it: larger messages are refused by core, ``grpc.max_receive_message_length``) and one of
+at most ``max_readers`` reading places, until its message has arrived and its actual size
+(bytes + parsed estimate) replaces the reservation, or until it ends. When that much is not
+free, one call at a time is read on :data:`LEAN_BYTES` (so small exports get through while
+others hold the budget): the budget may then be exceeded by at most one message.
+
+A call that never sends its message must not keep the others out (a slow-loris). Readers
+wait at most ``deadline_s`` (``--request-timeout``) for their message, and when a call finds
+no slot free, one reader is **ended early** (:meth:`ReadSlots.admit`):
+
+1. the oldest reader of the connection (peer address and port) holding the most readers,
+   if it holds at least two more than the caller's connection: one client's stalled calls
+   never keep out another connection's export, whatever their age;
+2. else the oldest reader of all, once it has waited ``stale_s`` for its message (a real
+   exporter's message follows its headers at once; one that is late makes room).
+
+Else the call is refused with the retryable status (``UNAVAILABLE``, retry after 1 s).
+Not thread-safe: used from the receiver's event loop only (the budget it holds is
+thread-safe and shared with the HTTP receiver).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .limits import ByteBudget
+
+__all__ = ["NoSlot", "ReadSlot", "ReadSlots"]
+
+#: Seconds a reader may wait for its message before a call that finds no free slot ends it.
+STALE_S = 1.0
+#: Bytes the one *lean* reader holds while its message is read (see :meth:`ReadSlots.admit`).
+LEAN_BYTES = 256 << 10
+
+
+class NoSlot(Exception):
+    """No read slot for a call now (retryable).
+
+    Args:
+        reason: ``"inflight"`` (the byte budget) or ``"connections"`` (readers).
+        message: one line for the client, naming the flag.
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+class ReadSlot:
+    """One admitted call's place: the bytes it holds of the budget and its connection.
+
+    Attributes:
+        peer: the connection (``context.peer()``).
+        started: ``time.monotonic()`` at admission.
+        held: bytes of the budget held.
+        ended_early: set once :class:`ReadSlots` ended it to make room (its bytes are
+            already given back).
+    """
+
+    def __init__(self, owner: ReadSlots, peer: str, on_end: Callable[[], None]):
+        self.owner, self.peer, self.on_end = owner, peer, on_end
+        self.started, self.held, self.ended_early, self.reading = time.monotonic(), 0, False, True
+        self.lean = False
+
+    def settle(self, need: int) -> bool:
+        """The message arrived: hold ``need`` bytes instead of the reservation and leave the
+        readers. False (the reservation given back) when ``need`` does not fit now."""
+        self.owner._leave(self)
+        budget = self.owner.budget
+        if need > self.held and not budget.acquire(need - self.held):
+            self.release()
+            return False
+        if need < self.held:
+            budget.release(self.held - need)
+        self.held = need
+        return True
+
+    def release(self) -> None:
+        """Give everything back (idempotent)."""
+        self.owner._leave(self)
+        if self.held:
+            self.owner.budget.release(self.held)
+            self.held = 0
+
+
+class ReadSlots:
+    """Read slots of one gRPC receiver.
+
+    Args:
+        budget: the byte budget shared with the HTTP receiver.
+        reserve: bytes a reader holds until its message arrived (``max_message_bytes``).
+        max_readers: calls waiting for their message at once (> 0).
+        stale_s: seconds after which a waiting reader may be ended for a new call.
+    """
+
+    def __init__(self, budget: ByteBudget, reserve: int, max_readers: int,
+                 stale_s: float = STALE_S, lean_bytes: int = LEAN_BYTES):
+        if not max_readers > 0:
+            raise ValueError(f"max_readers must be > 0, got {max_readers!r}")
+        self.budget, self.reserve, self.max_readers = budget, int(reserve), int(max_readers)
+        self.stale_s, self.lean_bytes = float(stale_s), min(int(lean_bytes), int(reserve))
+        self.lean: ReadSlot | None = None
+        self.by_peer: dict[str, list[ReadSlot]] = {}
+        self.readers = 0
+        self.ended_early = 0
+
+    def admit(self, peer: str, on_end: Callable[[], None], end_one: bool = True) -> ReadSlot:
+        """A reading place for a call of ``peer``, ending a stalled reader if needed.
+
+        The call holds ``reserve`` bytes of the budget while its message is read; when
+        those are not free, one call at a time (the *lean* reader) holds ``lean_bytes``
+        instead, so that small exports are still read while others hold the budget: gRPC
+        may then buffer up to ``reserve - lean_bytes`` bytes beyond the budget for it.
+
+        Args:
+            peer: the call's connection.
+            on_end: called (on the event loop) when this reader is ended early.
+            end_one: False: end no reader (a call that already waits for a place).
+
+        Raises:
+            NoSlot: none free and none may be ended (retryable).
+        """
+        while True:
+            if self.readers < self.max_readers:
+                if self.budget.acquire(self.reserve):
+                    held, lean = self.reserve, False
+                    break
+                if self.lean is None and self.budget.acquire(self.lean_bytes):
+                    held, lean = self.lean_bytes, True
+                    break
+            if not (end_one and self._end_one(peer)):
+                if self.readers >= self.max_readers:
+                    raise NoSlot("connections", f"{self.readers} calls are waiting for their "
+                                 "message (half of --max-connections); retry later")
+                raise NoSlot("inflight", f"too many bytes in flight: a call reserves "
+                             f"{self.reserve} bytes (--max-message-bytes) while its message "
+                             f"is read, of {self.budget.capacity} (--max-inflight-bytes); "
+                             "retry later")
+        slot = ReadSlot(self, peer, on_end)
+        slot.held, slot.lean = held, lean
+        if lean:
+            self.lean = slot
+        self.by_peer.setdefault(peer, []).append(slot)
+        self.readers += 1
+        return slot
+
+    def _end_one(self, peer: str) -> bool:
+        mine = len(self.by_peer.get(peer, ()))
+        victim = None
+        if self.by_peer:
+            most = max(self.by_peer.values(), key=lambda s: (len(s), -s[0].started))
+            if len(most) >= mine + 2:
+                victim = most[0]
+        if victim is None:
+            oldest = min((s[0] for s in self.by_peer.values()), key=lambda s: s.started,
+                         default=None)
+            if oldest is not None and time.monotonic() - oldest.started >= self.stale_s:
+                victim = oldest
+        if victim is None:
+            return False
+        victim.ended_early = True
+        victim.release()
+        self.ended_early += 1
+        victim.on_end()
+        return True
+
+    def _leave(self, slot: ReadSlot) -> None:
+        if not slot.reading:
+            return
+        slot.reading = False
+        self.readers -= 1
+        if self.lean is slot:
+            self.lean = None
+        same = self.by_peer.get(slot.peer)
+        if same is not None:
+            same.remove(slot)
+            if not same:
+                del self.by_peer[slot.peer]

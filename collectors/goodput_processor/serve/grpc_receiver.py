@@ -1,0 +1,308 @@
+"""The OTLP/gRPC receiver of ``goodput serve``: ``TraceService/Export`` and
+``LogsService/Export``, checked and admitted before their message is read.
+
+It runs gRPC's asyncio server on an event loop thread of its own, with each ``Export``
+handled as a stream-unary method (the same wire format as unary: exporters see no
+difference). So the handler runs as soon as a call's headers arrive, before gRPC reads its
+message, and a call waiting for its message costs no thread. In order:
+
+1. **Token**: a missing or wrong bearer token is answered ``UNAUTHENTICATED`` before the
+   message is read; gRPC core has buffered at most the HTTP/2 stream window of it
+   (``refused_unauthenticated``).
+2. **Read slot** (:mod:`goodput_processor.serve.grpc_admission`): the call holds
+   ``max_message_bytes`` of the byte budget shared with HTTP while its message is read
+   (``grpc.max_receive_message_length`` caps each message at that, ``RESOURCE_EXHAUSTED``
+   past it), and one of ``max_connections // 2`` reading places; a stalled reader is ended
+   to make room; else up to ``max_connections // 4`` calls wait up to 1 s for a place,
+   unread; else the call gets ``UNAVAILABLE`` (``refused_inflight`` /
+   ``refused_connections``).
+3. **Deadline**: a message that has not arrived ``request_timeout_s`` after the call began
+   ends the call with ``DEADLINE_EXCEEDED``; one ended early for another call gets
+   ``UNAVAILABLE``; both are counted as ``refused_timeout``.
+4. **Size**: once it arrived, the call holds its size plus its parsed estimate
+   (:func:`~goodput_processor.serve.receiver.parse_cost`) instead of the reservation
+   (``UNAVAILABLE`` when that does not fit now), and a worker thread parses it and hands it
+   to the store (the statuses of :mod:`goodput_processor.serve.receiver`).
+
+gRPC itself refuses calls past ``max_connections`` in flight (``RESOURCE_EXHAUSTED``);
+since readers hold at most half of them, stalled calls never fill that cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from .grpc_admission import NoSlot, ReadSlots
+from .limits import ByteBudget, Limits, Refused
+from .receiver import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    SIGNALS,
+    Gate,
+    Rejected,
+    _hostport,
+    _refused,
+    _retry_info,
+    _token_ok,
+    parse_cost,
+)
+from .slots import as_client, peer_host
+from .store import LiveStore
+
+__all__ = ["GrpcReceiver"]
+
+_log = logging.getLogger(__name__)
+#: Seconds a call may wait for the byte budget to hold its message before ``UNAVAILABLE``.
+WAIT_S = 1.0
+#: Seconds between its tries.
+POLL_S = 0.01
+
+
+def _eof(read: asyncio.Future) -> bool:
+    """Whether ``read`` (of ``context.read()``) ended with no message."""
+    return read.done() and not read.cancelled() and read.exception() is None and (
+        read.result() is grpc.aio.EOF)
+
+
+class _Export:
+    """``Export`` of one signal (``"traces"`` or ``"logs"``) on raw bytes, so that a body
+    that does not parse gets ``INVALID_ARGUMENT`` with the reason."""
+
+    def __init__(self, rx: GrpcReceiver, signal: str):
+        self.rx = rx
+        self.request, self.response, self.service, self.method = SIGNALS[signal]
+
+    async def export(self, request_iterator, context):
+        rx, loop = self.rx, asyncio.get_running_loop()
+        peer = context.peer()
+        header = None
+        for k, v in context.invocation_metadata() or ():
+            if k == "authorization":
+                header = v
+        if not _token_ok(header, rx.token):
+            await loop.run_in_executor(rx.counter, _refused, rx.store, "unauthenticated", peer)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "goodput serve: missing or wrong bearer token "
+                                "(Authorization header)")
+        r = await self._take_in(context, peer, loop)
+        if r is not None:  # abort() raises, so it is called outside of any try
+            if r.reason is not None:
+                await loop.run_in_executor(rx.counter, _refused, rx.store, r.reason, peer)
+            trailing = _retry_info(r.retry_after) if r.retry_after is not None else ()
+            await context.abort(r.grpc_status, f"goodput serve: {r.message}", trailing)
+        return self.response()
+
+    async def _take_in(self, context, peer: str, loop) -> Rejected | None:
+        """Admit, read, then parse and store (in a worker); None, or the answer."""
+        rx = self.rx
+        ended = asyncio.Event()
+        slot = await self._admit(peer, ended.set, loop)
+        if isinstance(slot, Rejected):
+            return slot
+        try:
+            read = asyncio.ensure_future(context.read())
+            stop = asyncio.ensure_future(ended.wait())
+            try:
+                done, _ = await asyncio.wait((read, stop), timeout=rx.limits.request_timeout_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the call ended: the client, or gRPC core
+                if _eof(read):  # a message over --max-message-bytes (RESOURCE_EXHAUSTED)
+                    rx.counter.submit(_refused, rx.store, "too_large", peer)
+                read.cancel()
+                raise
+            finally:
+                stop.cancel()
+            if read not in done:
+                read.cancel()
+                if slot.ended_early:
+                    return Rejected("timeout", 503, 14, "the request message had not arrived "
+                                    f"after {rx.slots.stale_s:g} s while other calls waited "
+                                    "(--request-timeout)", retry_after=1)
+                return Rejected("timeout", 408, 4, "the request message did not arrive "
+                                f"within {rx.limits.request_timeout_s:g} s (--request-timeout)")
+            body = read.result()
+            if body is grpc.aio.EOF or body is None:
+                try:  # over --max-message-bytes: gRPC core ends the call, cancelling this task
+                    await asyncio.sleep(0.05)
+                except asyncio.CancelledError:
+                    rx.counter.submit(_refused, rx.store, "too_large", peer)
+                    raise
+                return Rejected("malformed", 400, 3, "the call carried no request message")
+            need = len(body) + parse_cost("protobuf", body)
+            if need > rx.budget.capacity:
+                slot.release()
+                return Rejected("too_large", 413, 8, f"the request needs {need} bytes of "
+                                f"memory, more than the limit of {rx.budget.capacity} bytes "
+                                "in flight (--max-inflight-bytes)")
+            if not slot.settle(need):
+                return Rejected("inflight", 503, 14, f"too many bytes in flight: the request "
+                                f"needs {need} bytes, of {rx.budget.capacity} "
+                                "(--max-inflight-bytes); retry later", retry_after=1)
+            if not rx.gate.enter():
+                return Rejected("unavailable", 503, 14, "goodput serve is shutting down",
+                                retry_after=1)
+            try:
+                return await loop.run_in_executor(rx.pool, self._store, body, peer)
+            finally:
+                rx.gate.leave()
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception:
+            _log.exception("goodput serve grpc: taking in a request from %s failed", peer)
+            return Rejected("internal", 500, 13, "internal error (logged)")
+        finally:
+            slot.release()
+
+    async def _admit(self, peer: str, on_end, loop):
+        """A read slot, or the :class:`Rejected` to answer. When none is free (nor can be
+        made free), up to ``max_connections // 4`` calls wait for one (no message is read
+        meanwhile, and they end no reader), each for at most :data:`WAIT_S` seconds,
+        trying every :data:`POLL_S` seconds."""
+        rx = self.rx
+        try:
+            return rx.slots.admit(peer, on_end)
+        except NoSlot as e:
+            if rx.waiting >= max(1, rx.limits.max_connections // 4):
+                return Rejected(e.reason, 503, 14, e.message, retry_after=1)
+        rx.waiting += 1
+        try:
+            end = loop.time() + min(WAIT_S, rx.limits.request_timeout_s)
+            while True:
+                await asyncio.sleep(POLL_S)
+                try:
+                    return rx.slots.admit(peer, on_end, end_one=False)
+                except NoSlot as e:
+                    if loop.time() >= end:
+                        return Rejected(e.reason, 503, 14, e.message, retry_after=1)
+        finally:
+            rx.waiting -= 1
+
+    def _store(self, body: bytes, peer: str) -> Rejected | None:
+        """Parse ``body`` and hand it to the store (in a worker thread)."""
+        try:
+            req = self.request()
+            try:
+                req.ParseFromString(body)
+            except DecodeError as e:
+                return Rejected("malformed", 400, 3, f"request of {len(body)} bytes is not "
+                                f"a protobuf {self.request.__name__} ({e})")
+            with as_client(peer_host(peer)):  # (job slots are per client: .slots)
+                getattr(self.rx.store, self.method)(req, "otlp-grpc")
+            return None
+        except Refused as e:
+            return Rejected.from_refused(e)
+        except Exception:
+            _log.exception("goodput serve grpc: taking in a request from %s failed", peer)
+            return Rejected("internal", 500, 13, "internal error (logged)")
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        export = grpc.stream_unary_rpc_method_handler(
+            self.export, request_deserializer=None,
+            response_serializer=self.response.SerializeToString)
+        return grpc.method_handlers_generic_handler(self.service, {"Export": export})
+
+
+class GrpcReceiver:
+    """OTLP/gRPC ``TraceService`` and ``LogsService`` on ``host:port`` (port 0 = any free
+    port; see :attr:`port`), on an event loop thread of its own.
+
+    Args:
+        store: where spans go.
+        token: bearer token required (None: none).
+        tls: ``(cert_file, key_file)`` PEM paths (None: plaintext).
+        max_message_bytes: largest request (used when ``limits`` is None; else
+            ``limits.max_message_bytes``).
+        workers: threads parsing requests and handing them to the store.
+        gate: shared with the HTTP receiver, for draining at shutdown.
+        limits: the ceilings (default :class:`Limits` with ``max_message_bytes``):
+            ``max_connections`` calls in flight, half of them waiting for their message,
+            each for at most ``request_timeout_s`` seconds.
+        budget: bytes in flight, shared with the HTTP receiver (default: its own, of
+            ``limits.max_inflight_bytes``).
+
+    Raises:
+        RuntimeError: the address cannot be bound.
+        OSError: a TLS file cannot be read.
+    """
+
+    def __init__(self, store: LiveStore, host: str = "127.0.0.1", port: int = 4317, *,
+                 token: str | None = None, tls: tuple[str, str] | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, workers: int = 8,
+                 gate: Gate | None = None, limits: Limits | None = None,
+                 budget: ByteBudget | None = None):
+        self.store, self.token, self.host = store, token, host
+        self.gate = gate or Gate()
+        self.limits = limits or Limits(max_message_bytes=max_message_bytes)
+        self.budget = budget or ByteBudget(self.limits.max_inflight_bytes)
+        self.waiting = 0  # calls waiting for the byte budget (on the event loop)
+        self.slots = ReadSlots(self.budget, min(self.limits.max_message_bytes,
+                                                self.budget.capacity),
+                               max(1, self.limits.max_connections // 2))
+        creds = None
+        if tls:
+            with open(tls[0], "rb") as c, open(tls[1], "rb") as k:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+        self.pool = ThreadPoolExecutor(workers, "goodput-serve-grpc")
+        self.counter = ThreadPoolExecutor(1, "goodput-serve-grpc-count")
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="goodput-serve-grpc-loop")
+        self._thread.start()
+        addr = _hostport(host, port)
+        try:
+            self.port = self._run(self._bind(addr, creds), 30)
+        except BaseException:
+            self._close()
+            raise
+        if not self.port:
+            self._close()
+            raise RuntimeError(f"cannot listen for OTLP/gRPC on {addr}")
+
+    def _run(self, coro, timeout_s: float | None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    async def _bind(self, addr: str, creds) -> int:
+        # no BDP probing: a stream's window stays at HTTP/2's 64 KiB until its message is
+        # read (then gRPC opens it to the message's size), so a call refused before it is
+        # read costs at most that (with probing, several MiB a call on loopback)
+        opts = [("grpc.max_receive_message_length", self.limits.max_message_bytes),
+                ("grpc.max_send_message_length", 1 << 20), ("grpc.so_reuseport", 0),
+                ("grpc.http2.bdp_probe", 0)]
+        self.server = grpc.aio.server(options=opts,
+                                      maximum_concurrent_rpcs=self.limits.max_connections)
+        self.server.add_generic_rpc_handlers(tuple(
+            _Export(self, signal).handler() for signal in SIGNALS))
+        try:
+            if creds is not None:
+                return self.server.add_secure_port(addr, creds)
+            return self.server.add_insecure_port(addr)
+        except RuntimeError as e:
+            raise RuntimeError(f"cannot listen for OTLP/gRPC on {addr} ({e})") from None
+
+    def start(self) -> GrpcReceiver:
+        """Start serving; returns ``self``."""
+        self._run(self.server.start(), 30)
+        return self
+
+    def stop(self, timeout_s: float) -> None:
+        """Refuse new RPCs, let those in flight finish for up to ``timeout_s`` seconds."""
+        self.gate.close(timeout_s)
+        try:
+            self._run(self.server.stop(grace=timeout_s), timeout_s + 5)
+        except Exception:  # stopped anyway below
+            _log.debug("goodput serve grpc: stop", exc_info=True)
+        self._close()
+
+    def _close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self.loop.is_running():
+            self.loop.close()
+        self.pool.shutdown(wait=False)
+        self.counter.shutdown(wait=False)
