@@ -5,7 +5,8 @@ serve --grpc-port 0 --http-port 0 --token-file ...`` with the default limits unl
 sends one healthy export with the OpenTelemetry SDK's gRPC exporter, then:
 
 1. ``flood``: ``--flood`` concurrent ``TraceService/Export`` calls of ``--flood-bytes`` each
-   (a valid request carrying one long attribute) with a **wrong** token, ``--rounds`` times;
+   (a valid request carrying one long attribute) with a **wrong** token (``--flood-token
+   right``: the right one), ``--rounds`` times;
    the serve process's peak RSS (``VmHWM``) against the ceiling of ``docs/serve.md``
    ("Limits"; ``baseline + max_inflight_bytes + max_connections x 256 KiB + 96 MiB``, as
    ``benchmarks/serve_abuse.py`` checks it);
@@ -17,8 +18,8 @@ sends one healthy export with the OpenTelemetry SDK's gRPC exporter, then:
 Prints one line per figure; exit status 0 when the exports all succeeded and the peak is
 under the ceiling.
 
-    python benchmarks/grpc_admission.py [--flood 96] [--flood-bytes 15728640] [--stalled 300]
-        [--hold 40] [--request-timeout 30]
+    python benchmarks/grpc_admission.py [--flood 96] [--flood-bytes 15728640]
+        [--flood-token wrong] [--stalled 300] [--hold 40] [--request-timeout 30]
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ async def stall(addr: str, n: int, token: str, hold_s: float, opened: threading.
         calls = [m(metadata=md, timeout=hold_s + 30) for _ in range(n)]
         await asyncio.gather(*(c.wait_for_connection() for c in calls))
         opened.set()
-        done, pending = await asyncio.wait([asyncio.ensure_future(c) for c in calls],
-                                           timeout=hold_s)
+        end = time.monotonic() + hold_s
+        while time.monotonic() < end and not all(c.done() for c in calls):
+            await asyncio.sleep(0.1)
         out: dict[str, int] = {}
         for c in calls:
             code = (await c.code()).name if c.done() else "still open"
@@ -155,6 +157,9 @@ def main(argv=None) -> int:
     p.add_argument("--flood", type=int, default=96)
     p.add_argument("--flood-bytes", type=int, default=15 << 20)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--flood-token", choices=("wrong", "right"), default="wrong",
+                   help="flood with a wrong token (refused unread) or the right one (read "
+                   "within the byte budget)")
     p.add_argument("--stalled", type=int, default=300)
     p.add_argument("--hold", type=float, default=40.0)
     p.add_argument("--request-timeout", type=float, default=30.0)
@@ -179,10 +184,11 @@ def main(argv=None) -> int:
             print(f"baseline RSS {base / 2**20:.0f} MiB; ceiling {ceiling / 2**20:.0f} MiB")
             t = time.monotonic()
             for r in range(a.rounds):
-                codes = asyncio.run(flood(addr, a.flood, body, "wrong-token"))
+                codes = asyncio.run(flood(addr, a.flood, body, token if a.flood_token == "right"
+                                          else "wrong-token"))
                 mem = proc_mem(proc.pid)
-                print(f"flood round {r + 1}: {a.flood} x {len(body) / 2**20:.1f} MiB wrong "
-                      f"token -> {codes}; RSS {mem['VmRSS'] / 2**20:.0f} MiB, peak "
+                print(f"flood round {r + 1}: {a.flood} x {len(body) / 2**20:.1f} MiB "
+                      f"{a.flood_token} token -> {codes}; RSS {mem['VmRSS'] / 2**20:.0f} MiB, peak "
                       f"{mem['VmHWM'] / 2**20:.0f} MiB ({time.monotonic() - t:.1f} s)")
             peak = proc_mem(proc.pid)["VmHWM"]
             opened, box = threading.Event(), []

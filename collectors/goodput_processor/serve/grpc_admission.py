@@ -3,13 +3,14 @@
 gRPC core buffers a call's message only while someone reads it: until then it holds at most
 the HTTP/2 stream window of it. So a call of the receiver
 (:mod:`goodput_processor.serve.grpc_receiver`) is checked (token) and admitted *before* its
-message is read: it takes a **read slot** here, which holds ``max_message_bytes`` of the
-shared :class:`~goodput_processor.serve.limits.ByteBudget` (the most gRPC core can buffer
-for it: larger messages are refused by core, ``grpc.max_receive_message_length``) and one of
+message is read: it takes a **read slot** here, which holds a reservation of the shared
+:class:`~goodput_processor.serve.limits.ByteBudget` (the receiver's: twice
+``max_message_bytes``, the most gRPC core can buffer for it, as larger messages are refused
+by core, ``grpc.max_receive_message_length``, and its copy as Python bytes) and one of
 at most ``max_readers`` reading places, until its message has arrived and its actual size
 (bytes + parsed estimate) replaces the reservation, or until it ends. When that much is not
 free, one call at a time is read on :data:`LEAN_BYTES` (so small exports get through while
-others hold the budget): the budget may then be exceeded by at most one message.
+others hold the budget): the budget may then be exceeded by at most one reservation.
 
 A call that never sends its message must not keep the others out (a slow-loris). Readers
 wait at most ``deadline_s`` (``--request-timeout``) for their message, and when a call finds

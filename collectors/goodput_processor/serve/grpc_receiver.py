@@ -10,7 +10,8 @@ message, and a call waiting for its message costs no thread. In order:
    message is read; gRPC core has buffered at most the HTTP/2 stream window of it
    (``refused_unauthenticated``).
 2. **Read slot** (:mod:`goodput_processor.serve.grpc_admission`): the call holds
-   ``max_message_bytes`` of the byte budget shared with HTTP while its message is read
+   ``2 x max_message_bytes`` of the byte budget shared with HTTP while its message is read
+   (gRPC core's buffer of it and its copy as Python bytes)
    (``grpc.max_receive_message_length`` caps each message at that, ``RESOURCE_EXHAUSTED``
    past it), and one of ``max_connections // 2`` reading places; a stalled reader is ended
    to make room; else up to ``max_connections // 4`` calls wait up to 1 s for a place,
@@ -240,7 +241,8 @@ class GrpcReceiver:
         self.limits = limits or Limits(max_message_bytes=max_message_bytes)
         self.budget = budget or ByteBudget(self.limits.max_inflight_bytes)
         self.waiting = 0  # calls waiting for the byte budget (on the event loop)
-        self.slots = ReadSlots(self.budget, min(self.limits.max_message_bytes,
+        # a message being read: gRPC core's buffer of it, then its copy as Python bytes
+        self.slots = ReadSlots(self.budget, min(2 * self.limits.max_message_bytes,
                                                 self.budget.capacity),
                                max(1, self.limits.max_connections // 2))
         creds = None
