@@ -6,17 +6,39 @@ that ``goodput report`` reads a job's log directory as it reads a spool and the
 Collector's ``otlpjsonfile`` receiver can replay it. A request is split by job (one line
 per job it holds), because the log keeps one segment per job.
 
-Spans of other instrumentation scopes are never read by the processor: they are kept as
-empty objects (``{}``), three bytes each, so that a replay counts them again
-(``skipped.unknown``) and the state after a restart is exactly the state before it.
+**The log holds what the accounting reads, cut to the limits** (issue 38), so that its
+size follows what is kept, not what a client sent, and a replay gives exactly the state
+before it (``tests/test_serve_wal.py``, ``tests/test_serve_parse_budget.py``):
+
+- A ``ResourceSpans`` with no span is not taken in at all (:func:`split_pb`,
+  :func:`split_json`): it touches no job and costs nothing in the log.
+- Resource attributes: scalar values (an array, a map or bytes is written as an empty
+  ``AnyValue``: the reader reads them as nothing); a string longer than
+  ``max_string`` (``--max-attribute-bytes``) is cut to ``max_string + 1`` characters, so
+  that the replay cuts it to ``max_string`` and counts it ``over_limit`` again, exactly as
+  the request did.
+- Spans of this project's scope: name, ids, times, the attributes the span's kind reads
+  (values canonical: an int as ``intValue``, a string cut as above, a flag as its first
+  8 lower-case characters) and an error status. A span the reader finds invalid is
+  written as ``{"name": ...}`` (invalid again on replay), a span of no kind as
+  ``{"name": ""}`` (``unknown`` again), a structure span as ``{"name": ...}``. Events,
+  links, parent ids, status messages and other attributes are not read and not kept.
+- Spans of other instrumentation scopes are never read by the processor: they are kept
+  as empty objects (``{}``), three bytes each, so that a replay counts them again
+  (``skipped.unknown``).
+
+A line is built a chunk of spans at a time (:data:`_CHUNK` span objects live at once), so
+encoding a request takes about twice its line in memory, not a Python object per field.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from goodput import schema
 
+from ..read_spans import _KIND_ATTRS, _KIND_CODES, STRUCTURE, _as_int, _attr_value
 from ..reader import job_name, json_resource_attrs
 from .decode import pb_value
 
@@ -26,6 +48,224 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 __all__ = ["json_job_name", "json_line", "pb_line", "split_json", "split_pb"]
+
+_I64_MAX = (1 << 63) - 1
+#: Spans encoded at once while a line is built.
+_CHUNK = 1024
+_UNKNOWN = b""  # a span of no kind: counted ``unknown`` on replay (see _scope_parts)
+_OWN = schema.SCOPE_NAME
+
+
+def _dumps(obj) -> bytes:
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(obj)
+        except TypeError:  # e.g. an integer beyond 64 bits, a lone surrogate
+            pass
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+_STRUCTURE = {name: _dumps({"name": name}) for name in STRUCTURE}
+
+
+def _cut(s: str, max_string: int | None) -> str:
+    """``s``, or its first ``max_string + 1`` characters: the reader cuts it again and
+    counts it over the limit, as it did when the request came in."""
+    return s if max_string is None or len(s) <= max_string else s[: max_string + 1]
+
+
+def _kept_key(key: str, max_string: int | None) -> bool:
+    """A resource attribute key the reader may read (the keys it reads are short: one
+    longer than ``max_string`` is never one of them, and is not kept)."""
+    return max_string is None or len(key) <= max_string
+
+
+def _canon(v, max_string: int | None) -> dict:
+    """A canonical OTLP JSON ``AnyValue`` of the Python value ``v`` (as
+    :func:`~goodput_processor.read_spans._attr_value` gives it back)."""
+    if v is None:
+        return {}
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v if math.isfinite(v) else str(v)}
+    return {"stringValue": _cut(str(v), max_string)}
+
+
+def _wanted(slot: int, value, max_string: int | None, pb: bool) -> dict:
+    """The canonical value of a span attribute the reader reads in ``slot`` (see
+    ``read_spans._KIND_ATTRS``): ``value`` is the Python value (``pb``) or the JSON
+    ``AnyValue``, read the way the decoder of that encoding reads it.
+
+    Raises:
+        TypeError, ValueError, AttributeError, OverflowError: the reader finds the span
+            invalid.
+    """
+    if slot < 2:
+        if pb:
+            return {"intValue": str(_as_int(value))}
+        x = value.get("intValue")
+        return {"intValue": str(_as_int(_attr_value(value)) if x is None else int(x))}
+    text = str(value if pb else _attr_value(value))
+    if slot == 2:
+        return {"stringValue": _cut(text, max_string)}
+    return {"stringValue": text.lower()[:8]}
+
+
+#: Per flag slot, the values that set its bit (``read_spans.flag_bit``).
+_SETS = {3: ("false", "0"), 4: ("true", "1")}
+
+
+class _Attrs:
+    """The attributes of one span that its kind reads, in canonical form. Slots 0-1 (an
+    int: the last one counts) and 3-4 (a flag: any one sets it) are kept once each;
+    slot-2 strings all (each is a string of the job and may be counted over a limit),
+    as JSON bytes."""
+
+    __slots__ = ("buf", "last")
+
+    def __init__(self):
+        self.buf, self.last = bytearray(), {}
+
+    def add(self, key: str, slot: int, value: dict) -> None:
+        if slot == 2:
+            self.buf += b"," if self.buf else b""
+            self.buf += _dumps({"key": key, "value": value})
+        elif slot < 2:
+            self.last.pop(key, None)
+            self.last[key] = value
+        elif key not in self.last or value["stringValue"] in _SETS[slot]:
+            self.last[key] = value
+
+    def bytes_into(self, d: dict) -> bytes:
+        """The span ``d`` (a dict without attributes) as JSON, with these attributes."""
+        if not self.buf and not self.last:
+            return _dumps(d)
+        ints = [{"key": k, "value": v} for k, v in self.last.items()]
+        head = _dumps(d)[:-1] + b',"attributes":['
+        if ints:
+            head += _dumps(ints)[1:-1] + (b"," if self.buf else b"")
+        return head + self.buf + b"]}"
+
+
+def _pb_span(sp, max_string: int | None) -> bytes:
+    name = sp.name
+    kind = _KIND_CODES.get(name)
+    if kind is None:
+        return _STRUCTURE.get(name, _UNKNOWN)
+    start, end = sp.start_time_unix_nano, sp.end_time_unix_nano
+    if end < start or end > _I64_MAX or len(sp.span_id) != 8 or len(sp.trace_id) != 16:
+        return _dumps({"name": name})  # invalid for the decoder: invalid again on replay
+    d = {"traceId": sp.trace_id.hex(), "spanId": sp.span_id.hex(), "name": name,
+         "startTimeUnixNano": str(start), "endTimeUnixNano": str(end)}
+    if sp.status.code == 2:
+        d["status"] = {"code": 2}
+    attrs = _Attrs()
+    if sp.attributes:
+        wanted = _KIND_ATTRS[kind]
+        for kv in sp.attributes:
+            slot = wanted.get(kv.key)
+            if slot is not None:
+                try:
+                    attrs.add(kv.key, slot, _wanted(slot, pb_value(kv.value), max_string, True))
+                except (TypeError, ValueError, OverflowError):
+                    return _dumps({"name": name})
+    return attrs.bytes_into(d)
+
+
+def _json_span(sp: dict, max_string: int | None) -> bytes:
+    """The canonical form of a JSON span object, read as ``read_spans._spans_slow`` reads
+    it (the same verdict on replay)."""
+    if "name" not in sp:
+        return b"{}"
+    name = sp["name"]
+    try:
+        kind = _KIND_CODES.get(name)
+    except TypeError:  # an unhashable name: invalid
+        return b"{}"
+    if kind is None:
+        return _STRUCTURE.get(name, _UNKNOWN)
+    attrs = _Attrs()
+    try:
+        start, end = int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"])
+        hsid, tid = sp["spanId"], sp["traceId"]
+        int(hsid, 16)
+        if not 0 <= start <= end or len(hsid) != 16 or len(tid) != 32:
+            raise ValueError
+        hash(tid)
+        raw = sp.get("attributes")
+        if raw:
+            wanted = _KIND_ATTRS[kind]
+            for a in raw:
+                slot = wanted.get(a["key"])
+                if slot is not None:
+                    attrs.add(a["key"], slot, _wanted(slot, a["value"], max_string, False))
+        status, error = sp.get("status"), False
+        if status:
+            code = status.get("code")
+            error = code == 2 or code == "STATUS_CODE_ERROR"
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return _dumps({"name": name})  # invalid for the reader: invalid again on replay
+    d = {"traceId": tid, "spanId": hsid, "name": name, "startTimeUnixNano": str(start),
+         "endTimeUnixNano": str(end)}
+    if error:
+        d["status"] = {"code": 2}
+    return attrs.bytes_into(d)
+
+
+def _scope_parts(out: bytearray, name, spans, own: bool, span, max_string) -> None:
+    """Append to ``out`` the JSON of one ``ScopeSpans``: this project's spans each encoded
+    by ``span``, those of no kind (:data:`_UNKNOWN`) as ``{}`` in a scope of no name of
+    their own (three bytes each: counted ``unknown`` on replay as they were), other
+    scopes' spans as ``{}``."""
+    n = len(spans)
+    if own:
+        out += b'{"scope":{"name":"' + _OWN.encode() + b'"},"spans":['
+        first, unknown = True, 0
+        for i in range(0, n, _CHUNK):
+            for j in range(i, min(n, i + _CHUNK)):
+                b = span(spans[j])
+                if b is _UNKNOWN:
+                    unknown += 1
+                    continue
+                if not first:
+                    out += b","
+                out += b
+                first = False
+        out += b"]}"
+        if not unknown:
+            return
+        out += b","
+        name, n = "", unknown
+    out += b'{"scope":' + _dumps({"name": _cut(name, max_string)}) + b',"spans":['
+    out += b"{}," * (n - 1)  # (n >= 1: scopes without spans are left out)
+    out += b"{}]}"
+
+
+def _rs_parts(out: bytearray, attrs: list, scopes) -> None:
+    """Append to ``out`` the JSON of one ``ResourceSpans``: ``scopes`` yields
+    ``(name, spans, own)`` of its scopes with spans."""
+    out += b'{"resource":{"attributes":' + _dumps(attrs) + b'},"scopeSpans":['
+    for i, (name, spans, own, span, max_string) in enumerate(scopes):
+        if i:
+            out += b","
+        _scope_parts(out, name, spans, own, span, max_string)
+    out += b"]}"
+
+
+def _line(rss, parts_of) -> bytes:
+    """The line of the ResourceSpans ``rss``: what ``parts_of(out, rs)`` appends to one
+    ``bytearray`` (the line is in memory about twice while it is built; ``bytes.join``
+    of many small parts would take 80 bytes per part)."""
+    out = bytearray(b'{"resourceSpans":[')
+    for i, rs in enumerate(rss):
+        if i:
+            out += b","
+        parts_of(out, rs)
+    out += b"]}\n"
+    return bytes(out)
 
 
 def _pb_job(rs) -> str:
@@ -41,121 +281,86 @@ def json_job_name(rs) -> str:
         return job_name({})
 
 
-def _pb_any(v):
-    which = v.WhichOneof("value")
-    if which == "string_value":
-        return {"stringValue": v.string_value}
-    if which == "int_value":
-        return {"intValue": str(v.int_value)}
-    if which == "bool_value":
-        return {"boolValue": v.bool_value}
-    if which == "double_value":
-        d = v.double_value
-        return {"doubleValue": d if d == d and abs(d) != float("inf") else str(d)}
-    if which == "bytes_value":
-        import base64
-
-        return {"bytesValue": base64.b64encode(v.bytes_value).decode()}
-    if which == "array_value":
-        return {"arrayValue": {"values": [_pb_any(x) for x in v.array_value.values]}}
-    if which == "kvlist_value":
-        return {"kvlistValue": {"values": _pb_attrs(v.kvlist_value.values)}}
-    return {}
-
-
-def _pb_attrs(kvs) -> list:
-    return [{"key": kv.key, "value": _pb_any(kv.value)} for kv in kvs]
-
-
-def _pb_span(sp) -> dict:
-    d = {"traceId": sp.trace_id.hex(), "spanId": sp.span_id.hex(), "name": sp.name,
-         "startTimeUnixNano": str(sp.start_time_unix_nano),
-         "endTimeUnixNano": str(sp.end_time_unix_nano)}
-    if sp.parent_span_id:
-        d["parentSpanId"] = sp.parent_span_id.hex()
-    if sp.kind:
-        d["kind"] = sp.kind
-    if sp.attributes:
-        d["attributes"] = _pb_attrs(sp.attributes)
-    if sp.status.code or sp.status.message:
-        d["status"] = {"code": sp.status.code, **({"message": sp.status.message}
-                                                  if sp.status.message else {})}
-    return d
-
-
-def _pb_resource_spans(rs) -> dict:
-    scopes = []
-    for ss in rs.scope_spans:
-        scope = {"name": ss.scope.name}
-        if ss.scope.version:
-            scope["version"] = ss.scope.version
-        if ss.scope.name == schema.SCOPE_NAME:
-            spans = [_pb_span(sp) for sp in ss.spans]
-        else:
-            spans = [{}] * len(ss.spans)
-        scopes.append({"scope": scope, "spans": spans})
-    return {"resource": {"attributes": _pb_attrs(rs.resource.attributes)},
-            "scopeSpans": scopes}
-
-
-def _line(resource_spans: list) -> bytes:
-    if _orjson is not None:
-        try:
-            return _orjson.dumps({"resourceSpans": resource_spans}) + b"\n"
-        except TypeError:  # e.g. an integer beyond 64 bits from a JSON request
-            pass
-    return json.dumps({"resourceSpans": resource_spans}, separators=(",", ":"),
-                      ensure_ascii=False).encode() + b"\n"
-
-
 def split_pb(req) -> dict[str, tuple[list, int]]:
-    """Split a protobuf ``ExportTraceServiceRequest`` by job.
+    """Split a protobuf ``ExportTraceServiceRequest`` by job; a ``ResourceSpans`` without
+    spans is left out (it touches no job).
 
     Returns ``{job: (its ResourceSpans messages, spans in them)}`` in first-seen order.
     """
     out: dict[str, tuple[list, int]] = {}
     for rs in req.resource_spans:
+        if not rs.scope_spans:
+            continue
+        n = sum(len(ss.spans) for ss in rs.scope_spans)
+        if not n:
+            continue
         name = _pb_job(rs)
-        rss, n = out.get(name, ([], 0))
+        rss, m = out.get(name, ([], 0))
         rss.append(rs)
-        out[name] = (rss, n + sum(len(ss.spans) for ss in rs.scope_spans))
+        out[name] = (rss, m + n)
     return out
 
 
-def pb_line(rss: list) -> bytes:
-    """One OTLP JSON line (ending in a newline) holding the ResourceSpans ``rss``."""
-    return _line([_pb_resource_spans(rs) for rs in rss])
+def pb_line(rss: list, max_string: int | None = None) -> bytes:
+    """One OTLP JSON line (ending in a newline) of the ResourceSpans ``rss``, as the
+    module docstring says: what the reader reads, strings cut past ``max_string``
+    characters (None: not cut)."""
+    def span(sp):
+        return _pb_span(sp, max_string)
+
+    def parts_of(out: bytearray, rs) -> None:
+        res = {kv.key: kv.value for kv in rs.resource.attributes}  # the last one counts
+        attrs = [{"key": k, "value": _canon(pb_value(v), max_string)}
+                 for k, v in res.items() if _kept_key(k, max_string)]
+        _rs_parts(out, attrs, ((ss.scope.name, ss.spans, ss.scope.name == _OWN, span,
+                                max_string) for ss in rs.scope_spans if len(ss.spans)))
+
+    return _line(rss, parts_of)
+
+
+def _json_scopes(rs: dict):
+    return rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
 
 
 def split_json(req: dict) -> dict[str, tuple[list, int]]:
-    """Split an OTLP JSON request (a dict with ``resourceSpans``) by job, as :func:`split_pb`.
+    """Split an OTLP JSON request (a dict with ``resourceSpans``, checked by
+    :func:`~goodput_processor.serve.malformed.check_traces_json`) by job, as
+    :func:`split_pb` (a ``ResourceSpans`` without spans is left out).
 
     Raises:
         TypeError, AttributeError: ``resourceSpans`` is not a list of objects.
     """
     out: dict[str, tuple[list, int]] = {}
     for rs in req["resourceSpans"] or ():
+        spans = 0
+        for ss in _json_scopes(rs):
+            spans += len(ss.get("spans") or ())
+        if not spans:
+            continue
         name = json_job_name(rs)
         rss, n = out.get(name, ([], 0))
         rss.append(rs)
-        spans = 0
-        for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
-            spans += len(ss.get("spans") or ())
         out[name] = (rss, n + spans)
     return out
 
 
-def json_line(rss: list) -> bytes:
-    """One OTLP JSON line holding the JSON ResourceSpans ``rss`` (other scopes' spans as
-    ``{}``)."""
-    kept = []
-    for rs in rss:
-        key = "scopeSpans" if "scopeSpans" in rs else "instrumentationLibrarySpans"
-        scopes = []
-        for ss in rs.get(key) or ():
-            scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {})
-            if scope.get("name") != schema.SCOPE_NAME and ss.get("spans"):
-                ss = {**ss, "spans": [{}] * len(ss["spans"])}
-            scopes.append(ss)
-        kept.append({**rs, key: scopes})
-    return _line(kept)
+def json_line(rss: list, max_string: int | None = None) -> bytes:
+    """One OTLP JSON line of the JSON ResourceSpans ``rss`` (checked by
+    :func:`~goodput_processor.serve.malformed.check_traces_json`), as :func:`pb_line`."""
+    def span(sp):
+        return _json_span(sp, max_string) if isinstance(sp, dict) else {}
+
+    def scopes(rs):
+        for ss in _json_scopes(rs):
+            spans = ss.get("spans") or ()
+            if spans:
+                name = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name")
+                yield (name if isinstance(name, str) else "", spans, name == _OWN, span,
+                       max_string)
+
+    def parts_of(out: bytearray, rs) -> None:
+        attrs = [{"key": k, "value": _canon(v, max_string)}
+                 for k, v in json_resource_attrs(rs).items() if _kept_key(k, max_string)]
+        _rs_parts(out, attrs, scopes(rs))
+
+    return _line(rss, parts_of)

@@ -45,6 +45,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from .limits import ByteBudget, Refused
+from .parse_budget import json_cost, protobuf_cost
 from .store import LiveStore
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Gate", "parse_cost"]  # + HttpReceiver, GrpcReceiver
@@ -52,9 +53,6 @@ __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Gate", "parse_cost"]  # + HttpReceiver,
 _log = logging.getLogger(__name__)
 #: Default request size limit (bytes, after gzip decompression).
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
-#: Bytes of memory a parsed protobuf request takes per byte of it (upb; OTLP spans measured
-#: at 1.44).
-PROTOBUF_PARSE_FACTOR = 2
 _GRPC_CODES = {c.value[0]: c for c in grpc.StatusCode}
 #: Signal -> (request message, response message, gRPC service, the LiveStore method that
 #: takes the request in).
@@ -88,27 +86,24 @@ def _token_ok(header: str | None, token: str | None) -> bool:
 
 
 def parse_cost(kind: str, body) -> int:
-    """Estimated bytes of memory that parsing ``body`` takes (CPython 3.11, 64-bit).
+    """Upper bound on the bytes of memory that taking in ``body`` takes besides the body
+    itself: the parse, the rows and the write-ahead log line (CPython 3.11, 64-bit;
+    :mod:`~goodput_processor.serve.parse_budget`).
 
     Args:
         kind: ``"protobuf"`` (an ``ExportTraceServiceRequest``) or ``"json"`` (OTLP/JSON).
         body: the request, uncompressed (bytes-like).
 
     Returns:
-        protobuf: :data:`PROTOBUF_PARSE_FACTOR` x its size. (A request made of empty
-        sub-messages takes up to ~90x in upb; its size is bounded by
-        ``max_message_bytes``, which is what bounds that case.)
-        JSON: an upper bound on what ``json.loads`` allocates, from the body's structure:
-        its size plus 120 bytes per ``{``, 72 per ``[``, 40 per ``"``, 56 per ``,`` and 96
-        per ``:`` (~14x the size for OTLP/JSON, which parses to ~4.3x; tested against
-        ``tracemalloc`` on the worst shapes, e.g. ``[{},{},...]`` at ~25x and large
-        objects just after their table grew).
+        protobuf: :func:`~goodput_processor.serve.parse_budget.protobuf_cost`, from the
+        counts of the bytes a sub-message can start with (about 9-10x the size of real
+        spans, up to ~90x for a request of empty spans, which takes that much).
+        JSON: :func:`~goodput_processor.serve.parse_budget.json_cost`, from the body's
+        structure (~18x for OTLP/JSON, ~60x for ``[{},{},...]``).
     """
     if kind == "json":
-        b = body if isinstance(body, (bytes, bytearray)) else bytes(body)
-        return (len(b) + 120 * b.count(b"{") + 72 * b.count(b"[") + 40 * b.count(b'"')
-                + 56 * b.count(b",") + 96 * b.count(b":"))
-    return PROTOBUF_PARSE_FACTOR * len(body)
+        return json_cost(body)
+    return protobuf_cost(body)
 
 
 class Rejected(Exception):

@@ -249,6 +249,14 @@ class LiveStore(ForeignIntake):
         """Under the lock: whether job ``name`` has a kept step."""
         return made_progress(self._reader.jobs[name], self._rows.get(name, {}))
 
+    def _wal_lines(self, groups, encode) -> dict[str, bytes]:
+        """Per job of ``groups``, its line for the log (:mod:`.encode`: what the accounting
+        reads, strings cut to ``--max-attribute-bytes``); none without a log."""
+        if self.wal is None:
+            return {}
+        cut = self.limits.max_attribute_bytes
+        return {name: encode(rss, cut) for name, (rss, _) in groups.items()}
+
     def _log_lines(self, groups, lines: dict[str, bytes], take) -> None:
         """Under lock: per job, append its line to the log, then ``take`` its spans. A log
         that fails refuses the request (what was logged before it is taken in)."""
@@ -273,7 +281,7 @@ class LiveStore(ForeignIntake):
             req = self._foreign_spans(req.resource_spans, (
                 source, f"request {self.stats['requests'] + 1}"), pb=True)
         groups = split_pb(req)
-        lines = {n: pb_line(rss) for n, (rss, _) in groups.items()} if self.wal else {}
+        lines = self._wal_lines(groups, pb_line)
         n = sum(c for _, c in groups.values())
         with self._lock:
             self._admit(groups)
@@ -311,7 +319,7 @@ class LiveStore(ForeignIntake):
         if not own_only_json(req["resourceSpans"]):  # through the sources
             req = self._foreign_spans(req["resourceSpans"], where, pb=False)
         groups = split_json(req)
-        lines = {n: json_line(rss) for n, (rss, _) in groups.items()} if self.wal else {}
+        lines = self._wal_lines(groups, json_line)
         with self._lock:
             self._admit(groups)
             self.stats["requests"] += 1
