@@ -10,6 +10,7 @@ Two parts:
   memory above its level before (the kernel's ``VmHWM``, reset through
   ``/proc/PID/clear_refs`` before each request), the write-ahead log's growth, how long
   the request took, and the longest a healthy export waited meanwhile.
+- ``--huge``: the write-ahead log that 11 spans with a 12 MiB attribute each leave.
 - ``--bound``: for each of the worst request shapes known (empty messages of each kind,
   spans of no kind, minimal valid spans, many attributes), a fresh Python process takes
   one request of ``--bound-mib`` MiB into a ``LiveStore`` with a write-ahead log, and
@@ -19,6 +20,7 @@ Two parts:
 
     python benchmarks/serve_amplification.py --sizes 1,4,16
     python benchmarks/serve_amplification.py --bound --bound-mib 2
+    python benchmarks/serve_amplification.py --huge
 """
 
 from __future__ import annotations
@@ -104,6 +106,33 @@ SHAPES = ("resource_spans", "scope_spans", "spans", "spans_other_scope", "spans_
           "custom_types", "links", "status")
 
 
+def json_shape(name: str, size: int) -> bytes:
+    """An OTLP/JSON request of about ``size`` bytes (see JSON_SHAPES)."""
+    res = b'"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"amp"}}]}'
+    own = b'"scope":{"name":"goodput"}'
+    if name == "json_resource_spans":
+        return empty_json(size)
+    if name == "json_spans":
+        return (b'{"resourceSpans":[{' + res + b',"scopeSpans":[{' + own + b',"spans":['
+                + _rep(b"{},", size)[:-1] + b"]}]}]}")
+    if name == "json_spans_other_scope":
+        return (b'{"resourceSpans":[{' + res + b',"scopeSpans":[{"spans":['
+                + _rep(b"{},", size)[:-1] + b"]}]}]}")
+    if name == "json_spans_one_each":
+        return (b'{"resourceSpans":[' + _rep(b'{"scopeSpans":[{"spans":[{}]}]},', size)[:-1]
+                + b"]}")
+    if name == "json_step_spans":
+        sp = (b'{"traceId":"01010101010101010101010101010101","spanId":"0202020202020202",'
+              b'"name":"goodput.step","startTimeUnixNano":"1","endTimeUnixNano":"2"},')
+        return (b'{"resourceSpans":[{' + res + b',"scopeSpans":[{' + own + b',"spans":['
+                + _rep(sp, size)[:-1] + b"]}]}]}")
+    raise ValueError(f"no JSON shape {name!r}")
+
+
+JSON_SHAPES = ("json_resource_spans", "json_spans", "json_spans_other_scope",
+               "json_spans_one_each", "json_step_spans")
+
+
 def empty_json(size: int) -> bytes:
     """OTLP/JSON of about ``size`` bytes: ``{"resourceSpans":[{},{},...]}``."""
     n = max(1, (size - 19) // 3)
@@ -115,7 +144,7 @@ def empty_json(size: int) -> bytes:
 _BOUND_CHILD = r"""
 import gc, json, os, sys, tempfile
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
-from serve_amplification import shape
+from serve_amplification import json_shape, shape
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from goodput_processor.serve import LiveStore
 from goodput_processor.serve.limits import Limits
@@ -127,8 +156,9 @@ def status(key):
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key))
 
 name, size, wal = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on"
-body = shape(name, size)
-est = parse_cost("protobuf", body)
+kind = "json" if name.startswith("json") else "protobuf"
+body = json_shape(name, size) if kind == "json" else shape(name, size)
+est = parse_cost(kind, body)
 d = tempfile.mkdtemp()
 store = LiveStore(limits=Limits(max_job_spans_per_s=1e12),
                   wal=WriteAheadLog(d) if wal else None)
@@ -138,16 +168,19 @@ gc.collect()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 r0 = status("VmRSS")
-req = ExportTraceServiceRequest()
-req.ParseFromString(body)
-store.ingest_request(req)
+if kind == "json":
+    store.ingest_json(json.loads(body), ("bound", 1))
+else:
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(body)
+    store.ingest_request(req)
 wal_bytes = sum(os.path.getsize(os.path.join(a, f)) for a, _, fs in os.walk(d) for f in fs)
 print(json.dumps({"shape": name, "bytes": len(body), "peak": status("VmHWM") - r0,
                   "estimate": est, "wal": wal_bytes}))
 """
 
 
-def bound(mib: float, shapes=SHAPES, wal: bool = True) -> list[dict]:
+def bound(mib: float, shapes=SHAPES + JSON_SHAPES, wal: bool = True) -> list[dict]:
     """Each shape's peak above the level before vs its estimate (one process each)."""
     out = []
     for name in shapes:
@@ -158,6 +191,29 @@ def bound(mib: float, shapes=SHAPES, wal: bool = True) -> list[dict]:
             raise RuntimeError(f"{name}: {r.stderr[-2000:]}")
         out.append(json.loads(r.stdout.strip().splitlines()[-1]))
     return out
+
+
+def huge_attributes(n: int = 11, attr_bytes: int = 12 * MiB) -> int:
+    """Bytes of write-ahead log that ``n`` custom badput spans, each with a string
+    attribute of ``attr_bytes`` and a type of ``attr_bytes // 8`` (issue 38's case, the
+    body of ``benchmarks/abuse/bodies.py``), leave in a store with default limits."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from abuse.bodies import huge_attribute_request  # noqa: PLC0415 - a sibling module
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: PLC0415
+        ExportTraceServiceRequest,
+    )
+
+    from goodput_processor.serve import LiveStore  # noqa: PLC0415
+    from goodput_processor.serve.wal import WriteAheadLog  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as d:
+        store = LiveStore(wal=WriteAheadLog(d))
+        store.replay()
+        for i in range(n):
+            store.ingest_request(ExportTraceServiceRequest.FromString(
+                huge_attribute_request("huge", i, attr_bytes)), "otlp-grpc")
+        store.wal.close()
+        return _du(d)
 
 
 # --- a real goodput serve --------------------------------------------------------------
@@ -293,8 +349,15 @@ def main(argv=None) -> int:
     ap.add_argument("--how", default="grpc,http-pb,http-json")
     ap.add_argument("--bound", action="store_true", help="the estimate check instead")
     ap.add_argument("--bound-mib", type=float, default=2.0)
+    ap.add_argument("--huge", action="store_true",
+                    help="the log bytes of 11 spans with a 12 MiB attribute each instead")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args(argv)
+    if a.huge:
+        n = huge_attributes()
+        print(f"11 custom badput spans with a 12 MiB attribute and a 1.5 MiB type each: "
+              f"{n:,} bytes of write-ahead log ({n / 11:,.0f} a span)")
+        return 0
     if a.bound:
         rows, bad = bound(a.bound_mib), 0
         for r in rows:
