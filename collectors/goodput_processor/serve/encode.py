@@ -17,12 +17,13 @@ before it (``tests/test_serve_wal.py``, ``tests/test_serve_parse_budget.py``):
   ``max_string`` (``--max-attribute-bytes``) is cut to ``max_string + 1`` characters, so
   that the replay cuts it to ``max_string`` and counts it ``over_limit`` again, exactly as
   the request did.
-- Spans of this project's scope: name, ids, times, the attributes the span's kind reads
-  (values canonical: an int as ``intValue``, a string cut as above, a flag as its first
-  8 lower-case characters) and an error status. A span the reader finds invalid is
-  written as ``{"name": ...}`` (invalid again on replay), a span of no kind as
-  ``{"name": ""}`` (``unknown`` again), a structure span as ``{"name": ...}``. Events,
-  links, parent ids, status messages and other attributes are not read and not kept.
+- Spans of this project's scope: name, ids (and a parent id), kind, times, the attributes
+  the span's kind reads (values canonical: an int as ``intValue``, a string cut as above,
+  a flag as its first 8 lower-case characters; an int or a flag once) and an error status,
+  in the recorder's order. A span the reader finds invalid is written as its name
+  and its ids (invalid again on replay), a span of no kind as ``{}`` in a scope of no name
+  (counted ``unknown`` again), a structure span as its ids and name. Events, links, status
+  messages and other attributes are not read and not kept.
 - Spans of other instrumentation scopes are never read by the processor: they are kept
   as empty objects (``{}``), three bytes each, so that a replay counts them again
   (``skipped.unknown``).
@@ -63,9 +64,6 @@ def _dumps(obj) -> bytes:
         except TypeError:  # e.g. an integer beyond 64 bits, a lone surrogate
             pass
     return json.dumps(obj, separators=(",", ":")).encode()
-
-
-_STRUCTURE = {name: _dumps({"name": name}) for name in STRUCTURE}
 
 
 def _cut(s: str, max_string: int | None) -> str:
@@ -139,29 +137,47 @@ class _Attrs:
         elif key not in self.last or value["stringValue"] in _SETS[slot]:
             self.last[key] = value
 
-    def bytes_into(self, d: dict) -> bytes:
-        """The span ``d`` (a dict without attributes) as JSON, with these attributes."""
-        if not self.buf and not self.last:
+    def bytes_into(self, d: dict, error: bool) -> bytes:
+        """The span ``d`` (a dict of its other fields) as JSON, with these attributes and
+        an error status if ``error``, in the recorder's order (``read_template``'s)."""
+        if not self.buf and not self.last and not error:
             return _dumps(d)
-        ints = [{"key": k, "value": v} for k, v in self.last.items()]
-        head = _dumps(d)[:-1] + b',"attributes":['
-        if ints:
-            head += _dumps(ints)[1:-1] + (b"," if self.buf else b"")
-        return head + self.buf + b"]}"
+        out = _dumps(d)[:-1]
+        if self.buf or self.last:
+            out += b',"attributes":['
+            if self.last:
+                out += _dumps([{"key": k, "value": v} for k, v in self.last.items()])[1:-1]
+                out += b"," if self.buf else b""
+            out += self.buf + b"]"
+        return out + (b',"status":{"code":2}}' if error else b"}")
+
+
+def _named(tid, sid, name: str) -> bytes:
+    """A span the reader reads past (a structure span) or finds invalid (no times): its
+    name, and its ids where they are ids (hex strings of 32 and 16 digits)."""
+    if isinstance(tid, str) and isinstance(sid, str) and len(tid) == 32 and len(sid) == 16:
+        return _dumps({"traceId": tid, "spanId": sid, "name": name})
+    return _dumps({"name": name})
 
 
 def _pb_span(sp, max_string: int | None) -> bytes:
     name = sp.name
     kind = _KIND_CODES.get(name)
     if kind is None:
-        return _STRUCTURE.get(name, _UNKNOWN)
+        if name not in STRUCTURE:
+            return _UNKNOWN
+        return _named(sp.trace_id[:17].hex(), sp.span_id[:9].hex(), name)
     start, end = sp.start_time_unix_nano, sp.end_time_unix_nano
     if end < start or end > _I64_MAX or len(sp.span_id) != 8 or len(sp.trace_id) != 16:
-        return _dumps({"name": name})  # invalid for the decoder: invalid again on replay
-    d = {"traceId": sp.trace_id.hex(), "spanId": sp.span_id.hex(), "name": name,
-         "startTimeUnixNano": str(start), "endTimeUnixNano": str(end)}
-    if sp.status.code == 2:
-        d["status"] = {"code": 2}
+        # invalid for the decoder: invalid again on replay
+        return _named(sp.trace_id[:17].hex(), sp.span_id[:9].hex(), name)
+    d = {"traceId": sp.trace_id.hex(), "spanId": sp.span_id.hex()}
+    if len(sp.parent_span_id) == 8:
+        d["parentSpanId"] = sp.parent_span_id.hex()
+    d["name"] = name
+    if sp.kind:
+        d["kind"] = sp.kind
+    d["startTimeUnixNano"], d["endTimeUnixNano"] = str(start), str(end)
     attrs = _Attrs()
     if sp.attributes:
         wanted = _KIND_ATTRS[kind]
@@ -171,8 +187,8 @@ def _pb_span(sp, max_string: int | None) -> bytes:
                 try:
                     attrs.add(kv.key, slot, _wanted(slot, pb_value(kv.value), max_string, True))
                 except (TypeError, ValueError, OverflowError):
-                    return _dumps({"name": name})
-    return attrs.bytes_into(d)
+                    return _named(sp.trace_id.hex(), sp.span_id.hex(), name)
+    return attrs.bytes_into(d, sp.status.code == 2)
 
 
 def _json_span(sp: dict, max_string: int | None) -> bytes:
@@ -186,7 +202,9 @@ def _json_span(sp: dict, max_string: int | None) -> bytes:
     except TypeError:  # an unhashable name: invalid
         return b"{}"
     if kind is None:
-        return _STRUCTURE.get(name, _UNKNOWN)
+        if name not in STRUCTURE:
+            return _UNKNOWN
+        return _named(sp.get("traceId"), sp.get("spanId"), name)
     attrs = _Attrs()
     try:
         start, end = int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"])
@@ -207,12 +225,17 @@ def _json_span(sp: dict, max_string: int | None) -> bytes:
             code = status.get("code")
             error = code == 2 or code == "STATUS_CODE_ERROR"
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
-        return _dumps({"name": name})  # invalid for the reader: invalid again on replay
-    d = {"traceId": tid, "spanId": hsid, "name": name, "startTimeUnixNano": str(start),
-         "endTimeUnixNano": str(end)}
-    if error:
-        d["status"] = {"code": 2}
-    return attrs.bytes_into(d)
+        # invalid for the reader: invalid again on replay (no times)
+        return _named(sp.get("traceId"), sp.get("spanId"), name)
+    d = {"traceId": tid, "spanId": hsid}
+    parent, span_kind = sp.get("parentSpanId"), sp.get("kind")
+    if isinstance(parent, str) and len(parent) == 16:
+        d["parentSpanId"] = parent
+    d["name"] = name
+    if type(span_kind) is int and 0 < span_kind < 16:
+        d["kind"] = span_kind
+    d["startTimeUnixNano"], d["endTimeUnixNano"] = str(start), str(end)
+    return attrs.bytes_into(d, error)
 
 
 def _scope_parts(out: bytearray, name, spans, own: bool, span, max_string) -> None:
