@@ -153,10 +153,11 @@ class Emitter:
         return key
 
     def span(self, key: str, name: str, start_ns: int, end_ns: int,
-             attrs: dict | None = None, *, span_id: str | None = None,
+             attrs: dict | None = None, span_id: str | None = None,
              error: bool = False) -> None:
         """Add one goodput span (``name``: a ``goodput.schema`` span name) to process
-        ``key``. ``attrs``: ``{key: bool | int | str}`` (e.g. ``{schema.ATTR_STEP: 12}``).
+        ``key``. ``attrs``: ``{key: bool | int | str}`` (e.g. ``{schema.ATTR_STEP: 12}``);
+        ``span_id``: 16 hex digits (None: see the class); ``error``: status ERROR.
 
         Raises:
             KeyError: ``key`` was never named with :meth:`process`.
@@ -174,7 +175,7 @@ class Emitter:
             span_id = _digest(f"{key}\0{name}\0{start_ns}\0{end_ns}\0{step}", 8)
         # kept as a tuple (the OTLP JSON dict is made only when asked: take()); the
         # attributes copied, as a translator may reuse its dict
-        p.spans.append((name, start_ns, end_ns, dict(attrs) if attrs else None, span_id,
+        p.spans.append((name, start_ns, end_ns, attrs.copy() if attrs else None, span_id,
                         error))
 
     def spans_then_alive(self, key: str, start_ns: int, spans, last_seen_ns: int,

@@ -211,6 +211,7 @@ class MegatronTranslator(Translator):
     def spans(self, resource: dict, scope: str, spans: list[ForeignSpan], where: str) -> None:
         inc = None
         emit, key = self.emit.span, ""
+        step_name, step_attr = schema.STEP, schema.ATTR_STEP
         for s in spans:
             name = s.name
             if name not in _READ:
@@ -237,8 +238,7 @@ class MegatronTranslator(Translator):
                     self.problems.add(where, "malformed", f"{name} without megatron.iteration")
                     continue
                 step = it + 1
-                emit(key, schema.STEP, start, end, {schema.ATTR_STEP: step},
-                     span_id=s.span_id, error=s.error)
+                emit(key, step_name, start, end, {step_attr: step}, s.span_id, s.error)
                 if inc.max_step is None or step >= inc.max_step:
                     inc.max_step, inc.last_iter = step, s  # its parent: read when needed
                 if inc.mode is None:

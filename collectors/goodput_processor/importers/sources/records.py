@@ -128,7 +128,8 @@ class ForeignSpan:
         if raw is None:
             self._tid, self._sid, self._pid = trace_id, span_id, parent_id
             self._events, self._links = events, links
-        # else: ids, events and links are read from ``raw`` on first use (slots left unset)
+        else:  # read from ``raw`` on first use
+            self._tid = self._sid = self._pid = self._events = self._links = None
 
     @property
     def attrs(self) -> dict:
@@ -172,38 +173,31 @@ class ForeignSpan:
 
     @property
     def trace_id(self) -> str:
-        try:
-            return self._tid
-        except AttributeError:
+        if self._tid is None:
             self._tid = self._id("traceId", "trace_id")
         return self._tid
 
     @property
     def span_id(self) -> str:
-        try:
-            return self._sid
-        except AttributeError:
+        sid = self._sid
+        if sid is None:
             r = self._raw
             if type(r) is dict:
                 v = r.get("spanId")
-                self._sid = v.lower() if type(v) is str and len(v) == 16 else _hex(v)
+                sid = self._sid = v.lower() if type(v) is str and len(v) == 16 else _hex(v)
             else:
-                self._sid = r.span_id.hex()
-        return self._sid
+                sid = self._sid = r.span_id.hex()
+        return sid
 
     @property
     def parent_id(self) -> str:
-        try:
-            return self._pid
-        except AttributeError:
+        if self._pid is None:
             self._pid = self._id("parentSpanId", "parent_span_id")
         return self._pid
 
     @property
     def events(self) -> list:
-        try:
-            return self._events
-        except AttributeError:
+        if self._events is None:
             r = self._raw
             if isinstance(r, dict):
                 self._events = [(str(e.get("name", "")), _int(e.get("timeUnixNano")),
@@ -215,9 +209,7 @@ class ForeignSpan:
 
     @property
     def links(self) -> list:
-        try:
-            return self._links
-        except AttributeError:
+        if self._links is None:
             r = self._raw
             if isinstance(r, dict):
                 self._links = [(_hex(x.get("traceId")), _hex(x.get("spanId")))
@@ -276,7 +268,8 @@ def spans_of(spans) -> list[ForeignSpan]:
     append, new, cls = out.append, object.__new__, ForeignSpan
     for s in spans:  # (ForeignSpan(..., raw=s), made without the call's arguments)
         f = new(cls)
-        f._raw, f._attrs = s, None
+        f._raw = s
+        f._attrs = f._tid = f._sid = f._pid = f._events = f._links = None
         if isinstance(s, dict):
             get = s.get
             name = get("name", "")
