@@ -298,7 +298,9 @@ def _send(how: str, addr: dict, body: bytes) -> str:
     return str(_post(addr["http"] + "/v1/traces", body, ctype))
 
 
-def serve_run(sizes, wals, hows=("grpc", "http-pb", "http-json")) -> list[dict]:
+def serve_run(sizes, wals, hows=("grpc", "http-pb", "http-json"),
+              pb_shape: str = "resource_spans", json_name: str = "json_resource_spans"
+              ) -> list[dict]:
     rows = []
     for wal in wals:
         with tempfile.TemporaryDirectory() as tmp:
@@ -309,8 +311,9 @@ def serve_run(sizes, wals, hows=("grpc", "http-pb", "http-json")) -> list[dict]:
             try:
                 for mib in sizes:
                     for how in hows:
-                        body = (empty_json if how == "http-json" else
-                                lambda n: shape("resource_spans", n))(int(mib * MiB))
+                        size = int(mib * MiB)
+                        body = (json_shape(json_name, size) if how == "http-json" else
+                                shape(pb_shape, size))
                         with open(f"/proc/{proc.pid}/clear_refs", "w") as f:
                             f.write("5")
                         time.sleep(0.3)
@@ -347,6 +350,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1,4,16", help="MiB, comma-separated")
     ap.add_argument("--wal", choices=("both", "on", "off"), default="both")
     ap.add_argument("--how", default="grpc,http-pb,http-json")
+    ap.add_argument("--shape", default="resource_spans", choices=SHAPES,
+                    help="the protobuf requests' shape")
+    ap.add_argument("--json-shape", default="json_resource_spans", choices=JSON_SHAPES)
     ap.add_argument("--bound", action="store_true", help="the estimate check instead")
     ap.add_argument("--bound-mib", type=float, default=2.0)
     ap.add_argument("--huge", action="store_true",
@@ -370,7 +376,7 @@ def main(argv=None) -> int:
     else:
         wals = {"both": (True, False), "on": (True,), "off": (False,)}[a.wal]
         rows, bad = serve_run([float(s) for s in a.sizes.split(",")], wals,
-                              tuple(a.how.split(","))), 0
+                              tuple(a.how.split(",")), a.shape, a.json_shape), 0
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
