@@ -9,20 +9,23 @@ estimate must be an upper bound that a cheap look at the bytes can give:
 - **protobuf** (:func:`protobuf_cost`): every sub-message of an OTLP
   ``ExportTraceServiceRequest`` starts with a one-byte tag of wire type 2 for a field
   number from 1 to 15 (no OTLP trace message has a message field past 15). Counting those
-  bytes (``bytes.count``, about 5 ms per 16 MiB and per tag) bounds the number of
-  sub-messages of each field number; each count is weighed by the most that a message of
-  that field number takes (:data:`TAG_BYTES`: upb's struct and its slot in a repeated
-  field, the span's row, its line in the write-ahead log), plus a few times the size for
-  strings, the row arrays and the log line. Real spans also hold such bytes in their ids,
-  times and strings, so the bound is loose for them (about 9-10x their size; the upb parse
-  of real spans takes about 1.4x), but it is a bound: a request of empty messages is
-  estimated at 32-140x its size, what it takes.
+  bytes (``bytes.count``, a few ms per 16 MiB and per tag) bounds the number of
+  sub-messages of each field number; each count is weighed by the most that upb takes for
+  a message of that field number (:data:`TAG_BYTES`). On top: a few times the size for
+  strings, the rows and the log line (:data:`PROTOBUF_BYTE_FACTOR`), and the Python
+  objects and log line parts of each ``ResourceSpans`` and ``ScopeSpans``, counted by a
+  walk of the top two levels (:func:`structure_bound`). Real spans also hold such bytes in
+  their ids, times and strings, so the bound is loose for them (about 13x their size; they
+  take about 7x with the log), but it is a bound: a request of empty spans is estimated at
+  96x its size and takes 89x.
 - **JSON** (:func:`json_cost`): an upper bound on what ``json.loads`` allocates, from the
-  counts of ``{``, ``[``, ``"``, ``,`` and ``:`` (``tests/test_serve_limits.py``), plus the
-  log line and the encoder's chunk.
+  counts of ``{``, ``[``, ``"``, ``,`` and ``:`` (``tests/test_serve_limits.py``), plus
+  :data:`JSON_LINE_FACTOR` times its size for the log line.
 
-``benchmarks/serve_amplification.py`` sends the worst shapes it knows to a real
-``goodput serve`` and compares its peak resident memory with these estimates.
+``benchmarks/serve_amplification.py --bound`` takes the worst shapes it knows (19, both
+encodings) into a store with a log, each in a fresh process, and compares the peak
+resident memory with these estimates (``tests/test_serve_parse_budget.py`` runs three);
+without ``--bound`` it sends them to a real ``goodput serve``.
 """
 
 from __future__ import annotations
