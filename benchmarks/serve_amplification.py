@@ -66,7 +66,8 @@ _STEP = _w(0x0A, b"\x01" * 16) + _w(0x12, b"\x02" * 8) + _w(0x2A, b"goodput.step
 
 
 def shape(name: str, size: int) -> bytes:
-    """A protobuf ``ExportTraceServiceRequest`` of about ``size`` bytes (see SHAPES)."""
+    """A protobuf ``ExportTraceServiceRequest`` (``log_*``: ``ExportLogsServiceRequest``)
+    of about ``size`` bytes (see SHAPES)."""
     if name == "resource_spans":
         return _rep(b"\x0a\x00", size)
     if name == "scope_spans":
@@ -93,6 +94,10 @@ def shape(name: str, size: int) -> bytes:
         kv = _w(0x4A, _w(0x0A, b"goodput.badput.type") + _w(0x12, _w(0x0A, b"t")))
         sp = _w(0x0A, b"\x01" * 16) + _w(0x12, b"\x02" * 8) + _w(0x2A, b"goodput.custom_badput")
         return _w(0x0A, _RES + _w(0x12, _OWN + _w(0x12, sp + _rep(kv, size))))
+    if name == "log_records":  # an ExportLogsServiceRequest of empty log records
+        return _w(0x0A, _RES + _w(0x12, _rep(b"\x12\x00", size)))
+    if name == "log_attributes":
+        return _w(0x0A, _RES + _w(0x12, _w(0x12, _rep(b"\x32\x00", size))))
     if name == "links":
         return _w(0x0A, _RES + _w(0x12, _OWN + _w(0x12, _rep(b"\x6a\x00", size))))
     if name == "status":
@@ -103,7 +108,7 @@ def shape(name: str, size: int) -> bytes:
 SHAPES = ("resource_spans", "scope_spans", "spans", "spans_other_scope", "spans_one_each",
           "own_spans_one_each", "scopes_one_each",
           "named_spans", "step_spans", "resource_attributes", "span_attributes",
-          "custom_types", "links", "status")
+          "custom_types", "links", "status", "log_records", "log_attributes")
 
 
 def json_shape(name: str, size: int) -> bytes:
@@ -159,6 +164,7 @@ name, size, wal = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "on"
 kind = "json" if name.startswith("json") else "protobuf"
 body = json_shape(name, size) if kind == "json" else shape(name, size)
 est = parse_cost(kind, body)
+logs = name.startswith("log_")
 d = tempfile.mkdtemp()
 store = LiveStore(limits=Limits(max_job_spans_per_s=1e12),
                   wal=WriteAheadLog(d) if wal else None)
@@ -170,6 +176,12 @@ with open("/proc/self/clear_refs", "w") as f:
 r0 = status("VmRSS")
 if kind == "json":
     store.ingest_json(json.loads(body), ("bound", 1))
+elif logs:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceRequest)
+    req = ExportLogsServiceRequest()
+    req.ParseFromString(body)
+    store.ingest_logs(req)
 else:
     req = ExportTraceServiceRequest()
     req.ParseFromString(body)

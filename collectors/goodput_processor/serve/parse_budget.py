@@ -22,7 +22,7 @@ estimate must be an upper bound that a cheap look at the bytes can give:
   counts of ``{``, ``[``, ``"``, ``,`` and ``:`` (``tests/test_serve_limits.py``), plus
   :data:`JSON_LINE_FACTOR` times its size for the log line.
 
-``benchmarks/serve_amplification.py --bound`` takes the worst shapes it knows (19, both
+``benchmarks/serve_amplification.py --bound`` takes the worst shapes it knows (21, both
 encodings) into a store with a log, each in a fresh process, and compares the peak
 resident memory with these estimates (``tests/test_serve_parse_budget.py`` runs three);
 without ``--bound`` it sends them to a real ``goodput serve``.
@@ -36,8 +36,11 @@ __all__ = ["TAG_BYTES", "json_cost", "protobuf_cost", "structure_bound"]
 #: (field numbers 1-15, wire type 2): the largest struct of a message of that field number
 #: plus its slot in a repeated field, measured with empty messages: ResourceSpans,
 #: ScopeSpans and Span.Event 64, InstrumentationScope and KeyValue 56, Resource, AnyValue
-#: and Status 32, ArrayValue and KeyValueList 24, Span 177 (185 kept), Span.Link 88.
-TAG_BYTES = {0x0a: 64, 0x12: 185, 0x1a: 56, 0x22: 56, 0x2a: 24, 0x32: 24, 0x4a: 56,
+#: and Status 32, ArrayValue and KeyValueList 24, Span 177 (185 kept), Span.Link 88; for
+#: the logs service (the same bytes: ``LogsService/Export`` is estimated the same way)
+#: ResourceLogs and ScopeLogs 64, LogRecord 136, its body (field 5) 32 and its attributes
+#: (field 6) 56.
+TAG_BYTES = {0x0a: 64, 0x12: 185, 0x1a: 56, 0x22: 56, 0x2a: 32, 0x32: 56, 0x4a: 56,
              0x5a: 64, 0x6a: 88, 0x7a: 32}
 _TAGS = tuple((bytes([t]), w) for t, w in TAG_BYTES.items())
 #: Bytes per byte of a protobuf request for what is not a sub-message: strings and ids
