@@ -8,7 +8,9 @@ message is read: it takes a **read slot** here, which holds a reservation of the
 ``max_message_bytes``, the most gRPC core can buffer for it, as larger messages are refused
 by core, ``grpc.max_receive_message_length``, and its copy as Python bytes) and one of
 at most ``max_readers`` reading places, until its message has arrived and its actual size
-(bytes + parsed estimate) replaces the reservation, or until it ends. When that much is not
+(bytes + parsed estimate) replaces the reservation, or until it ends. Readers together
+reserve at most half the budget, so calls that never send cannot hold what HTTP requests
+need. When that much is not
 free, one call at a time is read on :data:`LEAN_BYTES` (so small exports get through while
 others hold the budget): the budget may then be exceeded by at most one reservation.
 
@@ -109,6 +111,10 @@ class ReadSlots:
         self.budget, self.reserve, self.max_readers = budget, int(reserve), int(max_readers)
         self.stale_s, self.lean_bytes = float(stale_s), min(int(lean_bytes), int(reserve))
         self.lean: ReadSlot | None = None
+        #: full reservations of the readers together: at most half the budget (at least
+        #: one), so that calls that never send cannot hold what HTTP requests need
+        self.max_reserved = max(self.reserve, budget.capacity // 2)
+        self.reserved = 0
         self.by_peer: dict[str, list[ReadSlot]] = {}
         self.readers = 0
         self.ended_early = 0
@@ -116,8 +122,9 @@ class ReadSlots:
     def admit(self, peer: str, on_end: Callable[[], None], end_one: bool = True) -> ReadSlot:
         """A reading place for a call of ``peer``, ending a stalled reader if needed.
 
-        The call holds ``reserve`` bytes of the budget while its message is read; when
-        those are not free, one call at a time (the *lean* reader) holds ``lean_bytes``
+        The call holds ``reserve`` bytes of the budget while its message is read (all
+        readers together at most half of the budget); when those are not free, one call at
+        a time (the *lean* reader) holds ``lean_bytes``
         instead, so that small exports are still read while others hold the budget: gRPC
         may then buffer up to ``reserve - lean_bytes`` bytes beyond the budget for it.
 
@@ -131,8 +138,10 @@ class ReadSlots:
         """
         while True:
             if self.readers < self.max_readers:
-                if self.budget.acquire(self.reserve):
+                if (self.reserved + self.reserve <= self.max_reserved
+                        and self.budget.acquire(self.reserve)):
                     held, lean = self.reserve, False
+                    self.reserved += self.reserve
                     break
                 if self.lean is None and self.budget.acquire(self.lean_bytes):
                     held, lean = self.lean_bytes, True
@@ -142,9 +151,10 @@ class ReadSlots:
                     raise NoSlot("connections", f"{self.readers} calls are waiting for their "
                                  "message (half of --max-connections); retry later")
                 raise NoSlot("inflight", f"too many bytes in flight: a call reserves "
-                             f"{self.reserve} bytes (--max-message-bytes) while its message "
-                             f"is read, of {self.budget.capacity} (--max-inflight-bytes); "
-                             "retry later")
+                             f"{self.reserve} bytes (2 x --max-message-bytes) while its "
+                             f"message is read, and calls being read hold at most "
+                             f"{self.max_reserved} of {self.budget.capacity} "
+                             "(--max-inflight-bytes); retry later")
         slot = ReadSlot(self, peer, on_end)
         slot.held, slot.lean = held, lean
         if lean:
@@ -178,8 +188,10 @@ class ReadSlots:
             return
         slot.reading = False
         self.readers -= 1
-        if self.lean is slot:
+        if slot.lean:
             self.lean = None
+        else:
+            self.reserved -= self.reserve
         same = self.by_peer.get(slot.peer)
         if same is not None:
             same.remove(slot)

@@ -19,14 +19,17 @@ message, and a call waiting for its message costs no thread. In order:
    ``refused_connections``).
 3. **Deadline**: a message that has not arrived ``request_timeout_s`` after the call began
    ends the call with ``DEADLINE_EXCEEDED``; one ended early for another call gets
-   ``UNAVAILABLE``; both are counted as ``refused_timeout``.
+   ``UNAVAILABLE``; both are counted as ``refused_timeout``. A call that ends before its
+   message was read (its client cancelled it, or gRPC core refused a message over
+   ``max_message_bytes`` with ``RESOURCE_EXHAUSTED``) is counted as ``refused_incomplete``.
 4. **Size**: once it arrived, the call holds its size plus its parsed estimate
    (:func:`~goodput_processor.serve.receiver.parse_cost`) instead of the reservation
    (``UNAVAILABLE`` when that does not fit now), and a worker thread parses it and hands it
    to the store (the statuses of :mod:`goodput_processor.serve.receiver`).
 
 gRPC itself refuses calls past ``max_connections`` in flight (``RESOURCE_EXHAUSTED``);
-since readers hold at most half of them, stalled calls never fill that cap.
+since readers hold at most half of them and waiting calls a quarter, stalled calls never
+fill that cap; readers' reservations take at most half of the byte budget.
 """
 
 from __future__ import annotations
@@ -111,9 +114,10 @@ class _Export:
             try:
                 done, _ = await asyncio.wait((read, stop), timeout=rx.limits.request_timeout_s,
                                              return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:  # the call ended: the client, or gRPC core
-                if _eof(read):  # a message over --max-message-bytes (RESOURCE_EXHAUSTED)
-                    rx.counter.submit(_refused, rx.store, "too_large", peer)
+            except asyncio.CancelledError:  # the call ended before its message was read:
+                if _eof(read):  # the client cancelled it, or gRPC core refused a message over
+                    # --max-message-bytes (RESOURCE_EXHAUSTED): the two look the same here
+                    rx.counter.submit(_refused, rx.store, "incomplete", peer)
                 read.cancel()
                 raise
             finally:
@@ -128,10 +132,10 @@ class _Export:
                                 f"within {rx.limits.request_timeout_s:g} s (--request-timeout)")
             body = read.result()
             if body is grpc.aio.EOF or body is None:
-                try:  # over --max-message-bytes: gRPC core ends the call, cancelling this task
+                try:  # the call ended (as above): this task is cancelled
                     await asyncio.sleep(0.05)
                 except asyncio.CancelledError:
-                    rx.counter.submit(_refused, rx.store, "too_large", peer)
+                    rx.counter.submit(_refused, rx.store, "incomplete", peer)
                     raise
                 return Rejected("malformed", 400, 3, "the call carried no request message")
             need = len(body) + parse_cost("protobuf", body)
