@@ -105,7 +105,7 @@ class Result:
     answers: dict = field(default_factory=dict)  # attack -> {status: count}
     health: dict = field(default_factory=dict)  # asked, ok, misses, worst_s
     exports: dict = field(default_factory=dict)  # protocol -> Exports.summary()
-    export_latencies: dict = field(default_factory=dict)  # protocol -> [s, ...]
+    export_latencies: dict = field(default_factory=dict)  # protocol -> [(start, s, acked)]
     healthy_unchanged: dict = field(default_factory=dict)  # protocol -> bool
     healthy_diff: dict = field(default_factory=dict)  # protocol -> report keys that differ
     killed_at_rss: int = 0  # serve SIGKILLed by this run past rss_kill_bytes (0: never)
@@ -218,7 +218,7 @@ def run(cfg: Config) -> Result:
     """
     t_start = time.monotonic()
     res, tok = Result(config=cfg), cfg.token
-    n_exports = max(1, int(cfg.duration_s / cfg.export_every_s))
+    n_exports = int(cfg.duration_s / cfg.export_every_s) + 1  # the first one quiet
     with tempfile.TemporaryDirectory(prefix="serve-abuse-") as tmp:
         proc, addr, tail = sv.start_serve(cfg.limits, tmp, tok, list(cfg.serve_args),
                                          cfg.health_port)
@@ -242,6 +242,8 @@ def run(cfg: Config) -> Result:
             attackers = [_attacker(a, acfg, env) for a in cfg.attacks]  # one process each
             for a in attackers:
                 a.stderr.readline()  # "started"
+            for h in healthy.values():
+                h.t0, h.out.window_s = time.monotonic(), cfg.duration_s
             threads = [threading.Thread(target=probe_health, args=(hbase, stop, health))]
             threads += [threading.Thread(target=h.run, args=(stop, cfg.export_every_s, 1))
                         for h in healthy.values()]
@@ -270,7 +272,9 @@ def run(cfg: Config) -> Result:
                           "port": "--health-port" if hbase != base else "--http-port"}
             for p, h in healthy.items():
                 res.exports[p] = h.out.summary()
-                res.export_latencies[p] = [round(x, 4) for x in h.out.latencies]
+                res.export_latencies[p] = [  # (s since the attack began, latency s, acked)
+                    (round(t, 2), round(x, 4), ok) for t, x, ok in zip(
+                        h.out.starts, h.out.latencies, h.out.acked, strict=True)]
                 d = _diff(sv.job_report(base, f"quiet-{p}", tok),
                           sv.job_report(base, f"healthy-{p}", tok), f"quiet-{p}", f"healthy-{p}")
                 res.healthy_unchanged[p], res.healthy_diff[p] = not d, d
@@ -337,7 +341,9 @@ def table(res: Result) -> str:
             f"1 s (worst {h.get('worst_s')} s); misses at s: {h.get('misses', [])[:12]}"]
     for p, e in res.exports.items():
         out.append(f"healthy export {p:<8} {e['within_1s']} of {e['exports']} acked within 1 s "
-                   f"({e['acked']} acked; p50 {e['p50_s']} s, max {e['max_s']} s); report "
+                   f"({e['acked']} acked; p50 {e['p50_s']} s, max {e['max_s']} s; "
+                   f"{e['total'] - e['exports']} more quiet or after, {e['acked_all']} of "
+                   f"{e['total']} acked in all); report "
                    f"unchanged: {res.healthy_unchanged.get(p)} {res.healthy_diff.get(p) or ''}")
     out.append(f"after a restart         {res.acked_jobs} jobs with acknowledged spans, "
                f"{len(res.lost)} lost {res.lost[:5]}")
