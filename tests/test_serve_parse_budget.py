@@ -7,7 +7,7 @@ items 1a and 4).
   taken in and touches no job either (a ``ResourceSpans`` without spans is no job's).
 - The estimate is an upper bound: the worst shapes known, each taken into a store with a
   write-ahead log in a fresh process, peak below it (``benchmarks/serve_amplification.py
-  --bound``; small sizes here).
+  --bound``; two of them, small, here).
 - Huge attributes are cut to ``--max-attribute-bytes`` before they are logged: the log
   line stays small, and a replay gives the same report (``over_limit`` counts included);
   odd spans (no kind, invalid ids, flags, ints as strings, error status) replay the same.
@@ -132,7 +132,7 @@ def test_amplification_is_refused_before_the_parse_and_touches_no_job(tmp_path):
 def test_the_estimate_bounds_what_the_worst_shapes_take():
     """Peak resident memory above the level before, of a fresh process taking one request
     of each shape into a store with a log, is below what ``parse_cost`` took for it."""
-    for r in amp.bound(0.5, ("spans", "spans_one_each", "step_spans")):
+    for r in amp.bound(0.5, ("spans", "spans_one_each")):
         assert r["peak"] <= r["estimate"], r
     # real spans are estimated at a bounded multiple of their size (a 16 MiB request of
     # them fits the default 256 MiB budget)
