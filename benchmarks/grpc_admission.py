@@ -101,8 +101,10 @@ def big_request(n: int) -> bytes:
     return req.SerializeToString()
 
 
-async def flood(addr: str, n: int, body: bytes, token: str) -> dict[str, int]:
-    """``n`` concurrent unary calls of ``body`` with ``token``: their status codes, counted."""
+async def flood(addr: str, n: int, body: bytes, token: str,
+                timeout_s: float = 60) -> dict[str, int]:
+    """``n`` concurrent unary calls of ``body`` with ``token`` (each with a deadline of
+    ``timeout_s``): their status codes, counted."""
     async with grpc.aio.insecure_channel(addr, options=[
             ("grpc.max_send_message_length", len(body) + 1024)]) as ch:
         call = ch.unary_unary(METHOD)
@@ -110,7 +112,7 @@ async def flood(addr: str, n: int, body: bytes, token: str) -> dict[str, int]:
 
         async def one():
             try:
-                await call(body, metadata=md, timeout=60)
+                await call(body, metadata=md, timeout=timeout_s)
                 return "OK"
             except grpc.aio.AioRpcError as e:
                 return e.code().name

@@ -156,3 +156,42 @@ def test_legit_export_acknowledged_while_stalled_calls_are_open(channels):
     assert codes.get("open") == 31 and sum(codes.values()) == 300, codes
     assert set(codes) <= {"open", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}, codes
     assert srv.budget.used == 0
+
+
+class _BusyStore(LiveStore):
+    """A real store whose ingests hold its lock until :attr:`go` is set (a long ingest)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.go, self.holding = threading.Event(), threading.Event()
+
+    def ingest_request(self, req, *a, **kw):
+        with self._lock:
+            self.holding.set()
+            self.go.wait(30)
+        return super().ingest_request(req, *a, **kw)
+
+
+def test_refusals_are_answered_while_the_store_is_busy():
+    """Refusals are counted without waiting on the store's lock: while one export holds it,
+    40 calls with a wrong token are answered ``UNAUTHENTICATED`` (each within its 5 s
+    deadline, not after the ingest), and counted once the lock is free."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    store = _BusyStore(min_interval_s=0)
+    srv = GoodputServer(store, grpc_port=0, http_port=None, token="s3cret")
+    addr = srv.addresses()["grpc"]
+    try:
+        ch = grpc.insecure_channel(addr)
+        export = ch.unary_unary(bench.METHOD)
+        held = export.future(trace_service_pb2.ExportTraceServiceRequest().SerializeToString(),
+                             metadata=(("authorization", "Bearer s3cret"),), timeout=30)
+        assert store.holding.wait(10)
+        assert asyncio.run(bench.flood(addr, 40, b"", "wrong", timeout_s=5)) == {
+            "UNAUTHENTICATED": 40}
+        store.go.set()
+        held.result(timeout=30)
+        assert _until(lambda: store.stats["refused_unauthenticated"] == 40)
+    finally:
+        store.go.set()
+        srv.stop(5, final=False)
