@@ -73,6 +73,11 @@ class ReadSlot:
         self.started, self.held, self.ended_early, self.reading = time.monotonic(), 0, False, True
         self.lean = False
 
+    def arrived(self) -> None:
+        """The message arrived: leave the readers (it can no longer be ended early),
+        keeping the bytes held until :meth:`settle` or :meth:`release`."""
+        self.owner._leave(self)
+
     def settle(self, need: int) -> bool:
         """The message arrived: hold ``need`` bytes instead of the reservation and leave the
         readers. False (the reservation given back) when ``need`` does not fit now."""
@@ -92,6 +97,8 @@ class ReadSlot:
         if self.held:
             self.owner.budget.release(self.held)
             self.held = 0
+            if self.owner.on_free is not None:
+                self.owner.on_free()
 
 
 class ReadSlots:
@@ -115,11 +122,14 @@ class ReadSlots:
         #: one), so that calls that never send cannot hold what HTTP requests need
         self.max_reserved = max(self.reserve, budget.capacity // 2)
         self.reserved = 0
+        #: called (on the event loop) each time a reader leaves: a place may be free
+        self.on_free: Callable[[], None] | None = None
         self.by_peer: dict[str, list[ReadSlot]] = {}
         self.readers = 0
         self.ended_early = 0
 
-    def admit(self, peer: str, on_end: Callable[[], None], end_one: bool = True) -> ReadSlot:
+    def admit(self, peer: str, on_end: Callable[[], None], end_one: bool = True,
+              by_age: bool = True) -> ReadSlot:
         """A reading place for a call of ``peer``, ending a stalled reader if needed.
 
         The call holds ``reserve`` bytes of the budget while its message is read (all
@@ -131,7 +141,9 @@ class ReadSlots:
         Args:
             peer: the call's connection.
             on_end: called (on the event loop) when this reader is ended early.
-            end_one: False: end no reader (a call that already waits for a place).
+            end_one: False: end no reader.
+            by_age: False: end a reader only by rule 1 (a call that already waited for a
+                place: the readers' ages are no reason to end one for it).
 
         Raises:
             NoSlot: none free and none may be ended (retryable).
@@ -146,7 +158,7 @@ class ReadSlots:
                 if self.lean is None and self.budget.acquire(self.lean_bytes):
                     held, lean = self.lean_bytes, True
                     break
-            if not (end_one and self._end_one(peer)):
+            if not (end_one and self._end_one(peer, by_age)):
                 if self.readers >= self.max_readers:
                     raise NoSlot("connections", f"{self.readers} calls are waiting for their "
                                  "message (half of --max-connections); retry later")
@@ -163,14 +175,14 @@ class ReadSlots:
         self.readers += 1
         return slot
 
-    def _end_one(self, peer: str) -> bool:
+    def _end_one(self, peer: str, by_age: bool = True) -> bool:
         mine = len(self.by_peer.get(peer, ()))
         victim = None
         if self.by_peer:
             most = max(self.by_peer.values(), key=lambda s: (len(s), -s[0].started))
             if len(most) >= mine + 2:
                 victim = most[0]
-        if victim is None:
+        if victim is None and by_age:
             oldest = min((s[0] for s in self.by_peer.values()), key=lambda s: s.started,
                          default=None)
             if oldest is not None and time.monotonic() - oldest.started >= self.stale_s:
@@ -192,6 +204,8 @@ class ReadSlots:
             self.lean = None
         else:
             self.reserved -= self.reserve
+        if self.on_free is not None:
+            self.on_free()
         same = self.by_peer.get(slot.peer)
         if same is not None:
             same.remove(slot)

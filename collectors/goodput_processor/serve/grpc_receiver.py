@@ -62,8 +62,8 @@ __all__ = ["GrpcReceiver"]
 _log = logging.getLogger(__name__)
 #: Seconds a call may wait for the byte budget to hold its message before ``UNAVAILABLE``.
 WAIT_S = 1.0
-#: Seconds between its tries.
-POLL_S = 0.01
+#: Seconds between its tries (besides each time a reader leaves).
+POLL_S = 0.1
 #: Seconds a refusal waits for its count to be in the store before it is answered.
 COUNT_WAIT_S = 0.25
 
@@ -191,7 +191,9 @@ class _Export:
                     rx.counts.add("incomplete", peer)
                     raise
                 return Rejected("malformed", 400, 3, "the call carried no request message")
-            need = len(body) + parse_cost("protobuf", body)
+            slot.arrived()  # no longer a reader (it cannot be ended early now)
+            # (a scan of the body: 0.3 s for 16 MiB, so not on the event loop)
+            need = len(body) + await loop.run_in_executor(rx.pool, parse_cost, "protobuf", body)
             if need > rx.budget.capacity:
                 slot.release()
                 return Rejected("too_large", 413, 8, f"the request needs {need} bytes of "
@@ -219,8 +221,10 @@ class _Export:
     async def _admit(self, peer: str, on_end, loop):
         """A read slot, or the :class:`Rejected` to answer. When none is free (nor can be
         made free), up to ``max_connections // 4`` calls wait for one (no message is read
-        meanwhile, and they end no reader), each for at most :data:`WAIT_S` seconds,
-        trying every :data:`POLL_S` seconds."""
+        meanwhile; they end a reader only of a connection holding two more than their
+        own), each for at most :data:`WAIT_S` seconds,
+        trying again when a reader leaves, and every :data:`POLL_S` seconds (bytes the
+        HTTP receiver gives back)."""
         rx = self.rx
         try:
             return rx.slots.admit(peer, on_end)
@@ -231,9 +235,14 @@ class _Export:
         try:
             end = loop.time() + min(WAIT_S, rx.limits.request_timeout_s)
             while True:
-                await asyncio.sleep(POLL_S)
+                left = end - loop.time()
+                if left > 0:
+                    try:
+                        await asyncio.wait_for(rx.place_freed.wait(), min(POLL_S, left))
+                    except asyncio.TimeoutError:
+                        pass
                 try:
-                    return rx.slots.admit(peer, on_end, end_one=False)
+                    return rx.slots.admit(peer, on_end, by_age=False)
                 except NoSlot as e:
                     if loop.time() >= end:
                         return Rejected(e.reason, 503, 14, e.message, retry_after=1)
@@ -309,6 +318,8 @@ class GrpcReceiver:
         self.pool = ThreadPoolExecutor(workers, "goodput-serve-grpc")
         self.counter = ThreadPoolExecutor(1, "goodput-serve-grpc-count")
         self.counts = _Counts(store, self.counter)
+        self.place_freed = asyncio.Event()  # replaced each time a reader leaves (on the loop)
+        self.slots.on_free = self._place_freed
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                         name="goodput-serve-grpc-loop")
@@ -322,6 +333,11 @@ class GrpcReceiver:
         if not self.port:
             self._close()
             raise RuntimeError(f"cannot listen for OTLP/gRPC on {addr}")
+
+    def _place_freed(self) -> None:
+        """A reader left: wake the calls waiting for a place (on the event loop)."""
+        ev, self.place_freed = self.place_freed, asyncio.Event()
+        ev.set()
 
     def _run(self, coro, timeout_s: float | None):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
