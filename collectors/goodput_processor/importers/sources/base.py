@@ -178,6 +178,20 @@ class Emitter:
         p.spans.append((name, start_ns, end_ns, attrs.copy() if attrs else None, span_id,
                         error))
 
+    def span_kept(self, key: str, name: str, start_ns: int, end_ns: int, attrs: dict | None,
+                  span_id: str, error: bool = False) -> None:
+        """:meth:`span` for a translator's hot path, where the caller has made sure that
+        ``start_ns <= end_ns`` are ints and ``span_id`` is given: ``attrs`` is kept as it is
+        (not copied: a dict the caller made for this span and never changes after).
+
+        Raises:
+            KeyError: ``key`` was never named with :meth:`process`.
+        """
+        p = self._procs[key]
+        if p.start_ns is None:
+            p.start_ns = start_ns
+        p.spans.append((name, start_ns, end_ns, attrs, span_id, error))
+
     def spans_then_alive(self, key: str, start_ns: int, spans, last_seen_ns: int,
                          ended: bool = False) -> None:
         """Add ``spans`` (``(name, start_ns, end_ns, attrs, error)`` tuples) to process

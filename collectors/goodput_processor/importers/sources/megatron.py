@@ -211,7 +211,7 @@ class MegatronTranslator(Translator):
     def spans(self, resource: dict, scope: str, spans: list[ForeignSpan], where: str) -> None:
         inc = None
         emit, key = self.emit.span, ""
-        step_name, step_attr = schema.STEP, schema.ATTR_STEP
+        step_name, step_attr, kept = schema.STEP, schema.ATTR_STEP, self.emit.span_kept
         for s in spans:
             name = s.name
             if name not in _READ:
@@ -238,7 +238,11 @@ class MegatronTranslator(Translator):
                     self.problems.add(where, "malformed", f"{name} without megatron.iteration")
                     continue
                 step = it + 1
-                emit(key, step_name, start, end, {step_attr: step}, s.span_id, s.error)
+                sid = s.span_id
+                if sid and type(start) is int and type(end) is int:  # (start <= end: above)
+                    kept(key, step_name, start, end, {step_attr: step}, sid, s.error)
+                else:
+                    emit(key, step_name, start, end, {step_attr: step}, sid, s.error)
                 if inc.max_step is None or step >= inc.max_step:
                     inc.max_step, inc.last_iter = step, s  # its parent: read when needed
                 if inc.mode is None:
