@@ -106,10 +106,37 @@ def _megatron_file(path: str, steps: int) -> None:
                 {"scope": {"name": "nemo.lens"}, "spans": spans}]}]}) + "\n")
 
 
+def _stages(path: str, spans: int) -> str:
+    """CPU per span of each stage of reading a foreign OTLP JSON file as ``goodput report``
+    does (:func:`goodput_processor.read_foreign.translate_into`), in this process."""
+    from goodput_processor.importers.sources import get_source, translate_files
+    from goodput_processor.importers.sources.driver import _lines, _loads, _open, no_gc
+    from goodput_processor.read_emitted import ingest_emitted
+    from goodput_processor.reader import _Reader
+
+    def cpu(f):
+        t = time.process_time()
+        out = f()
+        return (time.process_time() - t) / spans * 1e6, out
+
+    with no_gc():
+        with _open(path) as f:
+            lines, _ = cpu(lambda: sum(1 for _ in _lines(f)))
+        with _open(path) as f:
+            parse, _ = cpu(lambda: sum(1 for body, _ in _lines(f) if _loads(body)))
+        total, run = cpu(lambda: translate_files(get_source("megatron"), [path], batches=True))
+        reader = _Reader()
+        rows, _ = cpu(lambda: [ingest_emitted(reader, b, ("bench",))
+                               for b in run.resource_spans])
+    return (f"lines {lines:.2f} us, JSON parse {parse - lines:.2f} us, ForeignSpan + "
+            f"translator + Emitter {total - parse:.2f} us, rows {rows:.2f} us")
+
+
 def compare_source(args) -> int:
     """``--source megatron``: ``goodput report`` of a directory of a foreign producer's OTLP
     JSON (translated on the way in) against the report of the same spans written in this
-    project's schema (``goodput import`` of that file), side by side, interleaved."""
+    project's schema (``goodput import`` of that file), side by side, interleaved; then the
+    CPU per span of each stage of reading the file (:func:`_stages`)."""
     sys.path.insert(0, str(ROOT / "collectors"))
     from goodput_processor.importers.sources import get_source, translate_files, write_spool
 
@@ -145,6 +172,8 @@ def compare_source(args) -> int:
                     what = f"{defs}{' 2nd' if cached else ''}"
                     print(f"{steps:>9,} {what:>12} {wa:>7.2f} {pa:>7.0f} {wb:>9.2f} "
                           f"{pb:>9.0f} {wb / wa:>6.2f}", flush=True)
+            print(f"{steps:>9,} where a first report's reading of the file goes, CPU per span: "
+                  f"{_stages(os.path.join(foreign, 'traces.json'), steps)}", flush=True)
     print("own: goodput report of the spool goodput import writes of the file; source: "
           "goodput report of the file's directory (translated on the way in); 2nd: a report "
           "that reads the columnar cache a first one wrote; wall seconds (median) and peak "
