@@ -217,7 +217,11 @@ def _feed_otlp(tr: Translator, src: Source, doc: dict, where: str,
                 n += len(items)
                 try:
                     if leaf == "spans":
-                        tr.spans(attrs, scope, spans_of(items), where)
+                        raw = getattr(tr, "spans_json", None)  # OTLP JSON dicts as they are
+                        if raw is not None:
+                            raw(attrs, scope, items, where)
+                        else:
+                            tr.spans(attrs, scope, spans_of(items), where)
                     else:
                         tr.logs(attrs, scope, logs_of(items), where)
                 except (TypeError, KeyError, ValueError, AttributeError) as e:

@@ -82,7 +82,7 @@ import uuid
 
 from goodput import schema
 
-from .base import Emitter, ForeignSpan, Source, Translator
+from .base import Emitter, ForeignSpan, Source, Translator, spans_of
 
 __all__ = ["SOURCE", "MegatronTranslator"]
 
@@ -150,7 +150,8 @@ class _Incarnation:
         self.last_end = 0
         self.ids: set[str] = set()  # ids of the spans received (not per-iteration ones)
         self.parents: set[str] = set()  # parent ids they name
-        self.last_iter: ForeignSpan | None = None  # the highest iteration's span
+        #: the highest iteration's span (or its OTLP JSON dict: see spans_json)
+        self.last_iter: ForeignSpan | dict | None = None
         self.max_step: int | None = None
         self.ended = False
         self.train_iters = train_iters
@@ -261,6 +262,108 @@ class MegatronTranslator(Translator):
         if inc is not None:
             self._maybe_end(inc)
 
+    def spans_json(self, resource: dict, scope: str, raw: list, where: str) -> None:
+        """:meth:`spans` of OTLP JSON span dicts (the Collector's file exporter, as
+        :func:`~.records.spans_of` takes them): the same state, spans and problems, without
+        a :class:`ForeignSpan` per ``megatron.train.iteration`` span of the usual shape
+        (a str name, its times as digits, a 16-digit span id, ``megatron.iteration`` an
+        ``intValue``). Any other span goes through :meth:`_one` as :meth:`spans` takes it;
+        a list :func:`spans_of` would refuse, or an incarnation's first spans, go to
+        :meth:`spans` whole.
+
+        Raises:
+            TypeError, KeyError, ValueError, AttributeError: as :meth:`spans` and
+                :func:`spans_of` (the caller counts the list as malformed).
+        """
+        for d in raw:  # what spans_of refuses is refused before any span is read
+            if type(d) is not dict:
+                return self.spans(resource, scope, spans_of(raw), where)
+            st = d.get("status")
+            if st and type(st) is not dict:
+                return self.spans(resource, scope, spans_of(raw), where)
+        inc = None
+        key = ""
+        step_name, step_attr, kept = schema.STEP, schema.ATTR_STEP, self.emit.span_kept
+        iteration, read, one = _ITERATION, _READ, self._one
+        for d in raw:
+            name = d.get("name", "")
+            if type(name) is not str:
+                continue  # (str(name) is none of the names read: skipped as spans does)
+            if name not in read:
+                continue
+            if inc is None:
+                inc = self._incarnation(resource)
+                key = inc.key
+                if inc.fresh:  # its start marker needs every span: the general way
+                    return self.spans(resource, scope, spans_of(raw), where)
+            if name in iteration:
+                try:
+                    start = int(d["startTimeUnixNano"])
+                    end = int(d["endTimeUnixNano"])
+                    sid = d["spanId"]
+                    it = None
+                    for kv in d["attributes"]:
+                        if kv["key"] == "megatron.iteration":
+                            it = int(kv["value"]["intValue"])
+                            break
+                except (TypeError, ValueError, KeyError):
+                    it = None
+                if (type(it) is int and it >= 0 and 0 < start <= end and type(sid) is str
+                        and len(sid) == 16):  # (the checks of spans, in its order)
+                    if end > inc.last_end:
+                        if inc.ended:
+                            self.warn("megatron_span_after_end")
+                        inc.last_end = end
+                    step = it + 1
+                    st = d.get("status")
+                    kept(key, step_name, start, end, {step_attr: step}, sid.lower(),
+                         bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR"))
+                    if inc.max_step is None or step >= inc.max_step:
+                        inc.max_step, inc.last_iter = step, d  # (a ForeignSpan when read)
+                    if inc.mode is None:
+                        inc.mode, inc.pending = "per_step", []
+                    continue
+            one(inc, spans_of((d,))[0], where)
+        if inc is not None:
+            self._maybe_end(inc)
+
+    def _one(self, inc: _Incarnation, s: ForeignSpan, where: str) -> None:
+        """The loop of :meth:`spans` for one span read (its incarnation's first spans
+        already taken)."""
+        name, key, emit = s.name, inc.key, self.emit.span
+        if name not in _READ:
+            return
+        start, end = s.start_ns, s.end_ns
+        if start <= 0 or end < start:
+            self.problems.add(where, "malformed", f"{name}: bad times")
+            return
+        if end > inc.last_end:
+            if inc.ended:
+                self.warn("megatron_span_after_end")
+            inc.last_end = end
+        if name in _ITERATION:
+            it = s.attr("megatron.iteration")
+            if type(it) is not int or it < 0:
+                self.problems.add(where, "malformed", f"{name} without megatron.iteration")
+                return
+            step = it + 1
+            emit(key, schema.STEP, start, end, {schema.ATTR_STEP: step}, s.span_id, s.error)
+            if inc.max_step is None or step >= inc.max_step:
+                inc.max_step, inc.last_iter = step, s
+            if inc.mode is None:
+                inc.mode, inc.pending = "per_step", []
+        elif name == "megatron.checkpoint.ft_heartbeat":
+            if inc.mode == "default" and s.parent_id:
+                inc.parents.add(s.parent_id)
+        elif name != "megatron.checkpoint.save.finalize":
+            inc.ids.add(s.span_id)
+            if s.parent_id:
+                inc.parents.add(s.parent_id)
+            self._span(inc, s)
+        elif end - start >= FINALIZE_MIN_NS:
+            emit(key, schema.CHECKPOINT_SAVE, start, end, {schema.ATTR_BLOCKING: True},
+                 span_id=s.span_id, error=s.error)
+
     def _span(self, inc: _Incarnation, s: ForeignSpan) -> None:
         name, key = s.name, inc.key
         if name in _PROCESS_STARTUP:
@@ -323,7 +426,7 @@ class MegatronTranslator(Translator):
         first iteration of an incarnation nests in ``megatron.train.first_iteration``)."""
         if inc.mode == "default":  # a root ended after the last steps began
             return inc.root_end > 0 and inc.root_end > inc.stretch[2]
-        parent = inc.last_iter.parent_id if inc.last_iter is not None else ""
+        parent = _parent(inc.last_iter) if inc.last_iter is not None else ""
         return inc.first_iter.get(parent, parent) in inc.roots
 
     def _maybe_end(self, inc: _Incarnation) -> None:
@@ -352,12 +455,20 @@ class MegatronTranslator(Translator):
                 continue
             lost = inc.parents - inc.ids
             if inc.mode == "per_step" and not self._root_seen(inc):
-                lost.add(inc.last_iter.parent_id)
+                lost.add(_parent(inc.last_iter))
             if lost:
                 # the open spans (interval root, iteration, startup) died with the process
                 self.warn("megatron_open_spans_lost")
             else:
                 self._end(inc)
+
+
+def _parent(span) -> str:
+    """The parent id of a :class:`ForeignSpan` or of the OTLP JSON span dict
+    :meth:`MegatronTranslator.spans_json` kept (as its :class:`ForeignSpan` reads it)."""
+    if type(span) is dict:
+        span = spans_of((span,))[0]
+    return span.parent_id
 
 
 def _matches(resource: dict, scope: str, names) -> bool:
