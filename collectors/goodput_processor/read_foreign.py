@@ -54,13 +54,17 @@ def translate_into(reader, root: Path, foreign: dict) -> None:
     from .importers.sources.driver import no_gc
     from .read_emitted import ingest_emitted
 
+    def ingest(batches: list) -> None:  # rows straight, as their spool lines give
+        for batch in batches:
+            job = ingest_emitted(reader, batch, (name, "translated"))
+            if job is not None:
+                job.run_dirs.add(str(root))
+
     for name, paths in sorted(foreign.items()):
         with no_gc():  # (see no_gc: the translated spans are read while they are many)
-            run = translate_files(get_source(name), paths, batches=True)
-            for batch in run.resource_spans:  # rows straight, as their spool lines give
-                job = ingest_emitted(reader, batch, (name, "translated"))
-                if job is not None:
-                    job.run_dirs.add(str(root))
+            # each line's spans are read into rows as soon as they are made, not held
+            run = translate_files(get_source(name), paths, sink=ingest)
+            ingest(run.resource_spans)
             del run.resource_spans[:]
         reader.skipped.update(run.problems.counts)
         reader.examples.extend(run.problems.examples[: max(0, 20 - len(reader.examples))])

@@ -247,7 +247,8 @@ def no_gc():
 
 
 def translate_files(source: Source, paths, progress=None, *,
-                    job: str | None = None, batches: bool = False) -> SourceRun:
+                    job: str | None = None, batches: bool = False,
+                    sink=None) -> SourceRun:
     """Run ``source`` over ``paths`` (in order) with one translator; returns what it made.
 
     A file is read as lines (``.gz`` is inflated). For a source that reads OTLP
@@ -257,15 +258,20 @@ def translate_files(source: Source, paths, progress=None, *,
     write every process into this job (``goodput import --job``). ``batches``: the run's
     ``resource_spans`` are :class:`~.base.EmittedSpans` (one per process, read into rows
     straight by :func:`goodput_processor.read_emitted.ingest_emitted`), not OTLP JSON.
+    ``sink``: called with the :class:`~.base.EmittedSpans` made of each OTLP JSON line
+    (a list, maybe empty) as soon as it is read, so that they are not all held at once;
+    ``resource_spans`` then holds only what the end of the input made (as ``batches``).
 
     Raises:
         InputError: a file is missing or unreadable.
     """
     with no_gc():
-        return _translate_files(source, paths, progress, job, batches)
+        return _translate_files(source, paths, progress, job, batches or sink is not None,
+                                sink)
 
 
-def _translate_files(source: Source, paths, progress, job, batches=False) -> SourceRun:
+def _translate_files(source: Source, paths, progress, job, batches=False,
+                     sink=None) -> SourceRun:
     run = SourceRun(source.name)
     emitter = Emitter(source.imported_from, job=job, export_delay_ms=source.export_delay_ms)
     tr = source.translator(emitter, run.problems)
@@ -297,6 +303,9 @@ def _translate_files(source: Source, paths, progress, job, batches=False) -> Sou
                         run.problems.add(where, "malformed", "not a JSON object")
                         continue
                     run.records += _feed_otlp(tr, source, doc, where, run.problems)
+                    del doc
+                    if sink is not None:
+                        sink(emitter.take_batches())
                 else:
                     line = text("utf-8", "replace")
                     if line.strip():
