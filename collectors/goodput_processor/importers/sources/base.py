@@ -192,6 +192,20 @@ class Emitter:
             p.start_ns = start_ns
         p.spans.append((name, start_ns, end_ns, attrs, span_id, error))
 
+    def kept_list(self, key: str, start_ns: int) -> list:
+        """The list of process ``key``'s spans that :meth:`span_kept` appends to, for a
+        translator's hot path to append ``(name, start_ns, end_ns, attrs, span_id, error)``
+        tuples to itself, on :meth:`span_kept`'s terms, until the next take; ``start_ns``:
+        the start of the first span it will append (the process's start if none yet).
+
+        Raises:
+            KeyError: ``key`` was never named with :meth:`process`.
+        """
+        p = self._procs[key]
+        if p.start_ns is None:
+            p.start_ns = start_ns
+        return p.spans
+
     def spans_then_alive(self, key: str, start_ns: int, spans, last_seen_ns: int,
                          ended: bool = False) -> None:
         """Add ``spans`` (``(name, start_ns, end_ns, attrs, error)`` tuples) to process

@@ -283,8 +283,9 @@ class MegatronTranslator(Translator):
                 return self.spans(resource, scope, spans_of(raw), where)
         inc = None
         key = ""
-        step_name, step_attr, kept = schema.STEP, schema.ATTR_STEP, self.emit.span_kept
+        step_name, step_attr = schema.STEP, schema.ATTR_STEP
         iteration, read, one = _ITERATION, _READ, self._one
+        append = None  # Emitter.kept_list's, fetched at the first step span
         for d in raw:
             name = d.get("name", "")
             if type(name) is not str:
@@ -316,8 +317,10 @@ class MegatronTranslator(Translator):
                         inc.last_end = end
                     step = it + 1
                     st = d.get("status")
-                    kept(key, step_name, start, end, {step_attr: step}, sid.lower(),
-                         bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR"))
+                    if append is None:
+                        append = self.emit.kept_list(key, start).append
+                    append((step_name, start, end, {step_attr: step}, sid.lower(),
+                            bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR")))
                     if inc.max_step is None or step >= inc.max_step:
                         inc.max_step, inc.last_iter = step, d  # (a ForeignSpan when read)
                     if inc.mode is None:
