@@ -101,6 +101,15 @@ def _not_otlp(valid: dict) -> list[bytes]:
         {"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": {"a": 1}}]}]},
         {"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [*ss["spans"], 5]}]}]},
         {"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [None]}]}]},
+        # a span's members of the wrong JSON type (benchmarks/abuse/bodies.py's case 6)
+        {"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [
+            {**ss["spans"][0], "spanId": 7}]}]}]},
+        {"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [
+            {**ss["spans"][0], "startTimeUnixNano": "x"}]}]}]},
+        {"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [
+            {**ss["spans"][0], "attributes": 5}]}]}]},
+        {"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [
+            {**ss["spans"][0], "events": [3]}]}]}]},
         [rs],
         {"resourcespans": [rs]},
     ]

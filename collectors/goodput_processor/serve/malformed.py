@@ -11,9 +11,12 @@ request reaches a job, the write-ahead log or the sources (all or nothing). The 
 paths need no such check: a message that parses has the types of the schema, and one
 that does not parse is refused (``400`` / ``INVALID_ARGUMENT``) by the receivers.
 
-What is inside one span (its name, times, ids, attributes) is the span's own: a span
-object whose fields are wrong is skipped and counted as ``invalid_span`` in its job, the
-same way ``goodput report`` counts it when it reads that job's write-ahead log or spool
+The members of a span object must have their OTLP/JSON types too (ids and name strings,
+times integers or decimal strings, lists of attributes, events and links): a span whose
+``"spanId"`` is a number or whose ``"attributes"`` is ``5`` makes the request not OTLP.
+What those members say is the span's own: a span whose id is not hex or that ends before it
+starts is skipped and counted as ``invalid_span`` in its job, the same way ``goodput
+report`` counts it when it reads that job's write-ahead log or spool
 (``tests/test_serve_malformed.py`` compares the two).
 
 **Skips that no job owns stay serve's.** A spool or log line that is not OTLP JSON before
@@ -72,6 +75,36 @@ def check_traces_json(req) -> None:
                 for k, span in enumerate(_list(ss.get("spans"), at + ".spans")):
                     if not isinstance(span, dict):
                         _object(span, f"{at}.spans[{k}]")
+                    _span(span, f"{at}.spans[{k}]")
+
+
+_SPAN_STRINGS = ("traceId", "spanId", "parentSpanId", "name", "traceState")
+_SPAN_TIMES = ("startTimeUnixNano", "endTimeUnixNano")
+
+
+def _span(span: dict, where: str) -> None:
+    """The members of a span object have their OTLP/JSON types: ids and name strings (a
+    string that is not hex is a bad span, counted ``invalid_span``, not a bad request),
+    times integers or decimal strings, ``attributes``/``events``/``links`` lists,
+    ``status`` an object."""
+    for key in _SPAN_STRINGS:
+        x = span.get(key)
+        if x is not None and not isinstance(x, str):
+            raise ValueError(f"{where}.{key}: expected a string, got {type(x).__name__}")
+    for key in _SPAN_TIMES:
+        x = span.get(key)
+        if x is not None and not (type(x) is int or (isinstance(x, str) and x.isdigit())):
+            raise ValueError(f"{where}.{key}: expected an integer or a decimal string, "
+                             f"got {x!r:.40}")
+    attrs = span.get("attributes")
+    if attrs:
+        _attributes(attrs, where + ".attributes")
+    for key in ("events", "links"):
+        for i, e in enumerate(_list(span.get(key), f"{where}.{key}")):
+            _object(e, f"{where}.{key}[{i}]")
+    x = span.get("status")
+    if x is not None:
+        _object(x, where + ".status")
 
 
 def _object(v, where: str) -> None:
