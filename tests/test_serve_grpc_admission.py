@@ -195,3 +195,33 @@ def test_refusals_are_answered_while_the_store_is_busy():
     finally:
         store.go.set()
         srv.stop(5, final=False)
+
+
+def test_line_serves_the_quietest_connection_first():
+    """The read-slot line (:class:`ReadSlots`): a freed place goes to the waiting call whose
+    connection holds the fewest readers; a new call of a quiet connection takes the place of
+    the last waiting call of the connection holding the most calls in a full line; a late
+    reader is ended only for a call of a connection holding fewer readers."""
+    from goodput_processor.serve.grpc_admission import NoSlot, ReadSlots
+    from goodput_processor.serve.limits import ByteBudget
+
+    slots = ReadSlots(ByteBudget(4 * MiB), MiB, 3, stale_s=0.0)  # 2 full readers + 1 lean
+    ended, woken = [], []
+    for _ in range(3):
+        slots.admit("attacker", lambda: ended.append("attacker"), end_one=False)
+    with pytest.raises(NoSlot):
+        slots.admit("attacker", lambda: None, end_one=False)
+    a = slots.queue("attacker", lambda: woken.append("attacker"))
+    b = slots.queue("quiet", lambda: woken.append("quiet"))
+    assert slots.first() == b and slots.behind("fresh")  # (behind "quiet": 0 readers each)
+    slots.wake_first()
+    assert woken == ["quiet"]
+    assert slots.bump("fresh") and not slots.waiting(a) and woken[-1] == "attacker"
+    assert not slots.bump("attacker")  # no connection holds more calls than its own
+    slots.unqueue(b)
+    slots.admit("attacker-2", lambda: None)  # by rule 1 (3 readers vs 0): one ended
+    assert ended == ["attacker"] and slots.readers == 3
+    slots.admit("attacker-2", lambda: None)  # by rule 2: "attacker" holds 2, more than 1
+    assert ended == ["attacker"] * 2
+    with pytest.raises(NoSlot):  # 1 and 2 readers: none holds more than "attacker-2"
+        slots.admit("attacker-2", lambda: None)

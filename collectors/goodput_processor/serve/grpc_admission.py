@@ -21,10 +21,17 @@ no slot free, one reader is **ended early** (:meth:`ReadSlots.admit`):
 1. the oldest reader of the connection (peer address and port) holding the most readers,
    if it holds at least two more than the caller's connection: one client's stalled calls
    never keep out another connection's export, whatever their age;
-2. else the oldest reader of all, once it has waited ``stale_s`` for its message (a real
-   exporter's message follows its headers at once; one that is late makes room).
+2. else, of the readers that have waited ``stale_s`` (0.25 s) for their message, the oldest
+   of the connection holding the most of them, if that connection holds more readers than
+   the caller's (a real exporter's message follows its headers at once; one that is late
+   makes room, and its call gets ``UNAVAILABLE`` and is retried; calls of connections
+   holding as many never end each other's).
 
-Else the call is refused with the retryable status (``UNAVAILABLE``, retry after 1 s).
+Else the call waits for a place (the receiver's), and freed places go to the waiting calls
+in turn (:meth:`ReadSlots.queue`): first the call whose connection holds the fewest
+readers, then the earliest, so that one connection's many calls never starve a quiet
+connection's export. A new call takes a place at once only if no waiting call's connection
+holds as few readers as its own.
 Not thread-safe: used from the receiver's event loop only (the budget it holds is
 thread-safe and shared with the HTTP receiver).
 """
@@ -38,8 +45,9 @@ from .limits import ByteBudget
 
 __all__ = ["NoSlot", "ReadSlot", "ReadSlots"]
 
-#: Seconds a reader may wait for its message before a call that finds no free slot ends it.
-STALE_S = 1.0
+#: Seconds a reader may wait for its message before a call that finds no free slot ends it
+#: (an exporter sends its message right after the headers: this is a late one).
+STALE_S = 0.25
 #: Bytes the one *lean* reader holds while its message is read (see :meth:`ReadSlots.admit`).
 LEAN_BYTES = 256 << 10
 
@@ -127,6 +135,70 @@ class ReadSlots:
         self.by_peer: dict[str, list[ReadSlot]] = {}
         self.readers = 0
         self.ended_early = 0
+        #: calls waiting for a place: ticket -> (peer, wake) (a smaller ticket waited longer)
+        self.waiters: dict[int, tuple[str, Callable[[], None]]] = {}
+        self.waiting_of: dict[str, int] = {}  # peer -> its calls in :attr:`waiters`
+        self._ticket = 0
+
+    def _rank(self, peer: str) -> int:
+        return len(self.by_peer.get(peer, ()))
+
+    def queue(self, peer: str, wake: Callable[[], None]) -> int:
+        """Put a call of ``peer`` in the line for a place; its ticket. ``wake`` is called
+        when it is next in line (:meth:`wake_first`) or was taken out (:meth:`bump`)."""
+        self._ticket += 1
+        self.waiters[self._ticket] = (peer, wake)
+        self.waiting_of[peer] = self.waiting_of.get(peer, 0) + 1
+        return self._ticket
+
+    def unqueue(self, ticket: int) -> None:
+        """The call left the line (admitted, refused or ended; idempotent)."""
+        w = self.waiters.pop(ticket, None)
+        if w is not None:
+            n = self.waiting_of.pop(w[0]) - 1
+            if n:
+                self.waiting_of[w[0]] = n
+
+    def first(self) -> int | None:
+        """The ticket next in line: of the waiting calls, the one whose connection holds the
+        fewest readers, then the one that waited longest (None: no call waits)."""
+        return min(self.waiters, key=lambda t: (self._rank(self.waiters[t][0]), t),
+                   default=None)
+
+    def wake_first(self) -> None:
+        """Wake the call next in line (a place may be free, or it became next)."""
+        t = self.first()
+        if t is not None:
+            self.waiters[t][1]()
+
+    def behind(self, peer: str) -> bool:
+        """Whether a new call of ``peer`` must wait in line: a waiting call's connection
+        holds no more readers than its own (it is served first)."""
+        t = self.first()
+        return t is not None and self._rank(self.waiters[t][0]) <= self._rank(peer)
+
+    def bump(self, peer: str) -> bool:
+        """The line is full: take out the last in line of the connection holding the most
+        calls (readers and waiting), if that is more than ``peer``'s connection holds, so that
+        a new call of ``peer`` can wait instead: one connection's many calls never keep a
+        quiet connection out of the line. True if one was taken out (it is woken and finds
+        its ticket gone: :meth:`waiting`)."""
+        def held(p: str) -> int:
+            return self._rank(p) + self.waiting_of.get(p, 0)
+        if not self.waiters:
+            return False
+        most = max(self.waiting_of, key=held)
+        if held(most) <= held(peer):
+            return False
+        last = max(t for t, w in self.waiters.items() if w[0] == most)
+        wake = self.waiters[last][1]
+        self.unqueue(last)
+        wake()
+        return True
+
+    def waiting(self, ticket: int) -> bool:
+        """Whether the call ``ticket`` is still in line (False: :meth:`bump` took it out)."""
+        return ticket in self.waiters
 
     def admit(self, peer: str, on_end: Callable[[], None], end_one: bool = True,
               by_age: bool = True) -> ReadSlot:
@@ -142,8 +214,7 @@ class ReadSlots:
             peer: the call's connection.
             on_end: called (on the event loop) when this reader is ended early.
             end_one: False: end no reader.
-            by_age: False: end a reader only by rule 1 (a call that already waited for a
-                place: the readers' ages are no reason to end one for it).
+            by_age: False: end a reader only by rule 1.
 
         Raises:
             NoSlot: none free and none may be ended (retryable).
@@ -183,10 +254,11 @@ class ReadSlots:
             if len(most) >= mine + 2:
                 victim = most[0]
         if victim is None and by_age:
-            oldest = min((s[0] for s in self.by_peer.values()), key=lambda s: s.started,
-                         default=None)
-            if oldest is not None and time.monotonic() - oldest.started >= self.stale_s:
-                victim = oldest
+            late = time.monotonic() - self.stale_s
+            stale = [s for s in self.by_peer.values() if len(s) > mine and s[0].started <= late]
+            if stale:  # (a connection's readers are in the order they came)
+                victim = max(stale, key=lambda s: (sum(r.started <= late for r in s),
+                                                   -s[0].started))[0]
         if victim is None:
             return False
         victim.ended_early = True

@@ -14,9 +14,10 @@ message, and a call waiting for its message costs no thread. In order:
    (gRPC core's buffer of it and its copy as Python bytes)
    (``grpc.max_receive_message_length`` caps each message at that, ``RESOURCE_EXHAUSTED``
    past it), and one of ``max_connections // 2`` reading places; a stalled reader is ended
-   to make room; else up to ``max_connections // 4`` calls wait up to 1 s for a place,
-   unread; else the call gets ``UNAVAILABLE`` (``refused_inflight`` /
-   ``refused_connections``).
+   to make room; else the call waits up to :data:`WAIT_S` for a place, unread, in a line
+   served quietest connection first (readers and waiting calls together at most three
+   quarters of ``max_connections``); else the call gets ``UNAVAILABLE``
+   (``refused_inflight`` / ``refused_connections``).
 3. **Deadline**: a message that has not arrived ``request_timeout_s`` after the call began
    ends the call with ``DEADLINE_EXCEEDED``; one ended early for another call gets
    ``UNAVAILABLE``; both are counted as ``refused_timeout``. A call that ends before its
@@ -27,9 +28,13 @@ message, and a call waiting for its message costs no thread. In order:
    (``UNAVAILABLE`` when that does not fit now), and a worker thread parses it and hands it
    to the store (the statuses of :mod:`goodput_processor.serve.receiver`).
 
-gRPC itself refuses calls past ``max_connections`` in flight (``RESOURCE_EXHAUSTED``);
-since readers hold at most half of them and waiting calls a quarter, stalled calls never
-fill that cap; readers' reservations take at most half of the byte budget.
+gRPC's asyncio server takes no new call from its core while ``max_connections`` are in
+flight (``maximum_concurrent_rpcs``: they queue there, first come first served, whoever
+sent them); since readers and waiting calls hold at most three quarters of them, stalled
+calls never fill that cap. Each call held waiting is one that does not come back at once
+to queue in gRPC core ahead of other clients' calls (under 300 stalled calls, a healthy
+export waited there up to 2 s while serve took in some 100 calls a second); readers'
+reservations take at most half of the byte budget.
 """
 
 from __future__ import annotations
@@ -60,8 +65,9 @@ from .store import LiveStore
 __all__ = ["GrpcReceiver"]
 
 _log = logging.getLogger(__name__)
-#: Seconds a call may wait for the byte budget to hold its message before ``UNAVAILABLE``.
-WAIT_S = 1.0
+#: Seconds a call may wait for a read slot before ``UNAVAILABLE`` (held waiting, a stalled
+#: call does not come back to queue in gRPC core ahead of others' calls: 1 s let it).
+WAIT_S = 3.0
 #: Seconds between its tries (besides each time a reader leaves).
 POLL_S = 0.1
 #: Seconds a refusal waits for its count to be in the store before it is answered.
@@ -220,34 +226,57 @@ class _Export:
 
     async def _admit(self, peer: str, on_end, loop):
         """A read slot, or the :class:`Rejected` to answer. When none is free (nor can be
-        made free), up to ``max_connections // 4`` calls wait for one (no message is read
-        meanwhile; they end a reader only of a connection holding two more than their
-        own), each for at most :data:`WAIT_S` seconds,
-        trying again when a reader leaves, and every :data:`POLL_S` seconds (bytes the
-        HTTP receiver gives back)."""
-        rx = self.rx
-        try:
-            return rx.slots.admit(peer, on_end)
-        except NoSlot as e:
-            if rx.waiting >= max(1, rx.limits.max_connections // 4):
-                return Rejected(e.reason, 503, 14, e.message, retry_after=1)
+        made free), or calls of connections holding no more readers than this one's wait
+        already, the call waits for one (readers and waiting calls at most three quarters
+        of ``max_connections``, waiting calls at least a quarter; no message is read
+        meanwhile), each for at most :data:`WAIT_S` seconds: the next in line
+        (:meth:`ReadSlots.first`: fewest readers on its connection, then earliest) tries
+        again, ending a reader by the same rules, each time a reader leaves or a call leaves
+        the line, and every :data:`POLL_S` seconds (bytes the HTTP receiver gives back)."""
+        rx, slots = self.rx, self.rx.slots
+        reason, message = "connections", ("calls of connections holding fewer readers are "
+                                          "waiting for a place (--max-connections); retry later")
+        if not slots.behind(peer):
+            try:
+                return slots.admit(peer, on_end)
+            except NoSlot as e:
+                reason, message = e.reason, e.message
+        # readers and waiting calls together at most 3/4 of max_connections (waiting calls at
+        # least 1/4): gRPC goes on taking new calls, and each waiting call is one that
+        # does not come back at once to queue up in gRPC core ahead of other clients' calls
+        most = max(1, rx.limits.max_connections // 4,
+                   rx.limits.max_connections * 3 // 4 - slots.readers)
+        if len(slots.waiters) >= most and not slots.bump(peer):
+            return Rejected(reason, 503, 14, message, retry_after=1)
         rx.waiting += 1
+        turn = asyncio.Event()
+        ticket = slots.queue(peer, turn.set)
         try:
             end = loop.time() + min(WAIT_S, rx.limits.request_timeout_s)
             while True:
                 left = end - loop.time()
-                if left > 0:
+                if left > 0:  # (only the next in line polls; the others wait for their turn)
                     try:
-                        await asyncio.wait_for(rx.place_freed.wait(), min(POLL_S, left))
+                        await asyncio.wait_for(turn.wait(), min(POLL_S, left)
+                                               if slots.first() == ticket else left)
                     except asyncio.TimeoutError:
                         pass
-                try:
-                    return rx.slots.admit(peer, on_end, by_age=False)
-                except NoSlot as e:
-                    if loop.time() >= end:
-                        return Rejected(e.reason, 503, 14, e.message, retry_after=1)
+                    turn.clear()
+                if not slots.waiting(ticket):  # a call of a quieter connection took its turn
+                    return Rejected("connections", 503, 14, "calls of connections holding "
+                                    "fewer calls took this call's turn (--max-connections); "
+                                    "retry later", retry_after=1)
+                if slots.first() == ticket:
+                    try:
+                        return slots.admit(peer, on_end)
+                    except NoSlot as e:
+                        reason, message = e.reason, e.message
+                if loop.time() >= end:
+                    return Rejected(reason, 503, 14, message, retry_after=1)
         finally:
             rx.waiting -= 1
+            slots.unqueue(ticket)
+            slots.wake_first()  # the next in line may try now
 
     def _store(self, body: bytes, peer: str) -> Rejected | None:
         """Parse ``body`` and hand it to the store (in a worker thread)."""
@@ -318,7 +347,6 @@ class GrpcReceiver:
         self.pool = ThreadPoolExecutor(workers, "goodput-serve-grpc")
         self.counter = ThreadPoolExecutor(1, "goodput-serve-grpc-count")
         self.counts = _Counts(store, self.counter)
-        self.place_freed = asyncio.Event()  # replaced each time a reader leaves (on the loop)
         self.slots.on_free = self._place_freed
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
@@ -335,9 +363,8 @@ class GrpcReceiver:
             raise RuntimeError(f"cannot listen for OTLP/gRPC on {addr}")
 
     def _place_freed(self) -> None:
-        """A reader left: wake the calls waiting for a place (on the event loop)."""
-        ev, self.place_freed = self.place_freed, asyncio.Event()
-        ev.set()
+        """A reader left: wake the call next in line for a place (on the event loop)."""
+        self.slots.wake_first()
 
     def _run(self, coro, timeout_s: float | None):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
