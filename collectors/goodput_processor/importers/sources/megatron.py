@@ -210,55 +210,18 @@ class MegatronTranslator(Translator):
 
     # --- spans -------------------------------------------------------------------------
     def spans(self, resource: dict, scope: str, spans: list[ForeignSpan], where: str) -> None:
-        inc = None
-        emit, key = self.emit.span, ""
-        step_name, step_attr, kept = schema.STEP, schema.ATTR_STEP, self.emit.span_kept
+        inc, one = None, self._one
         for s in spans:
-            name = s.name
-            if name not in _READ:
+            if s.name not in _READ:
                 continue
             if inc is None:
                 inc = self._incarnation(resource)
-                key = inc.key
                 if inc.fresh:  # the first spans of this incarnation: its start marker
                     inc.fresh = False
                     t0 = min(x.start_ns for x in spans if x.name in _READ)
-                    emit(key, schema.JOB_START, t0, t0,
-                         {schema.ATTR_HEARTBEAT_INTERVAL_MS: EXPORT_DELAY_MS})
-            start, end = s.start_ns, s.end_ns
-            if start <= 0 or end < start:
-                self.problems.add(where, "malformed", f"{name}: bad times")
-                continue
-            if end > inc.last_end:
-                if inc.ended:
-                    self.warn("megatron_span_after_end")
-                inc.last_end = end
-            if name in _ITERATION:  # the hot path: one a step
-                it = s.attr("megatron.iteration")
-                if type(it) is not int or it < 0:
-                    self.problems.add(where, "malformed", f"{name} without megatron.iteration")
-                    continue
-                step = it + 1
-                sid = s.span_id
-                if sid and type(start) is int and type(end) is int:  # (start <= end: above)
-                    kept(key, step_name, start, end, {step_attr: step}, sid, s.error)
-                else:
-                    emit(key, step_name, start, end, {step_attr: step}, sid, s.error)
-                if inc.max_step is None or step >= inc.max_step:
-                    inc.max_step, inc.last_iter = step, s  # its parent: read when needed
-                if inc.mode is None:
-                    inc.mode, inc.pending = "per_step", []
-            elif name == "megatron.checkpoint.ft_heartbeat":  # one a loop pass
-                if inc.mode == "default" and s.parent_id:
-                    inc.parents.add(s.parent_id)
-            elif name != "megatron.checkpoint.save.finalize":
-                inc.ids.add(s.span_id)
-                if s.parent_id:
-                    inc.parents.add(s.parent_id)
-                self._span(inc, s)
-            elif end - start >= FINALIZE_MIN_NS:  # megatron.checkpoint.save.finalize
-                emit(key, schema.CHECKPOINT_SAVE, start, end, {schema.ATTR_BLOCKING: True},
-                     span_id=s.span_id, error=s.error)
+                    self.emit.span(inc.key, schema.JOB_START, t0, t0,
+                                   {schema.ATTR_HEARTBEAT_INTERVAL_MS: EXPORT_DELAY_MS})
+            one(inc, s, where)
         if inc is not None:
             self._maybe_end(inc)
 
@@ -331,8 +294,7 @@ class MegatronTranslator(Translator):
             self._maybe_end(inc)
 
     def _one(self, inc: _Incarnation, s: ForeignSpan, where: str) -> None:
-        """The loop of :meth:`spans` for one span read (its incarnation's first spans
-        already taken)."""
+        """One span of :meth:`spans` (its incarnation's start marker already written)."""
         name, key, emit = s.name, inc.key, self.emit.span
         if name not in _READ:
             return
@@ -350,9 +312,14 @@ class MegatronTranslator(Translator):
                 self.problems.add(where, "malformed", f"{name} without megatron.iteration")
                 return
             step = it + 1
-            emit(key, schema.STEP, start, end, {schema.ATTR_STEP: step}, s.span_id, s.error)
+            sid = s.span_id
+            if sid and type(start) is int and type(end) is int:  # (start <= end: above)
+                self.emit.span_kept(key, schema.STEP, start, end, {schema.ATTR_STEP: step},
+                                    sid, s.error)
+            else:
+                emit(key, schema.STEP, start, end, {schema.ATTR_STEP: step}, sid, s.error)
             if inc.max_step is None or step >= inc.max_step:
-                inc.max_step, inc.last_iter = step, s
+                inc.max_step, inc.last_iter = step, s  # its parent: read when needed
             if inc.mode is None:
                 inc.mode, inc.pending = "per_step", []
         elif name == "megatron.checkpoint.ft_heartbeat":
