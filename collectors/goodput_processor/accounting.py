@@ -46,10 +46,16 @@ from .timeline import (
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["AttemptResult", "JobResult", "StepArrays", "StepTimeSummary", "account",
-           "report_run_dir", "resume_step"]
+__all__ = ["AccountingInvariantError", "AttemptResult", "JobResult", "StepArrays",
+           "StepTimeSummary", "account", "report_run_dir", "resume_step"]
 
 _NS = 1_000_000_000
+
+
+class AccountingInvariantError(RuntimeError):
+    """The buckets of a job (or a window) do not add up to its wall-clock time: a bug of the
+    accounting, whatever the input. :func:`isolated` reports that job as failed
+    (``JobResult.error``, logged with the traceback); the other jobs carry on."""
 
 def _wasted_steps(d: np.ndarray, a: Attempt, bound: int) -> int:
     """Steps above ``bound`` that one process of attempt ``a`` started within it."""
@@ -154,7 +160,7 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     ideal, tol, slowdown = stats.ideal_ns, stats.tol_ns, stats.slowdown_ns
     kept_ns = level_ns[acc.level["step"]]
     if kept_ns != stats.time_ns:  # pragma: no cover - a bug, never expected
-        raise AssertionError("kept step time must equal the step-level time")
+        raise AccountingInvariantError("kept step time must equal the step-level time")
     buckets = {schema.PRODUCTIVE: kept_ns - slowdown}
     customs = [n for n in level_names if n.startswith(schema.CUSTOM_PREFIX)]
     for name in schema.BADPUT_BUCKETS:
@@ -172,7 +178,7 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
         else:
             buckets[name] = level_ns[acc.level[name]]
     if sum(buckets.values()) != total_ns:  # pragma: no cover - a bug, never expected
-        raise AssertionError(f"buckets {buckets} do not sum to total {total_ns} ns")
+        raise AccountingInvariantError(f"buckets {buckets} do not sum to total {total_ns} ns")
     run = _run_attributes(attempts)
     mfu = _mfu(run, stats.steps, buckets[schema.PRODUCTIVE])
     goodput = buckets[schema.PRODUCTIVE] / total_ns if total_ns else 0.0

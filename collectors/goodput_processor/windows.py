@@ -14,7 +14,7 @@ import numpy as np
 
 from goodput import schema
 
-from .accounting import _account
+from .accounting import AccountingInvariantError, _account
 from .packed import PackedSegments
 from .painting import _Acc
 from .report import JobResult
@@ -207,7 +207,7 @@ def account_excluding(
             buckets[schema.PRODUCTIVE] += v
             buckets[k] = 0
     if sum(buckets.values()) != total:  # pragma: no cover - a bug, never expected
-        raise AssertionError(f"buckets {buckets} do not sum to {total} ns")
+        raise AccountingInvariantError(f"buckets {buckets} do not sum to {total} ns")
     goodput = buckets[schema.PRODUCTIVE] / total if total else 0.0
     return replace(
         result, total_ns=total, total_time_s=total / _NS,
@@ -281,7 +281,7 @@ def _window(result, attempts, acc: _Acc, slow_frac, w, w0: int, w1: int) -> Wind
             buckets[name] = int(level_ns[acc.level[name]])
     total = w1 - w0
     if sum(buckets.values()) != total:  # pragma: no cover - a bug, never expected
-        raise AssertionError(f"window buckets {buckets} do not sum to {total} ns")
+        raise AccountingInvariantError(f"window buckets {buckets} do not sum to {total} ns")
     return WindowResult(window_s=w, start_ns=w0, end_ns=w1, total_ns=total,
                         goodput=buckets[schema.PRODUCTIVE] / total if total else 0.0,
                         buckets_ns=buckets)
