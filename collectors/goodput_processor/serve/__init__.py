@@ -23,7 +23,7 @@ import importlib
 _EXPORTS = {
     "DEFAULT_MAX_MESSAGE_BYTES": ".receiver",
     "GrpcReceiver": ".grpc_receiver",
-    "HttpReceiver": ".receiver",
+    "HttpReceiver": ".http",
     "GoodputServer": ".server",
     "LiveStore": ".store",
     "SpoolTailer": ".tail",

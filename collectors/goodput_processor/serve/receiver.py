@@ -1,7 +1,8 @@
-"""OTLP receivers of ``goodput serve``: gRPC ``TraceService/Export`` and
-``LogsService/Export`` (here) and HTTP ``/v1/traces`` and ``/v1/logs``
-(:mod:`goodput_processor.serve.http`), with what both share. Log records, and spans of a
-foreign producer, are read through the sources (:mod:`goodput_processor.serve.foreign`).
+"""What the OTLP receivers of ``goodput serve`` share: gRPC ``TraceService/Export`` and
+``LogsService/Export`` (:mod:`goodput_processor.serve.grpc_receiver`) and HTTP
+``/v1/traces`` and ``/v1/logs`` (:mod:`goodput_processor.serve.http`) both import this
+module, never the other way round. Log records, and spans of a foreign producer, are read
+through the sources (:mod:`goodput_processor.serve.foreign`).
 
 Both feed a :class:`~goodput_processor.serve.store.LiveStore` under the ceilings of
 :class:`~goodput_processor.serve.limits.Limits`:
@@ -48,7 +49,7 @@ from .limits import ByteBudget, Refused
 from .parse_budget import json_cost, protobuf_cost
 from .store import LiveStore
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Gate", "parse_cost"]  # + HttpReceiver, GrpcReceiver
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Gate", "parse_cost"]
 
 _log = logging.getLogger(__name__)
 #: Default request size limit (bytes, after gzip decompression).
@@ -233,17 +234,3 @@ def _status_body(kind: str, code: int, message: str) -> tuple[bytes, str]:
             pass
     return (message + "\n").encode(), "text/plain; charset=utf-8"
 
-
-def __getattr__(name: str):
-    """``HttpReceiver`` lives in :mod:`goodput_processor.serve.http` and ``GrpcReceiver`` in
-    :mod:`goodput_processor.serve.grpc_receiver` (which import the helpers above); each is
-    imported from here on first use."""
-    if name == "HttpReceiver":
-        from .http import HttpReceiver
-
-        return HttpReceiver
-    if name == "GrpcReceiver":  # in goodput_processor.serve.grpc_receiver, likewise
-        from .grpc_receiver import GrpcReceiver
-
-        return GrpcReceiver
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,8 +20,9 @@ from dataclasses import replace
 from ..report import JobResult
 from .grpc_receiver import GrpcReceiver
 from .health import HealthListener
+from .http import HttpReceiver
 from .limits import ByteBudget, Limits
-from .receiver import Gate, HttpReceiver
+from .receiver import Gate
 from .store import LiveStore
 from .tail import SpoolTailer
 
