@@ -118,9 +118,9 @@ def test_a_job_whose_accounting_raises_is_reported_failed(tmp_path, monkeypatch)
 
     from goodput_processor import metrics as gm
     from goodput_processor.serve import GoodputServer, LiveStore
-    from goodput_processor.serve import store as store_mod
+    from goodput_processor.serve import live_results
 
-    real_account, real_windows = store_mod.account, gm.account_windows
+    real_account, real_windows = live_results.account, gm.account_windows
 
     def account(job, *a, **kw):  # the fault: this job's accounting raises
         if job.name == "broken":
@@ -132,7 +132,7 @@ def test_a_job_whose_accounting_raises_is_reported_failed(tmp_path, monkeypatch)
             raise RuntimeError("injected fault")
         return real_windows(job, *a, **kw)
 
-    monkeypatch.setattr(store_mod, "account", account)
+    monkeypatch.setattr(live_results, "account", account)
     monkeypatch.setattr(gm, "account_windows", account_windows)
     registry = prometheus_client.CollectorRegistry()
     reader, _ = gm.prometheus_reader(None, registry=registry)
