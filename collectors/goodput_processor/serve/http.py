@@ -43,9 +43,7 @@ Endpoints (errors carry a ``google.rpc.Status`` in the request's encoding):
 
 from __future__ import annotations
 
-import bisect
 import io
-import json
 import logging
 import math
 import socket
@@ -53,40 +51,27 @@ import ssl
 import sys
 import threading
 import time
-import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
-from google.protobuf.message import DecodeError
-
-from .limits import ByteBudget, Limits, Refused
+from .http_ingest import _READ_STEP, IngestEndpoints
+from .http_reports import ReportEndpoints
+from .limits import ByteBudget, Limits
 from .receiver import (
     DEFAULT_MAX_MESSAGE_BYTES,
-    SIGNALS,
     Gate,
-    Held,
     Rejected,
     _refused,
     _status_body,
     _token_ok,
-    parse_cost,
 )
-from .slots import as_client
 from .store import LiveStore
 
 __all__ = ["HttpReceiver"]
 
 _log = logging.getLogger("goodput_processor.serve.receiver")
-#: Bytes inflated per step of a gzip body (each step takes its share of the budget first).
-_INFLATE_STEP = 256 << 10
-#: Bytes read from the socket per step of a body.
-_READ_STEP = 64 << 10
 #: Seconds spent, at most, reading and discarding the rest of a refused body, so that the
 #: client (still sending it) gets to read the answer instead of a connection reset.
 _LINGER_S = 2.0
-#: ``/v1/report`` page size: default and largest.
-_PAGE, _MAX_PAGE = 100, 1000
-_KINDS = {"application/x-protobuf": "protobuf", "application/json": "json"}
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -126,7 +111,11 @@ class _DeadlineReader(io.RawIOBase):
         super().close()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(IngestEndpoints, ReportEndpoints, BaseHTTPRequestHandler):
+    """One connection: its deadlines and answers (here), ``POST`` (:class:`~goodput_processor.
+    serve.http_ingest.IngestEndpoints`) and ``GET`` (:class:`~goodput_processor.serve.
+    http_reports.ReportEndpoints`)."""
+
     server_version = "goodput-serve"
     protocol_version = "HTTP/1.1"
     # Headers and body go out in two writes: with Nagle's algorithm on, a keep-alive
@@ -216,261 +205,6 @@ class _Handler(BaseHTTPRequestHandler):
         if not _token_ok(self.headers.get("Authorization"), self.server.app.token):
             raise Rejected("unauthenticated", 401, 16, "missing or wrong bearer token "
                            "(Authorization header)", close=True)
-
-    # --- GET ---------------------------------------------------------------------
-
-    def do_GET(self):  # noqa: N802
-        url = urlsplit(self.path)
-        app = self.server.app
-        kind = "text" if url.path == "/metrics" else "json"
-        try:
-            if url.path == "/healthz":
-                return self._reply(200, b"ok\n", "text/plain")
-            if url.path == "/readyz":
-                ready = getattr(app.store, "ready", None)
-                ok, why = ready() if ready is not None else (True, "ready")
-                if ok:
-                    return self._reply(200, b"ready\n", "text/plain")
-                return self._reply(503, f"{why}\n".encode(), "text/plain; charset=utf-8",
-                                   {"Retry-After": "1"})
-            if url.path == "/metrics":
-                return self._metrics()
-            if url.path not in ("/v1/report", "/v1/report.html"):
-                return self._error(404, 5, "text", f"no such path {url.path!r} (GET /v1/report, "
-                                   "/v1/report.html, /metrics, /healthz, /readyz)")
-            self._check_token()
-            if url.path.endswith(".html"):  # the HTML report of docs/html-report.md
-                return self._report_html(parse_qs(url.query).get("job", [None])[0])
-            return self._report(parse_qs(url.query))
-        except Rejected as r:
-            return self._reject(r, kind)
-        except OSError:
-            raise  # the client went away: the server logs it (debug) and closes
-        except Exception:
-            _log.exception("goodput serve http: GET %s failed", url.path)
-            return self._reject(Rejected("internal", 500, 13, "internal error (logged)",
-                                         close=True), "text")
-
-    def _metrics(self) -> None:
-        app = self.server.app
-        if app.metrics is None:
-            return self._error(404, 5, "text", "no metrics on this server")
-        self._check_token()
-        out = app.metrics()
-        if out is None:
-            return self._error(404, 5, "text", "no metrics on this server")
-        body, ctype = out
-        self._reply(200, body, ctype)
-
-    def _report(self, query: dict) -> None:
-        """One page of the JSON report (see the module docstring)."""
-        from ..report import dumps, to_json_dict
-
-        store = self.server.app.store
-        job = query.get("job", [None])[0]
-        if job is not None:
-            try:
-                results, token = store.results(job=job), None
-            except KeyError as e:
-                final = getattr(store, "final_report", lambda _job: None)(job)
-                if final is None:
-                    return self._error(404, 5, "json", e.args[0])
-                doc = {**to_json_dict([]), "jobs": [final], "final": True}  # (retired: .slots)
-                return self._reply(200, dumps(doc).encode(), "application/json")
-        else:
-            text = query.get("limit", [str(_PAGE)])[0]
-            if not (text.isdigit() and int(text) > 0):
-                raise Rejected("malformed", 400, 3, f"limit must be an integer > 0, got {text!r}")
-            limit = min(int(text), _MAX_PAGE)
-            names = store.jobs()
-            after = query.get("page_token", [""])[0]
-            first = bisect.bisect_right(names, after) if after else 0
-            page = names[first:first + limit]
-            token = page[-1] if first + limit < len(names) else None
-            results = _results_for(store, page)
-        doc = to_json_dict(results)
-        doc["next_page_token"] = token
-        summary = getattr(store, "sources_summary", None)
-        if summary is not None and (found := summary()):
-            doc["sources"] = found
-        self._reply(200, dumps(doc).encode(), "application/json")
-
-    def _report_html(self, job: str | None) -> None:
-        try:
-            from ..html import live_report_html
-
-            body = live_report_html(self.server.app.store, job=job).encode()
-        except KeyError as e:
-            return self._error(404, 5, "json", e.args[0])
-        self._reply(200, body, "text/html; charset=utf-8")
-
-    # --- POST /v1/traces ---------------------------------------------------------
-
-    def do_POST(self):  # noqa: N802
-        app = self.server.app
-        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        kind = _KINDS.get(ctype)
-        held = Held(app.budget)
-        unread = _declared_length(self.headers)  # what is still coming, at most
-        try:
-            path = urlsplit(self.path).path
-            if path not in ("/v1/traces", "/v1/logs"):
-                raise Rejected(None, 404, 5, f"no such path {self.path!r} (POST /v1/traces, "
-                               "/v1/logs)", close=True)
-            self._check_token()
-            if kind is None:
-                raise Rejected("unsupported", 415, 3, f"unsupported Content-Type {ctype!r}: "
-                               "expected application/x-protobuf or application/json", close=True)
-            if unread is None:
-                raise Rejected("unsupported", 411, 3, "a Content-Length header (a number >= 0) "
-                               "is required", close=True)
-            length = unread
-            enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-            if enc not in ("gzip", "identity"):
-                raise Rejected("unsupported", 415, 3, f"unsupported Content-Encoding {enc!r} "
-                               "(gzip or none)", close=True)
-            limit = app.limits.max_message_bytes
-            if length > limit:
-                raise Rejected("too_large", 413, 8, f"request of {length} bytes is over the "
-                               f"limit of {limit} bytes (--max-message-bytes)", close=True)
-            held.take(length, "the request body")
-            if self._expect_continue:
-                self.send_response_only(100)
-                self.end_headers()
-            body = self._read_body(length)
-            unread = 0
-            if enc == "gzip":
-                body = _inflate(body, limit, held)
-                held.give_back(length)  # the compressed body is gone
-            held.take(parse_cost(kind, body), "the parsed request")
-            out = self._take_in(kind, body, path[len("/v1/"):])
-        except Rejected as r:
-            return self._reject(r, kind or "text", unread or 0)
-        finally:
-            held.release()
-        self._reply(200, *out)
-
-    def _read_body(self, length: int) -> bytearray:
-        """Read ``length`` bytes in steps, against the request's deadline.
-
-        Raises:
-            TimeoutError: the request's time ran out (the connection is dropped).
-            Rejected: the client closed before the end (400, ``incomplete``).
-        """
-        body = bytearray()
-        while len(body) < length:
-            chunk = self.rfile.read1(min(length - len(body), _READ_STEP))
-            if not chunk:
-                raise Rejected("incomplete", 400, 3, f"body ended after {len(body)} of "
-                               f"{length} bytes (Content-Length)", close=True)
-            body += chunk
-        return body
-
-    def _take_in(self, kind: str, body: bytearray, signal: str = "traces") -> tuple[bytes, str]:
-        """Parse ``body`` (``signal``: ``"traces"`` or ``"logs"``) and hand it to the store;
-        returns the 200 answer's body and type.
-
-        Raises:
-            Rejected: shutting down (503), not an ``ExportTraceServiceRequest`` /
-                ``ExportLogsServiceRequest`` (400), the store refused it (503 / 400), or any
-                other error (500, logged).
-        """
-        app = self.server.app
-        request, response, _, method = SIGNALS[signal]
-        if not app.gate.enter():
-            raise Rejected("unavailable", 503, 14, "shutting down", close=True, retry_after=1)
-        try:
-            if kind == "protobuf":
-                req = request()
-                try:
-                    req.ParseFromString(body)
-                except DecodeError as e:
-                    raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not a "
-                                   f"protobuf {request.__name__} ({e})") from None
-                with as_client(self.client_address[0]):  # (job slots per client: .slots)
-                    getattr(app.store, method)(req, "otlp-http")
-                return response().SerializeToString(), "application/x-protobuf"
-            try:
-                doc = json.loads(body)
-            except (ValueError, RecursionError) as e:
-                raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not "
-                               f"JSON ({e})") from None
-            take = app.store.ingest_logs_json if signal == "logs" else app.store.ingest_json
-            try:
-                with as_client(self.client_address[0]):
-                    take(doc, ("otlp-http", self.client_address[0]))
-            except ValueError as e:
-                raise Rejected("malformed", 400, 3, f"body of {len(body)} bytes is not an "
-                               f"OTLP JSON {request.__name__} ({e})") from None
-            return b"{}", "application/json"
-        except Refused as e:
-            raise Rejected.from_refused(e) from None
-        except Rejected:
-            raise
-        except Exception:
-            _log.exception("goodput serve http: taking in a request from %s failed",
-                           self.client_address[0])
-            raise Rejected("internal", 500, 13, "internal error (logged)") from None
-        finally:
-            app.gate.leave()
-
-
-def _declared_length(headers) -> int | None:
-    """The ``Content-Length`` header as an int >= 0, or None (missing or not a number)."""
-    try:
-        n = int(headers.get("Content-Length", ""))
-    except ValueError:
-        return None
-    return n if n >= 0 else None
-
-
-def _results_for(store: LiveStore, names: list[str]) -> list:
-    """Results of the jobs ``names`` (those that left meanwhile are left out)."""
-    many = getattr(store, "results_for", None)
-    if many is not None:
-        return many(names)
-    out = []
-    for name in names:
-        try:
-            out.extend(store.results(job=name))
-        except KeyError:
-            pass
-    return out
-
-
-def _inflate(body: bytearray, limit: int, held: Held) -> bytearray:
-    """Inflate a gzip body (one or more members) to at most ``limit`` bytes, step by step:
-    at most ``_INFLATE_STEP`` bytes out of at most ``_READ_STEP`` bytes in, each step's
-    output taken from the budget first.
-
-    Raises:
-        Rejected: not gzip or truncated (400), inflates past ``limit`` (413), the budget
-            ran out (503).
-    """
-    out, mv, pos = bytearray(), memoryview(body), 0
-    d, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
-    while True:
-        if d.eof:  # a member ended: another may follow
-            if not d.unused_data and pos >= len(mv):
-                return out
-            d, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), d.unused_data
-        if not pending and pos < len(mv):
-            pending, pos = mv[pos:pos + _READ_STEP], pos + _READ_STEP
-        step = min(_INFLATE_STEP, limit + 1 - len(out))
-        held.take(step, "the inflated body")
-        try:
-            part = d.decompress(pending, step)
-        except zlib.error as e:
-            raise Rejected("malformed", 400, 3, f"gzip body is not valid gzip ({e})") from None
-        held.give_back(step - len(part))
-        out += part
-        if len(out) > limit:
-            raise Rejected("too_large", 413, 8, f"gzip body inflates to more than the limit "
-                           f"of {limit} bytes (--max-message-bytes)")
-        pending = d.unconsumed_tail
-        if not part and not pending and pos >= len(mv) and not d.eof:
-            raise Rejected("malformed", 400, 3, "gzip body is truncated (the gzip stream "
-                           "does not end)")
 
 
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
