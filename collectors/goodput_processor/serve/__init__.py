@@ -1,8 +1,22 @@
-"""``goodput serve``: the goodput processor as a live service.
+"""``goodput serve``: the goodput processor as a live service, the last stage of the pipeline.
 
-An OTLP receiver (gRPC and HTTP, :mod:`.receiver`) and spool tailers (:mod:`.tail`) feed
-one :class:`LiveStore` (:mod:`.store`) that keeps every job's spans in compact columns
-and runs the same accounting as ``goodput report`` when results are asked for::
+Contract:
+
+- Takes: OTLP ``ExportTraceServiceRequest`` and ``ExportLogsServiceRequest`` over gRPC
+  (:mod:`.grpc_receiver`) and HTTP (:mod:`.http`; what both share: :mod:`.receiver`),
+  spool lines of tailed run directories (:mod:`.tail`), and at start its own write-ahead
+  log (:mod:`.wal`).
+- Keeps: every job's spans in compact columns in one :class:`LiveStore` (:mod:`.store`;
+  taking spans in: :mod:`.intake`; results on demand: :mod:`.live_results`).
+- Gives: per job the :class:`~goodput_processor.results.report.JobResult` of the same accounting
+  as ``goodput report``, when asked for; the JSON and HTML report over HTTP; the metrics
+  through the exporters; the final report of a retired job.
+- May import the earlier stages (reading, the model, accounting, analyses, results,
+  exporters, the HTML report, the importers' sources) and, of the training side, only
+  ``goodput.schema`` and ``goodput.links``. Must not import the CLI: the CLI imports
+  :mod:`.command` to register the subcommand, never the other way round.
+
+Use::
 
     from goodput_processor.serve import GoodputServer
 
