@@ -18,6 +18,8 @@ Environment variables (arguments of :func:`goodput.configure` win over them):
   (default 500): a new trace (window) after this many seconds or child spans.
 - ``GOODPUT_SPOOL_SEGMENT_MB`` (default 16): a spool segment closes, and is compacted,
   once its journal holds this many MiB; ``0``: one uncompacted file per attempt.
+  ``GOODPUT_SPOOL_SEGMENT_S`` (default 300, at most 86400): ... or once its spans cover
+  this many seconds; ``0``: no time limit.
 - ``OTEL_SDK_DISABLED``: ``true`` turns recording off.
 - ``OTEL_RESOURCE_ATTRIBUTES``: more resource attributes, kept as they are.
 
@@ -361,6 +363,20 @@ def spool_segment_bytes() -> int | None:
         bad_setting("GOODPUT_SPOOL_SEGMENT_MB", raw, "above 1048576 (1 TiB)", "1048576")
         mb = 1 << 20
     return int(mb * (1 << 20)) or None
+
+
+DEFAULT_SPOOL_SEGMENT_S = 300.0
+
+
+def spool_segment_ns() -> int | None:
+    """Span time (ns) after which a spool segment closes and is compacted
+    (``GOODPUT_SPOOL_SEGMENT_S``, default 300 s, 1 to 86400); None (``0``): no time limit."""
+    raw = _env("GOODPUT_SPOOL_SEGMENT_S")
+    if raw is not None and _as_float(raw) == 0:
+        return None
+    s = DEFAULT_SPOOL_SEGMENT_S if raw is None else _bounded(
+        "GOODPUT_SPOOL_SEGMENT_S", raw, DEFAULT_SPOOL_SEGMENT_S, 1.0, 86_400.0)
+    return int(s * 1e9)
 
 
 _RESOURCE_TYPES = (bool, int, float, str)

@@ -6,7 +6,7 @@ background thread used to build an SDK span per record and encode it; it now wri
 span's JSON text at once (:meth:`Encoder.span`, about 1 µs) and joins those texts into
 lines behind the attempt's resource, encoded once (:meth:`Encoder.line`). Exporters other
 than the spool get SDK ``ReadableSpan`` objects decoded from these lines
-(:func:`goodput.forward.decode_line`), so the text is the one encoding of a span.
+(:func:`goodput.decode.decode_line`), so the text is the one encoding of a span.
 
 The text is what :func:`goodput.spool.encode_request` gives for the same SDK span, with
 two differences a reader of OTLP cannot tell apart: keys come in another order (a line's

@@ -16,11 +16,15 @@ directory (the next attempt) finishes those lines first. Delivery is at least on
 crash between an export and its offset write sends that batch again (the processor
 drops duplicate span ids).
 
+Spool lines become SDK spans again with :func:`goodput.decode.decode_line`; the forwarders
+of one recorder are held by :class:`goodput.forwarding.Forwarding`.
+
 When there is no spool (``GOODPUT_SPOOL=0``), or a spool write fails (disk full, run
 directory not writable), spans go to a bounded in-memory queue instead
 (``max_queue_spans``, default ``OTEL_BSP_MAX_QUEUE_SIZE`` or 8192). Only spans that do not
 fit there, or that are still queued when the process ends, are lost; they are counted in
-:attr:`Forwarding.dropped`, which the recorder adds to ``goodput.recorder.dropped``.
+:attr:`goodput.forwarding.Forwarding.dropped`, which the recorder adds to
+``goodput.recorder.dropped``.
 
 The training thread never touches any of this: the recorder's own thread only appends
 to the spool and calls :meth:`Forwarding.notify`.
@@ -28,7 +32,6 @@ to the spool and calls :meth:`Forwarding.notify`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -36,17 +39,14 @@ import threading
 import time
 from collections import deque
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from goodput.decode import decode_line
 
 _log = logging.getLogger(__name__)
 
 BATCH_SPANS = 512
 _READ_BYTES = 4 << 20  # most bytes read from a spool file per batch
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _KEY_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -68,77 +68,6 @@ def _positive(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a number > 0, got {value!r}")
     return value
-
-
-# --- OTLP JSON (the spool's lines) back to SDK spans ------------------------------
-
-
-def _value(v: dict):
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "arrayValue" in v:
-        return tuple(_value(x) for x in v["arrayValue"].get("values", []))
-    return None
-
-
-def _attrs(items) -> dict:
-    out = {}
-    for kv in items or ():
-        value = _value(kv.get("value", {}))
-        if value is not None:
-            out[kv["key"]] = value
-    return out
-
-
-def _ctx(trace_hex: str, span_hex: str) -> SpanContext:
-    return SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=False,
-                       trace_flags=_SAMPLED)
-
-
-def decode_line(line: bytes | str) -> list[ReadableSpan]:
-    """The spans of one spool line (an OTLP/JSON ``ExportTraceServiceRequest``).
-
-    Raises:
-        ValueError: the line is not JSON or not in that shape (the message says why).
-    """
-    try:
-        request = json.loads(line)
-        spans = []
-        for rs in request.get("resourceSpans", []):
-            resource = Resource(_attrs(rs.get("resource", {}).get("attributes")))
-            for ss in rs.get("scopeSpans", []):
-                sc = ss.get("scope", {})
-                scope = InstrumentationScope(sc.get("name", ""), sc.get("version") or None)
-                for sp in ss.get("spans", []):
-                    parent = sp.get("parentSpanId")
-                    status = sp.get("status") or {}
-                    code = int(status.get("code", 0))
-                    spans.append(ReadableSpan(
-                        name=sp["name"],
-                        context=_ctx(sp["traceId"], sp["spanId"]),
-                        parent=_ctx(sp["traceId"], parent) if parent else None,
-                        resource=resource,
-                        attributes=_attrs(sp.get("attributes")),
-                        events=[Event(e.get("name", ""), _attrs(e.get("attributes")),
-                                      int(e["timeUnixNano"])) for e in sp.get("events", [])],
-                        links=[Link(_ctx(ln["traceId"], ln["spanId"]), _attrs(ln.get("attributes")))
-                               for ln in sp.get("links", [])],
-                        kind=SpanKind(max(int(sp.get("kind", 1)) - 1, 0)),
-                        status=Status(StatusCode(code), status.get("message") if code == 2
-                                      else None),
-                        start_time=int(sp["startTimeUnixNano"]),
-                        end_time=int(sp["endTimeUnixNano"]),
-                        instrumentation_scope=scope,
-                    ))
-        return spans
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise ValueError(f"not an OTLP JSON line: {type(exc).__name__}: {exc}") from exc
 
 
 # --- one exporter ----------------------------------------------------------------------
@@ -503,108 +432,3 @@ class Forwarder:
             if not self._complete(f):
                 self._files[path] = f
                 _log.info("goodput: %s: resuming %s at byte %d", self.key, path, offset)
-
-
-# --- all exporters of a recorder ---------------------------------------------------------
-
-
-class Forwarding:
-    """The forwarders of one recorder (one per exporter).
-
-    Args:
-        exporters: ``SpanExporter`` objects; their keys come from
-            :func:`goodput.export.exporter_key`.
-        run_dir: spool directory, None when the spool is off.
-        process_index: this process's rank.
-        poll_s: see :class:`Forwarder`.
-    """
-
-    def __init__(self, exporters, run_dir, process_index: int, poll_s: float = 1.0):
-        from goodput.export import exporter_key
-
-        keys: dict[str, int] = {}
-        self.forwarders = []
-        for e in exporters:
-            key = exporter_key(e)
-            keys[key] = keys.get(key, 0) + 1
-            if keys[key] > 1:
-                key = f"{key}-{keys[key]}"
-            self.forwarders.append(Forwarder(e, key, run_dir, process_index, poll_s=poll_s))
-        self.run_dir = run_dir
-        self.lost = 0  # spans no exporter could take (spool failed, no exporter)
-        self._warned = False
-
-    @property
-    def dropped(self) -> int:
-        """Spans really lost: ``lost`` plus the forwarders' dropped (memory queue full)."""
-        return self.lost + sum(f.dropped for f in self.forwarders)
-
-    def attach(self, path: str) -> None:
-        for f in self.forwarders:
-            f.attach(path)
-
-    def detach(self) -> None:
-        for f in self.forwarders:
-            f.detach()
-
-    def notify(self) -> None:
-        for f in self.forwarders:
-            f.notify()
-
-    def sent(self, path: str) -> bool:
-        """Whether every exporter has sent all of the closed spool file ``path``."""
-        return all(f.sent_all(path) for f in self.forwarders)
-
-    def forget(self, path: str) -> None:
-        """``path`` was deleted (a compacted segment's journal): drop its offset sidecars."""
-        for f in self.forwarders:
-            with f._lock:
-                f._files.pop(os.fspath(path), None)
-            try:
-                os.remove(f"{path}.{f.key}.offset")
-            except OSError:
-                pass
-
-    def hold(self, spans) -> None:
-        """Spans in memory for every exporter (no spool)."""
-        for f in self.forwarders:
-            f.enqueue(spans)
-
-    def spool_failed(self, spans) -> None:
-        """``spans`` could not be written to the spool: keep them in memory, or count them."""
-        if not self._warned:
-            self._warned = True
-            if self.forwarders:
-                _log.warning("goodput: spool %s not writable: spans go to the exporters from "
-                             "memory (at most %d each); training continues", self.run_dir,
-                             self.forwarders[0].max_queue_spans)
-            else:
-                _log.warning("goodput: spool %s not writable and no other exporter: spans "
-                             "are lost and counted (goodput.recorder.dropped); training "
-                             "continues", self.run_dir)
-        if self.forwarders:
-            self.hold(spans)
-        else:
-            self.lost += len(spans)
-
-    def wait(self, timeout_s: float) -> bool:
-        """Wait until every exporter has everything written so far (bounded); True if so."""
-        deadline = time.monotonic() + timeout_s
-        ok = True
-        for f in self.forwarders:
-            ok = f.wait(deadline - time.monotonic()) and ok
-        return ok
-
-    def stats(self) -> dict:
-        return {f.key: {"sent": f.sent, "failures": f.failures, "dropped": f.dropped,
-                        "bad_lines": f.bad_lines, "pending_bytes": f.pending_bytes()}
-                for f in self.forwarders}
-
-    def shutdown(self, timeout_s: float) -> None:
-        """Drain every forwarder (in parallel, bounded by ``timeout_s`` in all)."""
-        threads = [threading.Thread(target=f.shutdown, args=(timeout_s,), daemon=True)
-                   for f in self.forwarders]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout_s + 2.0)

@@ -8,6 +8,7 @@ objects) and appends them to the spool (:mod:`goodput.segments`). Lifecycle
 records (attempt start and end, step starts) go through the same deque, so
 their order with the phases is kept. Exporters other than the spool read the spool
 and get SDK ``ReadableSpan`` objects decoded from its lines (:mod:`goodput.forward`).
+Opening and closing an attempt, and its files, are in :mod:`goodput.attempt_files`.
 
 Each attempt has its own resource (it carries the attempt number) and its own spool
 files; its spans are grouped into traces by :mod:`goodput.traces` (a window root per
@@ -31,32 +32,34 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
-import os
 import sys
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.resources import Resource
 
-from goodput import config, export, fork, forward, schema
-from goodput.encode import Encoder
-from goodput.segments import MemorySink, SpoolWriter
+from goodput import config, export, fork, forwarding, schema
+from goodput.attempt_files import START as _START
+from goodput.attempt_files import AttemptFiles
 from goodput.tail import NULL as _NO_TAIL
-from goodput.tail import InFlight, open_tail
-from goodput.traces import AttemptIds, TraceWindows
+from goodput.tail import InFlight
+
+if TYPE_CHECKING:
+    from goodput.encode import Encoder
+    from goodput.segments import MemorySink, SpoolWriter
+    from goodput.traces import TraceWindows
 
 _log = logging.getLogger(__name__)
 
 # Control records share the deque with phase records (name, t0, t1, attrs, error).
-_START = "<job_start>"
 _END = "<job_end>"
 _STEP_START = "<step_start>"
 _SYNC = "<sync>"
-_VERSION = "0.1.0"
 
 
-class Recorder:
+class Recorder(AttemptFiles):
     """Records the phases of one training process as OpenTelemetry spans.
 
     Use the module functions (:func:`goodput.configure`, :func:`goodput.step`, ...)
@@ -124,7 +127,7 @@ class Recorder:
         extra = export.given(exporters) + export.named(traces_exporter)
         self._resource_extra = {**config.resource_attributes(resource_attributes),
                                 **export.resource_attributes(extra)}
-        self._forward = forward.Forwarding(extra, self.run_dir, self.process_index,
+        self._forward = forwarding.Forwarding(extra, self.run_dir, self.process_index,
                                            poll_s=self.flush_interval_s)
 
         self._q: deque = deque()
@@ -133,6 +136,7 @@ class Recorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._draining = False
+        self._tidy: threading.Thread | None = None  # goodput.leftovers, at an attempt's start
 
         self.attempt: int | None = None  # current attempt, None when none is open
         self._next_attempt: int | None = None
@@ -464,140 +468,12 @@ class Recorder:
             schema.ATTR_RECORDER_DROPPED: self._counts["dropped"] + self._forward.dropped,
         }
 
+    def _now(self) -> int:
+        """The time, ns since the epoch (through this module's ``time``: a benchmark that
+        replaces it with a simulated clock, ``benchmarks/recorded_job.py``, moves both)."""
+        return time.time_ns()
+
     @property
     def resource(self):
         """The OpenTelemetry ``Resource`` of the open attempt (None when none is open)."""
         return self._resource
-
-    def _open_attempt(self, at: int) -> None:
-        if self._windows is not None:
-            self._close_attempt(at, "restart")
-        if self._next_attempt is None:
-            self._next_attempt, self._attempt_source = config.attempt_hint()
-        self.attempt = self._next_attempt
-        self._next_attempt += 1
-        found = config.framework_identity()  # known already: the resource says it
-        if found is not None:
-            (self.process_index, self.process_count), self._index_source = found, "framework"
-        resource = config.make_resource(
-            self.job_name, self.attempt, self.process_index, self.process_count,
-            self._resource_extra, attempt_source=self._attempt_source,
-            index_source=self._index_source,
-        )
-        encoder = self._encoder = Encoder(resource.attributes, schema.SCOPE_NAME, _VERSION)
-        if config.sdk_disabled():  # the SDK's tracers would record nothing: neither do we
-            self._sink = MemorySink(encoder)
-        elif self.spool:
-            path = config.spool_path(self.run_dir, self.process_index, self.attempt,
-                                     resource.attributes[schema.RES_SERVICE_INSTANCE_ID])
-            self._sink = SpoolWriter(path, encoder, config.spool_segment_bytes(),
-                                     on_segment=self._forward.attach,
-                                     on_failed=self._spool_line_failed)
-            self._forward.attach(path)
-            self._tail = open_tail(path, encoder.prefix, encoder.suffix, self._drained_seq)
-            self._open.tail = self._tail
-            self._tail_encoder, self._tail_suffix = encoder, encoder.suffix
-            if self._say_where:  # the default job name or run directory: say where it goes
-                self._say_where = False
-                _log.warning("goodput: recording job %r to %s (the default %s; set "
-                             "goodput.configure(job_name=..., run_dir=...) or "
-                             "GOODPUT_JOB_NAME / GOODPUT_RUN_DIR)", self.job_name,
-                             os.path.abspath(self.run_dir),
-                             "job name" if self.job_name == config.DEFAULT_JOB_NAME
-                             else "run directory")
-        else:
-            self._sink = MemorySink(encoder, self._hold_line if self._forward.forwarders
-                                    else None)
-        self._spool_failures_counted = 0
-        self._resource = resource
-        self._windows = TraceWindows(encoder, AttemptIds(), self._window_ns,
-                                     self._window_spans, self._sink)
-        interval_ms = int(self.flush_interval_s * 1000)
-        self._emit(schema.JOB_START, at, at, {schema.ATTR_HEARTBEAT_INTERVAL_MS: interval_ms})
-        now = time.time_ns()
-        if now > at:  # alive now: the start marker is back-dated to the process start
-            self._emit(schema.HEARTBEAT, at, now, self._health())
-        self._identity_written = None  # the new attempt's spool gets it too
-        self._open_written = {}
-        self._write_identity(at)
-        self._sync_requested = True
-
-    def _spool_line_failed(self, line: str) -> None:
-        """A spool line could not be written: its spans go to the exporters' memory queues
-        (or are counted as lost)."""
-        try:
-            self._forward.spool_failed(forward.decode_line(line))
-        except ValueError as exc:
-            self.error("spans of a failed spool write lost: %s", exc)
-
-    def _hold_line(self, line: str) -> None:
-        """No spool: a line's spans go to the exporters' memory queues."""
-        try:
-            self._forward.hold(forward.decode_line(line))
-        except ValueError as exc:
-            self.error("spans for the exporters lost: %s", exc)
-
-    def _close_attempt(self, at: int, reason: str) -> None:
-        if self._windows is None:
-            return
-        self._close_pending_step(at)
-        attrs = {schema.ATTR_END_REASON: reason, **self._health()}
-        self._emit(schema.JOB_END, at, at, attrs)
-        self._windows.close()
-        self._write()
-        self._windows = None
-        self._sink.close()  # syncs and closes the spool file
-        self._forward.detach()
-        self._count_spool_failures()
-        self._close_tail()
-        self._compact_failures += self._sink.compact_failures
-        self._sink = None
-        self._resource = None
-        self.attempt = None
-
-    def _write(self) -> None:
-        sink = self._sink
-        if sink is None:
-            return
-        written = sink.flush()
-        self._forward.notify()
-        if self._sync_requested:
-            sink.sync()
-        self._count_spool_failures()
-        self._sync_requested = False
-        if written:
-            self._tail_flushed()
-        if sink.retired:
-            sink.reap(time.time_ns(), self._forward.sent, self._forward.forget)
-
-    def _tail_flushed(self) -> None:
-        """Tell the tail that the journal holds every record drained so far, and the step
-        in flight then (and the line template again if the resource changed)."""
-        tail, enc = self._tail, self._tail_encoder
-        if enc is not None and enc.suffix is not self._tail_suffix:
-            self._tail_suffix = enc.suffix
-            tail.template(enc.prefix, enc.suffix)
-        tail.flushed(self._drained_seq, self._pending_step)
-
-    def _close_tail(self) -> None:
-        """The attempt ended: its journal holds everything, the tail goes (it stays, for the
-        processor, if the journal lost a write)."""
-        tail, self._tail, self._tail_encoder = self._tail, _NO_TAIL, None
-        self._open.tail = _NO_TAIL
-        self._tail_failures += tail.failures
-        self._tail_overruns += tail.overruns
-        if self._sink is not None and self._sink.failures:
-            tail._close()
-        else:
-            tail.remove()
-
-    def _count_spool_failures(self) -> None:
-        """Add the current spool file's new write failures to the counters."""
-        if self._sink is None:
-            return
-        new = self._sink.failures - self._spool_failures_counted
-        if new:
-            self._counts["export_failures"] += new
-            self._counts["errors"] += new
-        self._spool_failures_counted = self._sink.failures
-
