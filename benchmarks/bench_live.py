@@ -14,9 +14,9 @@ as a job still running. The journal lines of its last 60 simulated seconds are c
 end of its journal and kept aside ("new data").
 
 **"Now".** A running attempt is one seen alive within ``RUNNING_INTERVALS`` (3) heartbeat
-intervals (1 s) of now (``goodput_processor.attempts.build_attempts``), and the polls of a
+intervals (1 s) of now (``goodput_processor.model.attempts.build_attempts``), and the polls of a
 10^6-step job take seconds, so the real clock cannot stay within 3 s of a recorded job.
-The processor reads "now" in one place, ``goodput_processor.attempts.clock_ns`` (its ``time``)
+The processor reads "now" in one place, ``goodput_processor.model.attempts.clock_ns`` (its ``time``)
 (every surface measured here calls ``build_attempts`` without ``now_ns``); the benchmark
 replaces that module's ``time`` (as ``recorded_job.py`` does the recorder's) with a clock
 set before each poll, which does not move during it (a poll that takes seconds would
@@ -262,7 +262,7 @@ def prepare(base: Path, steps: int, slow_share: float = 0.0, hosts: int = 1,
 
 
 class ShiftedClock:
-    """Stands in for the ``time`` module in ``goodput_processor.attempts``: ``time_ns`` is
+    """Stands in for the ``time`` module in ``goodput_processor.model.attempts``: ``time_ns`` is
     the simulated moment given to :meth:`anchor` (it stands still until the next anchor);
     counts its reads."""
 
@@ -285,7 +285,7 @@ class ShiftedClock:
 
 def install_clock() -> ShiftedClock:
     """Install a :class:`ShiftedClock` as the processor's "now"; returns it."""
-    from goodput_processor import attempts
+    from goodput_processor.model import attempts
 
     clock = ShiftedClock()
     attempts.time = clock
@@ -309,7 +309,7 @@ def mgm_datetime(clock: ShiftedClock):
 
 def last_reason(store, now_ns: int) -> str:
     """``end_reason`` of the job's last attempt in ``store`` (a ``LiveStore``) at ``now_ns``."""
-    from goodput_processor.attempts import build_attempts
+    from goodput_processor.model.attempts import build_attempts
 
     return build_attempts(store.snapshot(JOB), now_ns)[-1].end_reason
 
@@ -323,7 +323,7 @@ def incumbent_entries(run_dir: Path, meta: dict, npz: Path) -> None:
     import numpy as np
 
     from goodput_processor.definitions.mgm_events import events
-    from goodput_processor.reader import read_run_dir
+    from goodput_processor.read.reader import read_run_dir
 
     js = read_run_dir(run_dir, workers=1, cache=False).jobs[JOB]
     ev, _, _ = events(js, meta["t_last"] + SEC // 2)
@@ -489,8 +489,8 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
         def poll():
             return calc.get_job_goodput(include_badput_breakdown=True)
     elif surface == "monitor":
-        from goodput_processor.monitor import GoodputMonitor
-        from goodput_processor.workload import WorkloadOptions
+        from goodput_processor.exporters.monitor import GoodputMonitor
+        from goodput_processor.exporters.workload import WorkloadOptions
 
         kw = ({"workload": WorkloadOptions("bench", "local", acc_type="TPU-v5p"),
                "workload_definitions": "mgm", "workload_client": _DiscardingClient()}

@@ -13,7 +13,7 @@ Each report runs as its own OS process (``python -m goodput_processor.cli report
 --format json``, with ``--definitions mgm`` too); peak memory is that process's maximum
 resident set size (``wait4``). The first report reads the spool (``--no-cache``); then the
 spool's files are dated 60 s back (a finished run: the columnar cache,
-``goodput_processor.cache``, is written only for files quiet for 30 s), the first report
+``goodput_processor.read.cache``, is written only for files quiet for 30 s), the first report
 with the cache on reads the spool and writes the cache ("+cache"; its cache is removed
 before each run), and the next ones ("2nd") read the cache. Times are the median of
 ``--repeat`` runs, peak memory their maximum.
@@ -66,7 +66,7 @@ def _summary(runs: list[tuple[float, float]]) -> tuple[float, float]:
 
 def spool_sizes(run_dir: str) -> dict:
     """Bytes on disk by kind of file, and the spans a reader reads (window roots included)."""
-    from goodput_processor.reader import span_files
+    from goodput_processor.read.reader import span_files
 
     files = [p for p in Path(run_dir).iterdir() if p.is_file()]
     out = {"files": len(files), "total": sum(p.stat().st_size for p in files),
@@ -108,11 +108,11 @@ def _megatron_file(path: str, steps: int) -> None:
 
 def _stages(path: str, spans: int) -> str:
     """CPU per span of each stage of reading a foreign OTLP JSON file as ``goodput report``
-    does (:func:`goodput_processor.read_foreign.translate_into`), in this process."""
+    does (:func:`goodput_processor.read.foreign.translate_into`), in this process."""
     from goodput_processor.importers.sources import get_source, translate_files
     from goodput_processor.importers.sources.driver import _lines, _loads, _open, no_gc
-    from goodput_processor.read_emitted import ingest_emitted
-    from goodput_processor.reader import _Reader
+    from goodput_processor.read.emitted import ingest_emitted
+    from goodput_processor.read.reader import _Reader
 
     def cpu(f):
         t = time.process_time()

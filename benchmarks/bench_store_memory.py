@@ -5,7 +5,7 @@ spool tailer (as ``goodput serve --spool-dir`` does), then accounts its job once
 of ``GET /v1/report``), then collects its metrics (the rolling windows of ``GET /metrics``).
 Printed: resident memory added at each point (``/proc/self/statm``,
 after a garbage collection), the store's span rows (:meth:`LiveStore.memory_bytes`) and the
-bytes per kept step. The accounting's memo (``goodput_processor.memo``) is what the poll
+bytes per kept step. The accounting's memo (``goodput_processor.model.memo``) is what the poll
 adds beyond the rows. Then (unless ``--no-compact``) the store packs every process's rows
 (:meth:`~goodput_processor.serve.store.LiveStore.compact`, what ``goodput serve``'s
 maintenance does to processes quiet for ``--pack-after`` seconds), polls and collects the
@@ -119,8 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-spill", action="store_true",
                     help="keep the packed rows in memory (goodput serve --spill-dir off)")
     args = ap.parse_args(argv)
-    from goodput_processor.heap import trim_heap
-    from goodput_processor.metrics import DEFAULT_WINDOWS_S
+    from goodput_processor.exporters.metrics import DEFAULT_WINDOWS_S
+    from goodput_processor.read.heap import trim_heap
     from goodput_processor.serve.rows import PackedProcessSpans
     from goodput_processor.serve.store import LiveStore
     from goodput_processor.serve.tail import SpoolTailer

@@ -1,6 +1,6 @@
 """Many-process jobs for the HTML report's scale tests, built in memory.
 
-- :func:`fleet_job`: a :class:`~goodput_processor.timeline.JobSpans` of ``attempts`` x
+- :func:`fleet_job`: a :class:`~goodput_processor.read.rows.JobSpans` of ``attempts`` x
   ``processes`` (68 x 112 by default, the shape of the real job in issue 18), every process
   with its own spans: start-up phases, a restore, data loading and steps, checkpoints every
   10 steps; one slow host (steps 25 % slower), one host that starts each step 0.6 s late,
@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from goodput_processor.html.fleet import Fleet
-from goodput_processor.timeline import (
+from goodput_processor.read.rows import (
     K_ACCELERATOR_INIT,
     K_CHECKPOINT_RESTORE,
     K_CHECKPOINT_SAVE,

@@ -601,8 +601,8 @@ def compute_truth(procs: list[Proc], flush: float,
 
 # --- recovery phases and host attribution ------------------------------------------------
 
-#: Recovery phases (goodput_processor.recovery.PHASES) and the most each may differ from the
-#: driver's measurement (s): the brief of issue 18.
+#: Recovery phases (goodput_processor.analysis.recovery.PHASES) and the most each may differ
+#: from the driver's measurement (s): the brief of issue 18.
 PHASES = ("detection", "termination", "rescheduling", "startup", "rendezvous_init", "restore",
           "recompilation_warmup")
 PHASE_TOL = 0.5

@@ -64,8 +64,8 @@ def load_benchmark(name: str):
 
 def attempt_of_instance(run_dir) -> dict[str, int]:
     """``service.instance.id`` -> the attempt number the processor finds for it."""
-    from goodput_processor.attempts import build_attempts
-    from goodput_processor.reader import read_run_dir
+    from goodput_processor.model.attempts import build_attempts
+    from goodput_processor.read.reader import read_run_dir
 
     out = {}
     for job in read_run_dir(run_dir).jobs.values():

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_incremental import _pieces_of, _snapshot, _state
 
-from goodput_processor.accounting import account
-from goodput_processor.attribution import _waterfall
-from goodput_processor.memo import AccountingMemo
-from goodput_processor.timeline import (
+from goodput_processor.account.accounting import account
+from goodput_processor.analysis.attribution import _waterfall
+from goodput_processor.model.memo import AccountingMemo
+from goodput_processor.read.rows import (
     C_AUX,
     C_END,
     C_FLAGS,

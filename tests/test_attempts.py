@@ -1,4 +1,4 @@
-"""Attempts and processes from evidence (``goodput_processor.attempts``), on spool files
+"""Attempts and processes from evidence (``goodput_processor.model.attempts``), on spool files
 shaped like what the recorder writes for each way real jobs are launched and killed.
 
 Each case is a small timeline in seconds whose right answer is known; the launchers'
@@ -13,9 +13,9 @@ import pytest
 from otlp_fixtures import Timeline, write_spool
 
 from goodput import schema
-from goodput_processor.accounting import report_run_dir
-from goodput_processor.attempts import build_attempts, resolve_open
-from goodput_processor.reader import read_run_dir
+from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.model.attempts import build_attempts, resolve_open
+from goodput_processor.read.reader import read_run_dir
 
 FAR = 2 * 10**18  # "now": long after every timeline (nothing is running)
 
@@ -154,7 +154,7 @@ def test_the_step_in_flight_at_a_kill_is_counted(tmp_path):
 
 
 def test_open_records_of_finished_phases_are_dropped():
-    from goodput_processor.timeline import C_END, C_FLAGS, C_KIND, K_STEP, NONE
+    from goodput_processor.read.rows import C_END, C_FLAGS, C_KIND, K_STEP, NONE
 
     t = Timeline().job_start(0).open("step", 1, 1.5, {schema.ATTR_STEP: 1}).step(1, 1, 2) \
         .open("step", 2, 2.5, {schema.ATTR_STEP: 2}).heartbeat(2.5, 4)

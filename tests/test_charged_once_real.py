@@ -21,7 +21,7 @@ from test_recovery_partition import check_charged_once
 
 from goodput_processor import read_run_dir
 from goodput_processor.html.segments import bucket_segments
-from goodput_processor.timeline import C_KIND, K_STEP
+from goodput_processor.read.rows import C_KIND, K_STEP
 
 CHILD = Path(__file__).with_name("restart_child.py")
 JOB = "twice"

@@ -72,7 +72,7 @@ from test_definitions_mgm import MemoryLogs, assert_interval, assert_whole_job  
 from goodput import schema  # noqa: E402
 from goodput_processor import cli, read_run_dir  # noqa: E402
 from goodput_processor import definitions as gdefs  # noqa: E402
-from goodput_processor.reader import ReadError  # noqa: E402
+from goodput_processor.read.reader import ReadError  # noqa: E402
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from goodput_processor import read_run_dir
-from goodput_processor.accounting import _account
-from goodput_processor.attribution import host_badput
+from goodput_processor.account.accounting import _account
+from goodput_processor.analysis.attribution import host_badput
 from goodput_processor.cli import main
-from goodput_processor.timeline import C_FLAGS, C_KIND, F_ERROR, K_JOB_END, K_JOB_START
+from goodput_processor.read.rows import C_FLAGS, C_KIND, F_ERROR, K_JOB_END, K_JOB_START
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import resiliency_logs  # noqa: E402  (benchmarks/: the generator, also a command)

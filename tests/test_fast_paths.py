@@ -14,9 +14,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodput_processor import attempts, painting, to_json_dict
-from goodput_processor.accounting import account
-from goodput_processor.timeline import (
+from goodput_processor import to_json_dict
+from goodput_processor.account import painting
+from goodput_processor.account.accounting import account
+from goodput_processor.model import attempts
+from goodput_processor.read.rows import (
     F_NONBLOCKING,
     F_OPEN,
     K_CHECKPOINT_RESTORE,

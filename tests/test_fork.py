@@ -17,8 +17,8 @@ import textwrap
 
 import pytest
 
-from goodput_processor.accounting import account
-from goodput_processor.reader import read_run_dir
+from goodput_processor.account.accounting import account
+from goodput_processor.read.reader import read_run_dir
 
 SCRIPT = textwrap.dedent("""
     import multiprocessing, os, sys, time
@@ -138,7 +138,7 @@ def test_a_child_that_configures_records_as_a_process_of_its_own(tmp_path, mode)
     assert _files_of(run_dir, parent)
     child = next(p for p in job.processes.values() if p.pid != parent)
     mine = next(p for p in job.processes.values() if p.pid == parent)
-    from goodput_processor.timeline import C_IVAL, C_KIND, K_STEP
+    from goodput_processor.read.rows import C_IVAL, C_KIND, K_STEP
 
     steps = sorted({int(v) for k, v in zip(mine.data[:, C_KIND], mine.data[:, C_IVAL],
                                           strict=True) if k == K_STEP})

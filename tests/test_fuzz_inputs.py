@@ -30,7 +30,7 @@ from otlp_fixtures import T0_NS, Timeline, otlp_span, request_line, resource
 
 from goodput import schema
 from goodput_processor import read_run_dir, report_run_dir, to_json, to_json_dict
-from goodput_processor.reader import RunDirError, SpoolFormatError
+from goodput_processor.read.reader import RunDirError, SpoolFormatError
 from goodput_processor.serve import GoodputServer, LiveStore
 
 NS = 1_000_000_000

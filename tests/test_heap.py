@@ -1,4 +1,4 @@
-"""The C heap's free pages given back (``goodput_processor.heap``), in a real process.
+"""The C heap's free pages given back (``goodput_processor.read.heap``), in a real process.
 
 ``goodput serve``'s maintenance round calls :func:`trim_heap_if_grown`: a poll's freed
 temporaries must stop being resident, and memory the process really holds must not make
@@ -20,7 +20,7 @@ COLLECTORS = str(Path(__file__).resolve().parents[1] / "collectors")
 CHILD = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[1])
-    from goodput_processor.heap import resident_bytes, trim_heap, trim_heap_if_grown
+    from goodput_processor.read.heap import resident_bytes, trim_heap, trim_heap_if_grown
 
     MiB = 2**20
     out = {}

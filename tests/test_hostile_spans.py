@@ -19,7 +19,7 @@ from otlp_fixtures import otlp_span, request_line, resource
 from goodput import schema
 from goodput_processor import report_run_dir, to_json
 from goodput_processor.cli import main
-from goodput_processor.reader import RunDirError, SpoolFormatError
+from goodput_processor.read.reader import RunDirError, SpoolFormatError
 from goodput_processor.serve import LiveStore
 
 SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, database=None,

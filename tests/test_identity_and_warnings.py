@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from goodput import schema
-from goodput_processor.accounting import report_run_dir
-from goodput_processor.reader import _Reader
+from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.read.reader import _Reader
 
 HERE = Path(__file__).resolve().parent
 

@@ -29,7 +29,7 @@ from goodput_processor.importers import (
     import_logs,
 )
 from goodput_processor.importers import writer as writer_mod
-from goodput_processor.timeline import (
+from goodput_processor.read.rows import (
     C_AUX,
     C_END,
     C_IVAL,

@@ -4,7 +4,7 @@ A random job (restarts, redone steps, overlapping and open phases, checkpoints, 
 badput) arrives in random batches: its spans in any order across and within processes, so
 that late spans of a dead attempt land after the next attempt's, with exact duplicates
 arriving again later. After every batch the job is accounted twice, with the memo that
-the previous polls filled (:class:`goodput_processor.memo.AccountingMemo`) and without
+the previous polls filled (:class:`goodput_processor.model.memo.AccountingMemo`) and without
 any, and the two results must be equal field by field, buckets to the nanosecond and the
 per-step arrays element by element. The same holds for a live job in ``goodput serve``'s
 store fed batch by batch, for both definitions.
@@ -24,15 +24,15 @@ from test_fast_paths import MS, T0, loop_jobs
 from test_properties import NOW, NS, _feed, _lines, jobs
 
 from goodput import schema
-from goodput_processor import attribution, pieces, to_json_dict
-from goodput_processor.accounting import account
+from goodput_processor import to_json_dict
+from goodput_processor.account.accounting import account
+from goodput_processor.account.windows import account_windows
+from goodput_processor.analysis import attribution
 from goodput_processor.definitions.mgm import account_mgm
-from goodput_processor.memo import AccountingMemo
-from goodput_processor.packed import PackedSegments
-from goodput_processor.serve.compaction import _mapped, pack_segments, spill_segments
-from goodput_processor.serve.spill import Spill
-from goodput_processor.serve.store import LiveStore
-from goodput_processor.timeline import (
+from goodput_processor.model import pieces
+from goodput_processor.model.memo import AccountingMemo
+from goodput_processor.model.packed import PackedSegments
+from goodput_processor.read.rows import (
     C_END,
     C_START,
     NCOLS,
@@ -40,7 +40,9 @@ from goodput_processor.timeline import (
     ProcessSpans,
     drop_duplicates,
 )
-from goodput_processor.windows import account_windows
+from goodput_processor.serve.compaction import _mapped, pack_segments, spill_segments
+from goodput_processor.serve.spill import Spill
+from goodput_processor.serve.store import LiveStore
 
 SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -70,7 +72,7 @@ def _snapshot(job: JobSpans, seen: dict, identity: bool = False) -> JobSpans:
     """The job as a store holds it after the rows in ``seen``: each process's rows in
     arrival order, duplicates dropped (the first kept); ``identity``: each process with an
     OS process identity (instance, pid, start: its open records are then resolved a batch
-    at a time, :mod:`goodput_processor.open_records`)."""
+    at a time, :mod:`goodput_processor.model.open_records`)."""
     out = JobSpans(job.name, strings=job.strings)
     for key, idx in seen.items():
         p = job.processes[key]
@@ -109,7 +111,7 @@ def _pieces_of(rows: int | None, spare: int | None = None):
 def test_memo_equals_fresh_accounting_after_every_batch(case, ideal, running, piece_rows,
                                                         spare, identity):
     """... also with the running attempt cut into pieces of a few rows
-    (:mod:`goodput_processor.pieces`), with the slowdown attribution's candidate steps
+    (:mod:`goodput_processor.model.pieces`), with the slowdown attribution's candidate steps
     read again as the threshold falls, with the rolling windows, with and without OS
     process identity, and again with nothing new at a later now."""
     job, batches = case
@@ -178,7 +180,7 @@ def in_time(draw):
        piece_rows=st.sampled_from([1, 2, 5]))
 def test_running_attempt_in_pieces_equals_fresh_accounting(case, ideal, running, piece_rows,
                                                            identity):
-    """A running attempt cut into pieces poll after poll (:mod:`goodput_processor.pieces`)
+    """A running attempt cut into pieces poll after poll (:mod:`goodput_processor.model.pieces`)
     as its rows arrive in time order with a few late ones: the same as accounting afresh,
     also with the rolling windows, with and without OS process identity."""
     job, batches = case
@@ -216,7 +218,7 @@ def test_a_long_running_attempt_is_cut_into_pieces():
 
 
 def _running(job, now):
-    from goodput_processor.attempts import build_attempts
+    from goodput_processor.model.attempts import build_attempts
     return build_attempts(job, now)[-1]
 
 
@@ -328,7 +330,7 @@ def test_a_live_os_process_is_resolved_once_for_the_report_and_the_windows(tmp_p
     """A running OS process of ``goodput serve``'s store, with a step in flight at every
     flush and a few whose end was lost, taken in a few lines at a time: after each, the
     report and the rolling windows through the store's memos equal accounting afresh, and
-    both memos keep one resolver of its open records (:mod:`goodput_processor.open_records`)
+    both memos keep one resolver of its open records (:mod:`goodput_processor.model.open_records`)
     between them."""
     tl = Timeline(job="live").os_process(4242, 0).job_start(0)
     for n in range(60):

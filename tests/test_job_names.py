@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from goodput import schema
-from goodput_processor.reader import read_run_dir
+from goodput_processor.read.reader import read_run_dir
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -37,7 +37,7 @@ def test_typed_job_names_are_apart(tmp_path):
 def test_spans_at_the_int64_limit_are_named(tmp_path):
     """A job whose spans all lie at 2^63 - 1 ns (a sentinel, not a time) gets the
     clock_jump warning instead of a silent goodput of 0 (issue 38)."""
-    from goodput_processor.accounting import account
+    from goodput_processor.account.accounting import account
 
     end = 2**63 - 1
     line = _line({"stringValue": "sentinel"}, 0).replace(str(T0 + S), str(end)).replace(

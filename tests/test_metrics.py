@@ -18,8 +18,9 @@ from otlp_fixtures import Timeline
 from test_accounting import worked_example
 
 from goodput import schema
-from goodput_processor.accounting import account
-from goodput_processor.metrics import (
+from goodput_processor.account.accounting import account
+from goodput_processor.account.windows import account_windows
+from goodput_processor.exporters.metrics import (
     METRIC_NAMES,
     GoodputMetrics,
     JobSnapshot,
@@ -29,9 +30,8 @@ from goodput_processor.metrics import (
     run_dir_source,
     snapshot,
 )
-from goodput_processor.reader import read_run_dir
-from goodput_processor.tensorboard import TensorBoardWriter, badput_tag
-from goodput_processor.windows import account_windows
+from goodput_processor.exporters.tensorboard import TensorBoardWriter, badput_tag
+from goodput_processor.read.reader import read_run_dir
 
 MIN = 60 * 10**9
 #: Every metric but the MFU pair, which needs the run's FLOPs attributes (test_mfu_gauges),

@@ -31,7 +31,7 @@ NOT_MIRRORED = {
     # Cloud Logging reader/writer, its local+GCS cache, Orbax's Cloud Logging statistics:
     # here the run directory (spool) is the log, read by the processor.
     "CheckpointBadputCalculator", "CheckpointLoggerOptions", "GoodputCache",
-    # the Cloud Monitoring client wrapper: goodput_processor.workload.WorkloadSender
+    # the Cloud Monitoring client wrapper: goodput_processor.exporters.workload.WorkloadSender
     "GCPMetrics", "ValueType",
     # urllib3's Retry, re-exported by goodput_utils for its metadata requests
     "Retry",

@@ -40,7 +40,7 @@ from test_mgm_scenarios import (  # noqa: E402
 
 from goodput.mgm import goodput as ours_goodput  # noqa: E402
 from goodput.mgm import goodput_utils, monitoring_elastic  # noqa: E402
-from goodput_processor.workload import WorkloadOptions, WorkloadSender, interval_series  # noqa: E402
+from goodput_processor.exporters.workload import WorkloadOptions, WorkloadSender, interval_series  # noqa: E402
 
 CALLS = ELASTIC["maxtext_elastic_event"]
 OPTIONS = dict(project_id="my-project", location="us-east5-b", replica_id="3",

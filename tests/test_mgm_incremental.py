@@ -25,8 +25,8 @@ from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.definitions.mgm_calc import _calculate
 from goodput_processor.definitions.mgm_events import events
 from goodput_processor.definitions.mgm_steps import Deviation, _step_time_arrays
-from goodput_processor.memo import AccountingMemo
-from goodput_processor.timeline import (
+from goodput_processor.model.memo import AccountingMemo
+from goodput_processor.read.rows import (
     C_END,
     C_START,
     K_CHECKPOINT_SAVE,
@@ -283,7 +283,7 @@ def test_the_step_deviation_metric_reads_the_last_steps_only_and_equals_it_from_
     (every value read), or fails the same."""
     import types
 
-    from goodput_processor.workload import step_deviation_from_baseline as f
+    from goodput_processor.exporters.workload import step_deviation_from_baseline as f
 
     d = {k: v for k, v in enumerate(devs)}
 

@@ -17,7 +17,7 @@ from goodput_processor.cli import main
 from goodput_processor.definitions import NoResult, report, to_json, write_json
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.definitions.mgm_exclusion import account_mgm_excluding
-from goodput_processor.timeline import C_END
+from goodput_processor.read.rows import C_END
 
 
 def _run(tmp_path, seed):

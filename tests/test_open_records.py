@@ -3,8 +3,8 @@
 One process's rows (phases of a few kinds, some of them ``goodput.open`` records of phases
 in flight, repeated at later flushes, completed later or never, overlapping phases of one
 kind, late rows) arrive in random batches. After every batch the
-:class:`~goodput_processor.open_records.OpenResolver` kept from the batches before must give
-the same array, byte for byte, as :func:`~goodput_processor.attempts.resolve_open` of all
+:class:`~goodput_processor.model.open_records.OpenResolver` kept from the batches before must give
+the same array, byte for byte, as :func:`~goodput_processor.model.attempts.resolve_open` of all
 the rows so far, and say how many rows come before the open records it kept; and so must
 ``resolve_open`` written over the rows themselves (``in_place``, ``goodput report``).
 """
@@ -15,10 +15,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodput_processor import attempts
-from goodput_processor.attempts import resolve_open
-from goodput_processor.open_records import OpenResolver
-from goodput_processor.timeline import (
+from goodput_processor.model import attempts
+from goodput_processor.model.attempts import resolve_open
+from goodput_processor.model.open_records import OpenResolver
+from goodput_processor.read.rows import (
     C_FLAGS,
     F_ENDLESS,
     F_OPEN,

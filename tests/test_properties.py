@@ -28,9 +28,9 @@ from otlp_fixtures import T0_NS, attributes, otlp_span, resource
 
 from goodput import schema
 from goodput_processor import read_run_dir, report_run_dir, to_json_dict
-from goodput_processor.accounting import resume_step
+from goodput_processor.account.accounting import resume_step
 from goodput_processor.cli import main
-from goodput_processor.reader import RunDirError
+from goodput_processor.read.reader import RunDirError
 from goodput_processor.serve.store import LiveStore
 
 NS = 1_000_000_000

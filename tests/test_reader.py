@@ -11,7 +11,7 @@ from otlp_fixtures import Timeline, otlp_span, request_line, resource, write_spo
 
 from goodput import schema
 from goodput_processor import RunDirError, SpoolFormatError, read_run_dir, report_run_dir
-from goodput_processor.timeline import C_IVAL, C_KIND, C_START, K_STEP
+from goodput_processor.read.rows import C_IVAL, C_KIND, C_START, K_STEP
 
 NS = 1_000_000_000
 NOW = 2 * 10**18
@@ -235,7 +235,8 @@ def test_unreadable_dir(tmp_path):
 
 
 def test_parallel_read_equals_serial(tmp_path, monkeypatch):
-    from goodput_processor import read_parallel, reader
+    from goodput_processor.read import parallel as read_parallel
+    from goodput_processor.read import reader
 
     tl = simple(n=400)
     tl.span(schema.CUSTOM_BADPUT, 1, 2, {schema.ATTR_BADPUT_TYPE: "eval"})

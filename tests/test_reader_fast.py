@@ -16,8 +16,19 @@ import zlib
 import pytest
 
 from goodput import schema
-from goodput_processor import read_fast, read_io, read_template, reader
-from goodput_processor.reader import read_run_dir
+from goodput_processor.read import (
+    fast as read_fast,
+)
+from goodput_processor.read import (
+    reader,
+)
+from goodput_processor.read import (
+    spool_io as read_io,
+)
+from goodput_processor.read import (
+    template as read_template,
+)
+from goodput_processor.read.reader import read_run_dir
 
 TID = "3a14a17c7509b65f474d141d30b7c81b"
 T0 = 1_700_000_000_000_000_000

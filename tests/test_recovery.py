@@ -1,5 +1,5 @@
-"""Recovery phases and badput attributed to hosts (``goodput_processor.recovery``,
-``goodput_processor.attribution``), on timelines built by hand: every figure is known.
+"""Recovery phases and badput attributed to hosts (``goodput_processor.analysis.recovery``,
+``goodput_processor.analysis.attribution``), on timelines built by hand: every figure is known.
 
 The real launchers' counterparts (a torchrun restart against the driver's measured phases, a
 2-rank run with one slow rank) are in ``tests/test_launchers.py``; the JAX/Orbax crash and
@@ -19,10 +19,10 @@ from test_cli import goodput
 from test_metrics import _points
 
 from goodput import schema
-from goodput_processor.accounting import account, report_run_dir
-from goodput_processor.metrics import GoodputMetrics
-from goodput_processor.recovery import PHASES
-from goodput_processor.report import job_to_dict
+from goodput_processor.account.accounting import account, report_run_dir
+from goodput_processor.analysis.recovery import PHASES
+from goodput_processor.exporters.metrics import GoodputMetrics
+from goodput_processor.results.report import job_to_dict
 from goodput_processor.serve.store import LiveStore
 
 HOSTS, SLOW, CRASH = 16, 5, 12

@@ -13,9 +13,9 @@ import pytest
 from otlp_fixtures import Timeline
 from test_cli import goodput
 
-from goodput_processor.accounting import report_run_dir
+from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.analysis.recovery import ONE_PROCESS_INIT
 from goodput_processor.html.sections import recovery_html
-from goodput_processor.recovery import ONE_PROCESS_INIT
 
 
 def _restarts(d, worlds):

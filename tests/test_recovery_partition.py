@@ -29,9 +29,9 @@ from otlp_fixtures import T0_NS, Timeline, write_spool
 
 from goodput import schema
 from goodput_processor import read_run_dir
-from goodput_processor.attempts import build_attempts
 from goodput_processor.html.segments import bucket_segments
-from goodput_processor.timeline import C_KIND, K_JOB_START
+from goodput_processor.model.attempts import build_attempts
+from goodput_processor.read.rows import C_KIND, K_JOB_START
 
 NS = 1_000_000_000
 NOW = T0_NS + 10**6 * NS

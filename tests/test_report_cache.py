@@ -1,4 +1,4 @@
-"""The columnar cache beside the spool (``goodput_processor.cache``): a finished run's second
+"""The columnar cache beside the spool (``goodput_processor.read.cache``): a finished run's second
 report reads arrays, equal to reading the spool; any change to the files, a damaged or
 foreign cache, or a live run means the spool is read."""
 
@@ -10,11 +10,11 @@ import time
 
 from otlp_fixtures import Timeline
 
-from goodput_processor import cache
-from goodput_processor.accounting import account
+from goodput_processor.account.accounting import account
 from goodput_processor.cli import main
-from goodput_processor.reader import read_run_dir, span_files
-from goodput_processor.report import to_json_dict
+from goodput_processor.read import cache
+from goodput_processor.read.reader import read_run_dir, span_files
+from goodput_processor.results.report import to_json_dict
 
 NOW = 2**62
 

@@ -1,4 +1,5 @@
-"""The recovery phases' read of a restarted attempt's rows (:mod:`goodput_processor.restart_rows`)
+"""The recovery phases' read of a restarted attempt's rows
+(:mod:`goodput_processor.model.restart_rows`)
 summarised a batch at a time gives what reading all the rows at once gave (Hypothesis).
 
 The reference is the read it replaced (all rows, clipped to the attempt and to their latest
@@ -23,11 +24,11 @@ from hypothesis import strategies as st
 from test_fast_paths import MS, T0
 from test_incremental import _state, _take, arrivals
 
-from goodput_processor import memo as memo_mod
-from goodput_processor import restart_rows as rr
-from goodput_processor.accounting import account
-from goodput_processor.memo import AccountingMemo, rows_key
-from goodput_processor.timeline import (
+from goodput_processor.account.accounting import account
+from goodput_processor.model import memo as memo_mod
+from goodput_processor.model import restart_rows as rr
+from goodput_processor.model.memo import AccountingMemo, rows_key
+from goodput_processor.read.rows import (
     C_END,
     C_FLAGS,
     C_IVAL,

@@ -1,4 +1,4 @@
-"""A finished run's results kept beside the spool (``goodput_processor.result_cache``): the
+"""A finished run's results kept beside the spool (``goodput_processor.read.result_cache``): the
 second report reads them, equal field for field and step for step to a new accounting,
 with the default definitions and with ``mgm`` (its step deviation entry for entry); a
 running attempt, a changed file, other arguments, ``--no-cache`` or a damaged entry mean
@@ -19,10 +19,12 @@ from otlp_fixtures import Timeline
 from test_properties import PROPS, _lines, _write, jobs
 
 from goodput import schema
-from goodput_processor import accounting, definitions, reader, result_cache
-from goodput_processor.cache import CACHE_DIR
+from goodput_processor import definitions
+from goodput_processor.account import accounting
 from goodput_processor.cli import main
-from goodput_processor.report import render_table, to_json_dict
+from goodput_processor.read import reader, result_cache
+from goodput_processor.read.cache import CACHE_DIR
+from goodput_processor.results.report import render_table, to_json_dict
 
 _COLUMNS = ("step", "attempt", "start_ns", "time_ns", "count", "time_s", "deviation_s",
             "anomalous")

@@ -360,7 +360,7 @@ def test_acceptance_multiprocess_restart_converges(tmp_path):
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-        from goodput_processor.metrics import GoodputMetrics
+        from goodput_processor.exporters.metrics import GoodputMetrics
 
         reader = InMemoryMetricReader()
         GoodputMetrics(lambda: [srv.store.snapshot(n) for n in srv.store.jobs()],

@@ -17,9 +17,9 @@ from fake_metric_services import FakeCloudMonitoring  # noqa: E402
 
 from goodput_processor.cli import main  # noqa: E402
 from goodput_processor.definitions.mgm import account_mgm  # noqa: E402
+from goodput_processor.exporters.workload import WorkloadOptions  # noqa: E402
 from goodput_processor.serve import LiveStore  # noqa: E402
 from goodput_processor.serve.gcm import WorkloadPublisher  # noqa: E402
-from goodput_processor.workload import WorkloadOptions  # noqa: E402
 
 
 def _store(tmp_path):

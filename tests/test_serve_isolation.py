@@ -116,9 +116,8 @@ def test_a_job_whose_accounting_raises_is_reported_failed(tmp_path, monkeypatch)
     import prometheus_client
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from goodput_processor import metrics as gm
-    from goodput_processor.serve import GoodputServer, LiveStore
-    from goodput_processor.serve import live_results
+    from goodput_processor.exporters import metrics as gm
+    from goodput_processor.serve import GoodputServer, LiveStore, live_results
 
     real_account, real_windows = live_results.account, gm.account_windows
 
@@ -161,7 +160,7 @@ def test_a_job_whose_accounting_raises_is_reported_failed(tmp_path, monkeypatch)
         srv.stop(5, final=False)
     from rich.console import Console
 
-    from goodput_processor.report import render_table
+    from goodput_processor.results.report import render_table
 
     console = Console(record=True, width=200)
     render_table(store.results(), console)
@@ -174,7 +173,7 @@ def test_a_job_past_its_custom_type_limit_is_flagged_in_report_and_metrics(tmp_p
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from goodput_processor.metrics import GoodputMetrics
+    from goodput_processor.exporters.metrics import GoodputMetrics
     from goodput_processor.serve import LiveStore
     from goodput_processor.serve.limits import Limits
 
@@ -200,7 +199,7 @@ def test_a_job_past_its_custom_type_limit_is_flagged_in_report_and_metrics(tmp_p
 def test_goodput_report_isolates_a_job_whose_accounting_raises(tmp_path, monkeypatch, capsys):
     """The same isolation in goodput report: the failed job in the JSON and the table,
     the others unchanged, and --strict exits 3."""
-    from goodput_processor import accounting
+    from goodput_processor.account import accounting
     from goodput_processor.cli import main
 
     run = tmp_path / "run"

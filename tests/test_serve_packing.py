@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from test_incremental import _state
 
-from goodput_processor.accounting import account
+from goodput_processor.account.accounting import account
 from goodput_processor.cli import main
-from goodput_processor.reader import span_files
+from goodput_processor.read.reader import span_files
+from goodput_processor.read.rows import ProcessSpans
 from goodput_processor.serve import GoodputServer, LiveStore
 from goodput_processor.serve.rows import PackedProcessSpans, pack_rows, unpack_rows
 from goodput_processor.serve.spill import Spill
-from goodput_processor.timeline import ProcessSpans
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -235,7 +235,7 @@ def test_the_heap_is_given_back_once_after_the_first_accounting_after_a_compacti
     from before it (freed to glibc's heap without the process growing): the next
     :meth:`LiveStore.give_back_heap` trims whatever the process grew by, once per memo;
     with nothing compacted, it trims only when the process has grown."""
-    from goodput_processor.heap import trim_heap
+    from goodput_processor.read.heap import trim_heap
 
     store = LiveStore(min_interval_s=0, pack_after_s=0.0)
     for attempt, lines in recorded.items():

@@ -1,4 +1,4 @@
-"""The sources' spans read into rows straight (:mod:`goodput_processor.read_emitted`) give
+"""The sources' spans read into rows straight (:mod:`goodput_processor.read.emitted`) give
 what reading their OTLP JSON gives: the same rows, strings, trace ids, skips and process
 attributes, on the kept real output of every tool under ``tests/data/sources/`` and on
 spans that are not clean (which go the OTLP JSON way); and the files' lines read as bytes
@@ -16,8 +16,8 @@ from goodput import schema
 from goodput_processor.importers.sources import detect_file_source, get_source, translate_files
 from goodput_processor.importers.sources.base import Emitter
 from goodput_processor.importers.sources.driver import _lines
-from goodput_processor.read_emitted import ingest_emitted
-from goodput_processor.reader import _Reader
+from goodput_processor.read.emitted import ingest_emitted
+from goodput_processor.read.reader import _Reader
 
 DATA = Path(__file__).parent / "data" / "sources"
 FILES = sorted(p for p in DATA.rglob("*") if p.is_file() and p.suffix in (

@@ -21,11 +21,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import goodput_processor.importers.sources as sources
 from goodput import schema
-from goodput_processor.accounting import account
+from goodput_processor.account.accounting import account
 from goodput_processor.cli import main
 from goodput_processor.importers.sources import Source, Translator
-from goodput_processor.reader import read_run_dir
-from goodput_processor.report import job_to_dict
+from goodput_processor.read.reader import read_run_dir
+from goodput_processor.results.report import job_to_dict
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -234,7 +234,7 @@ def test_a_quiet_foreign_directory_is_cached(tmp_path, toy_registered, monkeypat
     second = read_run_dir(src, cache=True)
     assert job_to_dict(account(second.jobs["toyjob"])) == job_to_dict(
         account(first.jobs["toyjob"]))
-    from goodput_processor import result_cache
+    from goodput_processor.read import result_cache
 
     file_stats, _params, _kept = result_cache.lookup(src, {"definitions": "goodput"})
     assert [f[0] for f in file_stats] == ["traces.json"]  # the report's result is kept too

@@ -27,7 +27,7 @@ from goodput.encode import Encoder
 from goodput.segments import SpoolWriter
 from goodput.spool import encode_request
 from goodput.traces import AttemptIds, TraceWindows
-from goodput_processor.reader import read_run_dir, span_files
+from goodput_processor.read.reader import read_run_dir, span_files
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,5 +1,5 @@
 """A SIGKILL loses nothing recorded (issue 36): the spool tail (``goodput.tail``) and its
-reader (``goodput_processor.read_tail``).
+reader (``goodput_processor.read.tail``).
 
 - the tail's records give the spans the journal gives for the same records (in one
   process: the tail read before the flush, the journal after it);
@@ -27,10 +27,10 @@ from instr_util import child_env, load_benchmark
 
 import goodput
 from goodput import schema
-from goodput_processor import cache as report_cache
-from goodput_processor import read_tail
-from goodput_processor.accounting import report_run_dir
-from goodput_processor.reader import read_run_dir, span_files, tail_files
+from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.read import cache as report_cache
+from goodput_processor.read import tail as read_tail
+from goodput_processor.read.reader import read_run_dir, span_files, tail_files
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="flock, /proc")
 

@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput_processor.order_stats import kth_runs
-from goodput_processor.steptimes import _BLOCK, _Sorted
-from goodput_processor.timeline import NONE
+from goodput_processor.analysis.order_stats import kth_runs
+from goodput_processor.analysis.steptimes import _BLOCK, _Sorted
+from goodput_processor.read.rows import NONE
 
 
 def _part(times, counts, first_step=0):

@@ -17,12 +17,12 @@ from test_cli import goodput
 from test_metrics import _points
 
 from goodput import schema
-from goodput_processor.accounting import account, report_run_dir
-from goodput_processor.attempts import build_attempts
-from goodput_processor.metrics import GoodputMetrics
-from goodput_processor.reader import read_run_dir
-from goodput_processor.stragglers import straggler_report
-from goodput_processor.timeline import (
+from goodput_processor.account.accounting import account, report_run_dir
+from goodput_processor.analysis.stragglers import straggler_report
+from goodput_processor.exporters.metrics import GoodputMetrics
+from goodput_processor.model.attempts import build_attempts
+from goodput_processor.read.reader import read_run_dir
+from goodput_processor.read.rows import (
     C_END,
     C_IVAL,
     C_KIND,

@@ -17,16 +17,16 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodput_processor.keyed_runs import KeyedRun, union_median
-from goodput_processor.memo import AccountingMemo
-from goodput_processor.stragglers import (
+from goodput_processor.analysis.keyed_runs import KeyedRun, union_median
+from goodput_processor.analysis.stragglers import (
     StragglerHost,
     StragglerReport,
     _group_median,
     _steps,
     straggler_report,
 )
-from goodput_processor.timeline import (
+from goodput_processor.model.memo import AccountingMemo
+from goodput_processor.read.rows import (
     C_AUX,
     C_END,
     C_FLAGS,

@@ -1,5 +1,6 @@
-"""Summaries of a process's rows combined a batch at a time (:mod:`goodput_processor.summaries`,
-through :func:`goodput_processor.memo.folded`) equal the same reads of all rows at once
+"""Summaries of a process's rows combined a batch at a time
+(:mod:`goodput_processor.model.summaries`,
+through :func:`goodput_processor.model.memo.folded`) equal the same reads of all rows at once
 (Hypothesis): random rows, ties in time and step number, steps out of time order, clocks
 that jump or were never set, damaged ends, growing poll after poll with a few open records
 resolved at the end; the resume step also against the reading it replaced.
@@ -11,9 +12,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodput_processor import summaries as sm
-from goodput_processor.memo import AccountingMemo
-from goodput_processor.timeline import (
+from goodput_processor.model import summaries as sm
+from goodput_processor.model.memo import AccountingMemo
+from goodput_processor.read.rows import (
     C_AUX,
     C_END,
     C_FLAGS,

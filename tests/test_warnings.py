@@ -17,7 +17,7 @@ import textwrap
 
 from instr_util import child_env
 
-from goodput_processor.checks import CODES
+from goodput_processor.account.checks import CODES
 from goodput_processor.cli import main
 
 #: A training process: ``python child.py RUN_DIR FIRST LAST [KEY=VALUE ...]`` records steps
@@ -218,7 +218,7 @@ def test_warnings_in_html_and_metrics(tmp_path):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from goodput_processor.metrics import GoodputMetrics, run_dir_source
+    from goodput_processor.exporters.metrics import GoodputMetrics, run_dir_source
 
     _run(tmp_path, 1, 8, "save=4")
     _run(tmp_path, 1, 8)

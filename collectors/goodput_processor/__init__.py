@@ -11,13 +11,14 @@ into job -> attempt -> process, and accounts every nanosecond of a job into one 
 
 The command line is ``goodput report RUN_DIR`` and ``goodput serve``
 (:mod:`goodput_processor.cli`); metrics, TensorBoard scalars and the in-process
-monitor are in :mod:`.metrics`, :mod:`.tensorboard` and :mod:`.monitor`
+monitor are in :mod:`goodput_processor.exporters.metrics`,
+:mod:`goodput_processor.exporters.tensorboard` and :mod:`goodput_processor.exporters.monitor`
 (``docs/metrics.md``).
 """
 
 from __future__ import annotations
 
-from .accounting import (
+from .account.accounting import (
     AttemptResult,
     JobResult,
     StepArrays,
@@ -25,10 +26,10 @@ from .accounting import (
     account,
     report_run_dir,
 )
-from .reader import ReadError, RunDirError, SpoolFormatError, read_run_dir
-from .report import format_duration, render_table, to_json, to_json_dict
-from .timeline import JobSpans, ProcessSpans, SpanSet
-from .windows import WindowResult, account_interval, account_windows
+from .account.windows import WindowResult, account_interval, account_windows
+from .read.reader import ReadError, RunDirError, SpoolFormatError, read_run_dir
+from .read.rows import JobSpans, ProcessSpans, SpanSet
+from .results.report import format_duration, render_table, to_json, to_json_dict
 
 
 def __getattr__(name: str):

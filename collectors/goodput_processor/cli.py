@@ -26,7 +26,7 @@ from goodput.links import DOCS_URL, doc_url
 
 from .definitions import DEFINITIONS
 from .importers.command import add_import_command
-from .reader import ReadError
+from .read.reader import ReadError
 from .serve.command import add_serve_command
 
 __all__ = ["UsageError", "add_report_command", "build_parser", "main"]

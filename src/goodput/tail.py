@@ -18,7 +18,7 @@ records after ``S``, and only once the writer is gone: the writer holds an exclu
 ``flock`` on the file while it lives (released by the kernel however the process ends), so
 a live job is read from its journal alone. The layout is in :mod:`goodput.schema`
 (the contract between the two sides); the reader is
-``collectors/goodput_processor/read_tail.py``.
+``collectors/goodput_processor/read/tail.py``.
 
 At the attempt's clean end the journal holds everything and the file is removed. A ring
 holds :data:`RING` records; the training thread wakes the background thread every

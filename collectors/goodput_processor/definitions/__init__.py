@@ -3,7 +3,7 @@
 ``goodput report RUN_DIR --definitions NAME`` picks one (``docs/definitions.md`` compares
 them on the same examples):
 
-- ``goodput`` (default): this project's model (:mod:`goodput_processor.accounting`);
+- ``goodput`` (default): this project's model (:mod:`goodput_processor.account.accounting`);
 - ``mgm``: Google's ``ml-goodput-measurement`` 0.2.3 (:mod:`.mgm`);
 - ``resiliency``: ``resiliency.goodput_measure``'s calculator (:mod:`.resiliency`);
 - ``ettr``: Meta's effective training time ratio and ETT% (:mod:`.ettr`).
@@ -53,14 +53,14 @@ def report(
 
     ``at_ns`` (ns since the epoch): account each job as it stood then (``goodput report
     --at``): spans after it are left out, those in flight at it end there
-    (:func:`~goodput_processor.timeline.as_of`), and *now* is ``at_ns`` (``now_ns`` wins when
+    (:func:`~goodput_processor.read.rows.as_of`), and *now* is ``at_ns`` (``now_ns`` wins when
     both are given); under ``mgm`` a job with no job end by then is measured up to ``at_ns``,
     as mgm's calculator queried at that moment does. ``exclusions_ns``: ``(start_ns, end_ns)``
     pairs to leave out (``goodput report --exclude``): this project's semantics
-    (:func:`~goodput_processor.windows.account_excluding`) or mgm's
+    (:func:`~goodput_processor.account.windows.account_excluding`) or mgm's
     ``get_job_goodput_with_exclusions`` (:mod:`.mgm_exclusion`).
 
-    Returns a list sorted by job name of :class:`~goodput_processor.report.JobResult`
+    Returns a list sorted by job name of :class:`~goodput_processor.results.report.JobResult`
     (``goodput``), :class:`.mgm.MgmResult` (``mgm``; ``ideal_step_time_s`` is its configured
     ideal step time) or :class:`.resiliency.ResiliencyResult` (``resiliency``;
     ``ideal_step_time_s`` is the reference step time and is required) or
@@ -72,7 +72,7 @@ def report(
             ``resiliency``) missing ``ideal_step_time_s``, exclusions with ``resiliency``
             (which has no such notion), an exclusion whose end is not after its start.
         KeyError: ``job`` is not in the run directory.
-        ReadError: see :func:`~goodput_processor.reader.read_run_dir`.
+        ReadError: see :func:`~goodput_processor.read.reader.read_run_dir`.
     """
     if definitions not in DEFINITIONS:
         raise ValueError(
@@ -87,12 +87,12 @@ def report(
     if now_ns is None:
         now_ns = at_ns
     if definitions == "goodput":
-        from ..accounting import report_run_dir
+        from ..account.accounting import report_run_dir
 
         return report_run_dir(path, ideal_step_time_s=ideal_step_time_s, now_ns=now_ns, job=job,
                               at_ns=at_ns, exclusions_ns=exclusions_ns)
-    from ..reader import read_run_dir
-    from ..timeline import as_of
+    from ..read.reader import read_run_dir
+    from ..read.rows import as_of
 
     if definitions == "resiliency":
         from .resiliency import account_resiliency
@@ -117,7 +117,7 @@ def report(
             except ValueError as e:  # mgm's own "cannot compute" cases
                 return NoResult(js.name, "mgm", str(e))
 
-    from .. import result_cache
+    from ..read import result_cache
 
     kept = None
     if definitions == "mgm" and now_ns is None and not exclusions_ns:
@@ -146,12 +146,12 @@ def to_json(definitions: str, results: Sequence, indent: int | None = 2) -> str:
     """The JSON form of :func:`report`'s results (``goodput.report/1`` for ``goodput``,
     else ``{"schema": "goodput.definitions/1", "definitions": ..., "jobs": [...]}``)."""
     if definitions == "goodput":
-        from ..report import to_json as report_json
+        from ..results.report import to_json as report_json
 
         return report_json(results, indent=indent)
     doc = {"schema": REPORT_SCHEMA, "definitions": definitions,
            "jobs": [r.to_json_dict() for r in results]}
-    from ..report import dumps
+    from ..results.report import dumps
 
     return dumps(doc, indent)
 
@@ -170,7 +170,7 @@ def write_json(definitions: str, results: Sequence, out, indent: int | None = 2)
         return
     import uuid
 
-    from ..report import dumps
+    from ..results.report import dumps
 
     mark = f"goodput-step-deviation-{uuid.uuid4().hex}-"
     jobs, deviations = [], []
@@ -222,7 +222,7 @@ def _pieces(deviation):
 
 def render(definitions: str, results: Sequence, console=None) -> None:
     """Print :func:`report`'s results as tables to ``console`` (default stdout)."""
-    from ..report import make_console, render_table
+    from ..results.report import make_console, render_table
 
     console = console or make_console()
     if definitions == "goodput":

@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING
 from goodput import schema
 from goodput.links import doc_url
 
-from ..report import format_duration
+from ..results.report import format_duration
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..timeline import JobSpans
+    from ..read.rows import JobSpans
 
 __all__ = ["EttrResult", "account_ettr", "expected_ettr", "render_ettr"]
 
@@ -133,7 +133,7 @@ def account_ettr(job: JobSpans, ideal_step_time_s: float | None = None,
     Raises:
         ValueError: bad ``ideal_step_time_s``.
     """
-    from ..accounting import _account
+    from ..account.accounting import _account
 
     r, attempts, _acc = _account(job, ideal_step_time_s, now_ns, False)
     b = r.buckets_ns

@@ -69,9 +69,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..elastic import slice_efficiency
-from ..memo import AccountingMemo, cached
-from ..timeline import JobSpans
+from ..analysis.elastic import slice_efficiency
+from ..model.memo import AccountingMemo, cached
+from ..read.rows import JobSpans
 from .mgm_calc import _calculate
 from .mgm_events import (
     E_JOB_END,
@@ -221,7 +221,7 @@ def account_mgm(
         job: one job's spans (``read_run_dir(path).jobs[name]``).
         interval_ns: ``(start, end)`` in ns since the epoch, or None for the whole job.
         now_ns: *now* in ns since the epoch, for a running last attempt
-            (:func:`~goodput_processor.timeline.build_attempts`) and as the end of a job
+            (:func:`~goodput_processor.read.rows.build_attempts`) and as the end of a job
             without ``job_end_time``; default: the end of the last attempt (mgm uses the
             wall-clock time of the query).
         ideal_step_time_s: mgm's ``configured_ideal_step_time`` in seconds; None: mgm's
@@ -231,7 +231,7 @@ def account_mgm(
             ``GoodputCalculator``, which leaves elastic entries out (their time is OTHER);
             None (default): elastic when the job has elastic spans or slice counts.
         memo: results of earlier calls on the same job, whose rows have only grown at the
-            end since (:mod:`goodput_processor.memo`; a live job's, read by a spool tailer
+            end since (:mod:`goodput_processor.model.memo`; a live job's, read by a spool tailer
             or ``goodput serve``): each attempt's events, the event stream, mgm's replay of
             it and the step deviation are taken from it when what they depend on is
             unchanged, so a call with nothing new only recomputes what depends on *now*;
@@ -241,7 +241,7 @@ def account_mgm(
             when first read (:class:`~.mgm_result.Later`). The result equals the one
             without a memo. Results share what the memo keeps (``step_deviation_s``):
             treat them as read-only. The call ends the memo's round
-            (:meth:`~goodput_processor.memo.AccountingMemo.end_round`).
+            (:meth:`~goodput_processor.model.memo.AccountingMemo.end_round`).
 
     Returns:
         An :class:`MgmResult`. Its ``slice_efficiency`` is mgm's for ``get_job_goodput_

@@ -2,7 +2,7 @@
 
 mgm 0.2.3 computes from its Cloud Logging entries, one per recorder call, in the order they
 were written. :func:`events` turns a job's spans (the attempts' primary processes, found
-as :func:`~goodput_processor.attempts.build_attempts` finds them) into that stream: a step
+as :func:`~goodput_processor.model.attempts.build_attempts` finds them) into that stream: a step
 start per step, a start and an end per paired phase (accelerator init, training prep, data
 loading, custom badput, elastic waits and reinitialisation), one entry per checkpoint save
 and restore (Orbax's statistics), the job's start and its logged end. :func:`pairs` pairs
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..attempts import build_attempts
-from ..elastic import slice_records
-from ..memo import AccountingMemo, cached, proc_key
-from ..timeline import (
+from ..analysis.elastic import slice_records
+from ..model.attempts import build_attempts
+from ..model.memo import AccountingMemo, cached, proc_key
+from ..read.rows import (
     C_END,
     C_FLAGS,
     C_IVAL,
@@ -177,7 +177,7 @@ def _joined(pieces: list) -> np.ndarray:
 
 def chunk_key(a) -> tuple:
     """What :func:`_chunk` of attempt ``a`` depends on: its primary's rows
-    (:func:`~goodput_processor.memo.proc_key`), its start, and its logged end (None for an
+    (:func:`~goodput_processor.model.memo.proc_key`), its start, and its logged end (None for an
     end mgm never logs)."""
     logged = a.end_reason not in ("killed", "running", "restart")
     return (proc_key(a.primary), a.start_ns, a.end_ns if logged else None)
@@ -242,7 +242,7 @@ def _merge(chunks: list[_Chunk], consume: bool = False) -> Events:
 def events(job: JobSpans, now_ns: int | None) -> tuple[Events, int | None, np.ndarray]:
     """The mgm event stream of ``job`` (see the module docstring), the end of its last
     attempt (ns; None without attempts) and the slice-count records of the attempts'
-    primary processes (:func:`~goodput_processor.elastic.slice_records`)."""
+    primary processes (:func:`~goodput_processor.analysis.elastic.slice_records`)."""
     return keyed_events(job, now_ns)[:3]
 
 
@@ -251,7 +251,7 @@ def keyed_events(job: JobSpans, now_ns: int | None, memo: AccountingMemo | None 
     """:func:`events`, and the stream's key: what it depends on (a tuple, one
     :func:`chunk_key` per attempt).
 
-    ``memo`` (:mod:`goodput_processor.memo`): each attempt's events are kept under their
+    ``memo`` (:mod:`goodput_processor.model.memo`): each attempt's events are kept under their
     key and the stream under the attempts' keys, so that an attempt whose rows did not
     change is not read again. The rows must only grow at the end between calls (those of
     a spool tailer, of ``goodput serve``)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from ..timeline import JobSpans
+from ..read.rows import JobSpans
 from .mgm_events import (
     E_CUSTOM_END,
     E_CUSTOM_START,

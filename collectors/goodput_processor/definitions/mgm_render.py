@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from goodput.links import doc_url
 
-from ..report import format_duration, make_console
+from ..results.report import format_duration, make_console
 from .mgm_result import MGM_VERSION
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..memo import AccountingMemo, cached
+from ..model.memo import AccountingMemo, cached
 from .mgm_calc import _Core, _repeats, _segment, add_segment_sums
 from .mgm_events import (
     E_CUSTOM_END,

@@ -65,7 +65,7 @@ class Deviation(Mapping):
         return Deviation, (self._keys, self._times, self._ideal)
 
     def cache_arrays(self) -> tuple[list[np.ndarray], float | None]:
-        """``([keys, times], ideal)``: what :mod:`~goodput_processor.result_cache` keeps."""
+        """``([keys, times], ideal)``: what :mod:`~goodput_processor.read.result_cache` keeps."""
         return [self._keys, self._times], self._ideal
 
     @classmethod

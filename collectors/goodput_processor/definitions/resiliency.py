@@ -33,10 +33,9 @@ import numpy as np
 
 from goodput.links import doc_url
 
-from ..accounting import resume_step
-from ..attempts import build_attempts
-from ..report import format_duration
-from ..timeline import (
+from ..account.accounting import resume_step
+from ..model.attempts import build_attempts
+from ..read.rows import (
     C_IVAL,
     C_KIND,
     K_CHECKPOINT_RESTORE,
@@ -44,6 +43,7 @@ from ..timeline import (
     NONE,
     JobSpans,
 )
+from ..results.report import format_duration
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -6,7 +6,7 @@ as ``plotly-basic.min.js``, and a small script are inlined; see ``docs/html-repo
 
 - :func:`render_html`: jobs' spans -> the page (a string, optionally written out);
 - :func:`report_html`: a run directory -> the page, returning the results as
-  :func:`~goodput_processor.accounting.report_run_dir` does;
+  :func:`~goodput_processor.account.accounting.report_run_dir` does;
 - :func:`live_report_html`: the page of a live :class:`~goodput_processor.serve.store.LiveStore`;
 - :func:`~goodput_processor.html.segments.bucket_segments`: the painted timeline itself.
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ..report import JobResult
-from ..timeline import JobSpans
+from ..read.rows import JobSpans
+from ..results.report import JobResult
 from .segments import JobSegments, Row, bucket_segments
 
 __all__ = ["JobSegments", "Row", "bucket_segments", "live_report_html", "render_html",
@@ -38,7 +38,7 @@ def render_html(
     Args:
         jobs: one section per job, in this order.
         out: a path to write the page to (UTF-8), or a text stream; None = only return it.
-        ideal_step_time_s, now_ns: as for :func:`~goodput_processor.accounting.account`.
+        ideal_step_time_s, now_ns: as for :func:`~goodput_processor.account.accounting.account`.
         title: the page title (default: ``goodput report: <job names>``).
         windows_s: rolling windows (seconds) of the over-time chart (default: two nice
             lengths near 1/20 and 1/5 of each job).
@@ -78,10 +78,10 @@ def report_html(
 
     Raises:
         RunDirError, SpoolFormatError, KeyError, ValueError: as
-            :func:`~goodput_processor.accounting.report_run_dir`.
+            :func:`~goodput_processor.account.accounting.report_run_dir`.
         OSError: as :func:`render_html`.
     """
-    from ..reader import read_run_dir
+    from ..read.reader import read_run_dir
 
     spans = read_run_dir(path)
     names = sorted(spans.jobs)

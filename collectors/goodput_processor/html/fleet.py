@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..timeline import (
+from ..read.rows import (
     C_AUX,
     C_END,
     C_FLAGS,
@@ -97,7 +97,7 @@ def _key(attempt: np.ndarray, rank: np.ndarray) -> np.ndarray:
 
 def fleet_of(attempts) -> Fleet:
     """The :class:`Fleet` of a job's accounted attempts
-    (:class:`~goodput_processor.attempts.Attempt`, as ``accounting._account`` returns)."""
+    (:class:`~goodput_processor.model.attempts.Attempt`, as ``accounting._account`` returns)."""
     hosts: dict[str, int] = {}
     cols: dict[str, list] = {k: [] for k in ("pa", "pr", "ph", "pf", "pl", "pe")}
     steps, keys = [], []

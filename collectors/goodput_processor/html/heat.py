@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
-from ..stragglers import _group_median
-from ..timeline import NONE
+from ..analysis.stragglers import _group_median
+from ..read.rows import NONE
 from .fleet import Fleet
 
 __all__ = ["EXPAND_CELLS", "EXPAND_ROWS", "LAG_MAX", "RATIO_MAX", "STRIP_BINS", "STRIP_ROWS",

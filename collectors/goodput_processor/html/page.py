@@ -15,7 +15,7 @@ from importlib import resources
 
 from goodput import schema
 
-from ..report import JobResult, format_duration
+from ..results.report import JobResult, format_duration
 from .data import bucket_color, histogram_figure, lanes, pack_job, pick_windows
 from .fleet import process_lists
 from .sections import (

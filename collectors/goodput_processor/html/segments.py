@@ -1,6 +1,6 @@
 """A job's timeline as painted segments: one bucket per instant, per attempt and process.
 
-:func:`bucket_segments` runs the accounting (:mod:`goodput_processor.accounting`, the same
+:func:`bucket_segments` runs the accounting (:mod:`goodput_processor.account.accounting`, the same
 rules and painting as ``goodput report``) and returns, for every attempt, the elementary
 segments of its primary process with the bucket each instant belongs to, plus rows for the
 attempt's other processes on request (painted by the same priorities, not accounted),
@@ -23,10 +23,10 @@ import numpy as np
 
 from goodput import schema
 
-from ..accounting import _account
-from ..painting import _Acc
-from ..report import JobResult
-from ..timeline import C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
+from ..account.accounting import _account
+from ..account.painting import _Acc
+from ..read.rows import C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
+from ..results.report import JobResult
 from .fleet import Fleet, fleet_of
 
 __all__ = ["JobSegments", "Row", "bucket_segments"]
@@ -145,13 +145,14 @@ def _split_slowdown(b, bucket, seg_kept, result: JobResult, productive: int, slo
 
 def bucket_segments(job, ideal_step_time_s: float | None = None, now_ns: int | None = None,
                     max_process_rows: int = 0) -> JobSegments:
-    """Account ``job`` (a :class:`~goodput_processor.timeline.JobSpans`) and paint its
+    """Account ``job`` (a :class:`~goodput_processor.read.rows.JobSpans`) and paint its
     timeline: one :class:`Row` per attempt's primary process, then up to
     ``max_process_rows`` of its other processes (the HTML report draws none: its heat
     strip shows every process from :attr:`JobSegments.fleet`).
 
     Raises:
-        ValueError: bad ``ideal_step_time_s`` (as :func:`~goodput_processor.accounting.account`).
+        ValueError: bad ``ideal_step_time_s`` (as
+            :func:`~goodput_processor.account.accounting.account`).
     """
     result, attempts, acc = _account(job, ideal_step_time_s, now_ns, True)
     names = tuple(result.buckets_ns)

@@ -126,7 +126,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         doc["next"] = _next_commands(summary)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        from ..report import make_console
+        from ..results.report import make_console
 
         _render(summary, make_console())
     return 0

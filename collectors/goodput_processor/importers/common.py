@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from datetime import datetime, timedelta, timezone, tzinfo
 
-try:  # optional speed-up, never a dependency (as in goodput_processor.reader)
+try:  # optional speed-up, never a dependency (as in goodput_processor.read.reader)
     import orjson
 
     _loads = orjson.loads

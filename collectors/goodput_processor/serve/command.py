@@ -77,7 +77,7 @@ def _metrics(args, store, budget=lambda: None):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
 
-    from ..metrics import GoodputMetrics, otlp_reader, prometheus_reader
+    from ..exporters.metrics import GoodputMetrics, otlp_reader, prometheus_reader
     from .telemetry import SERVICE_NAME, add_serve_instruments
 
     registry = prometheus_client.CollectorRegistry()
@@ -141,7 +141,7 @@ def _workload(args, store, windows):
         raise UsageError("--workload-project needs --workload-accelerator-type (the "
                          "accelerator_type label of every series, e.g. TPU-v5p): a "
                          "series without it is left out, so none would be written")
-    from ..workload import WorkloadOptions
+    from ..exporters.workload import WorkloadOptions
     from .gcm import WorkloadPublisher
 
     opts = WorkloadOptions(args.workload_project, args.workload_location,

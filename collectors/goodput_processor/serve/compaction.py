@@ -19,7 +19,8 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
 - with the spill, the kept steps of whole attempts and the sorted step times of the
   finished ones are moved to memory-mapped files (:func:`map_steps`): a poll's binary
   searches read a few pages of them;
-- then the C heap's free pages go back to the system (:func:`~goodput_processor.heap.trim_heap`).
+- then the C heap's free pages go back to the system
+  (:func:`~goodput_processor.read.heap.trim_heap`).
 
 Only processes with an OS identity (``service.instance.id``, pid and start time: what the
 recorder writes) are packed: the accounting keeps a resolved copy of those, so a poll finds
@@ -36,10 +37,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..attempts import resolve_open
-from ..heap import trim_heap
-from ..memo import AccountingMemo, rows_key
-from ..packed import DerivedRows, PackedProcessSpans, PackedSegments
+from ..model.attempts import resolve_open
+from ..model.memo import AccountingMemo, rows_key
+from ..model.packed import DerivedRows, PackedProcessSpans, PackedSegments
+from ..read.heap import trim_heap
 from .rows import pack_rows
 
 __all__ = ["MAP_STEPS", "compact", "map_steps", "pack_runs", "pack_segments", "share_parts",
@@ -120,9 +121,9 @@ def pack_runs(memos: list[AccountingMemo], packed: dict) -> int:
     """Let go of the resolved rows the ``memos`` of one job keep of the processes whose own
     rows are packed (``packed``: ``(process key, rows_key) -> PackedRows``; :func:`compact`
     calls this, one accounting of the job at a time): the runs kept then hold a
-    :class:`~goodput_processor.packed.PackedProcessSpans` whose rows, if read, are
-    :func:`~goodput_processor.attempts.resolve_open` of the packed rows
-    (:class:`~goodput_processor.packed.DerivedRows`: the same rows as the resolver's,
+    :class:`~goodput_processor.model.packed.PackedProcessSpans` whose rows, if read, are
+    :func:`~goodput_processor.model.attempts.resolve_open` of the packed rows
+    (:class:`~goodput_processor.model.packed.DerivedRows`: the same rows as the resolver's,
     ``tests/test_open_records.py``), kept in the process's state (shared by the memos);
     its open records' resolver is let go (a new row of the process resolves them afresh).
     Returns the rows let go (0 for those let go before)."""
@@ -156,7 +157,7 @@ def pack_runs(memos: list[AccountingMemo], packed: dict) -> int:
 def pack_segments(memo: AccountingMemo, before_ns: int) -> int:
     """Pack the painted segments ``memo`` keeps (the accountings with rolling windows) of
     the parts that end before ``before_ns`` (ns since the epoch): a window reads them only
-    if it reaches back that far (:class:`~goodput_processor.packed.PackedSegments`).
+    if it reaches back that far (:class:`~goodput_processor.model.packed.PackedSegments`).
     Returns the parts packed."""
     done = 0
     for tag in ("attempt", "piece"):
@@ -187,7 +188,7 @@ def share_parts(memo: AccountingMemo, windows: AccountingMemo) -> int:
     steps that ``memo`` (the job's other memo, without segments) keeps of the same parts,
     where they are equal element by element: the painted parts' kept-step arrays and the
     sorted kept steps, of the job and of a running attempt's pieces
-    (:mod:`goodput_processor.steptimes`), are then one copy, not two.
+    (:mod:`goodput_processor.analysis.steptimes`), are then one copy, not two.
     Returns the parts and sorted runs shared."""
     def plain(key):  # (a part's key ends with whether segments are kept)
         return (*key[:-1], False)
@@ -215,7 +216,7 @@ def share_parts(memo: AccountingMemo, windows: AccountingMemo) -> int:
 def map_steps(memos: list[AccountingMemo], mapper, min_steps: int | None = None) -> int:
     """Move what the ``memos`` of one job keep of whole attempts' kept steps (the painted
     parts' five arrays) and the finished attempts' sorted step times
-    (:func:`~goodput_processor.steptimes.step_stats`' "sorted_steps" runs) to where
+    (:func:`~goodput_processor.analysis.steptimes.step_stats`' "sorted_steps" runs) to where
     ``mapper`` puts them (:meth:`~goodput_processor.serve.spill.Spill.map`: memory-mapped
     files), each once, when they hold at least ``min_steps`` (default :data:`MAP_STEPS`)
     steps. A part shared by the memos (:func:`share_parts`) stays one copy. Returns the

@@ -1,9 +1,9 @@
 """Decode a protobuf OTLP ``ExportTraceServiceRequest`` into the reader's span columns.
 
 The OTLP JSON path (spool lines, ``POST /v1/traces`` with a JSON body) goes through
-:meth:`goodput_processor.reader._Reader._request`; this module is the same thing for the
+:meth:`goodput_processor.read.reader._Reader._request`; this module is the same thing for the
 protobuf message the gRPC and HTTP/protobuf receivers get, producing the very same int64
-rows (:data:`goodput_processor.timeline.COLUMNS`) so that live results equal
+rows (:data:`goodput_processor.read.rows.COLUMNS`) so that live results equal
 ``goodput report`` of the same spans. Trace ids are keyed by their lowercase hex, as in
 the JSON encoding, so a span received both ways (spool tailing and OTLP) is kept once.
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from goodput import schema
 
-from .. import reader as rd
-from .. import timeline as tl
+from ..read import reader as rd
+from ..read import rows as tl
 
 __all__ = ["ingest_pb", "pb_value"]
 
@@ -34,7 +34,7 @@ def ingest_pb(reader: rd._Reader, req, where: tuple) -> int:
 
     ``where`` names the source in skip examples, e.g. ``("otlp-grpc", "request 12")``.
     Returns the number of spans in the request (of any scope). Never raises on bad spans:
-    they are counted by reason in the job's ``skipped`` (see :mod:`goodput_processor.reader`).
+    they are counted by reason in the job's ``skipped`` (see :mod:`goodput_processor.read.reader`).
     """
     n = 0
     for rs in req.resource_spans:

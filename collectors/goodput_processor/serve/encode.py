@@ -39,8 +39,8 @@ import math
 
 from goodput import schema
 
-from ..read_spans import _KIND_ATTRS, _KIND_CODES, STRUCTURE, _as_int, _attr_value
-from ..reader import job_name, json_resource_attrs
+from ..read.reader import job_name, json_resource_attrs
+from ..read.spans import _KIND_ATTRS, _KIND_CODES, STRUCTURE, _as_int, _attr_value
 from .decode import pb_value
 
 try:  # a dependency; the standard library's json is the fallback
@@ -80,7 +80,7 @@ def _kept_key(key: str, max_string: int | None) -> bool:
 
 def _canon(v, max_string: int | None) -> dict:
     """A canonical OTLP JSON ``AnyValue`` of the Python value ``v`` (as
-    :func:`~goodput_processor.read_spans._attr_value` gives it back)."""
+    :func:`~goodput_processor.read.spans._attr_value` gives it back)."""
     if v is None:
         return {}
     if isinstance(v, bool):

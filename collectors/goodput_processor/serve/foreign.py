@@ -43,8 +43,8 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from goodput import schema
 
 from ..importers.sources.driver import OtlpTranslation
-from ..read_emitted import ingest_emitted
-from ..reader import job_name
+from ..read.emitted import ingest_emitted
+from ..read.reader import job_name
 from .encode import json_line
 
 __all__ = ["ForeignIntake", "own_only_json", "own_only_pb"]
@@ -207,7 +207,7 @@ class ForeignIntake:
         """Take in the goodput spans a source made (``translated``: its
         :class:`~goodput_processor.importers.sources.base.EmittedSpans`) as a client's OTLP
         JSON request: admitted, logged as the OTLP JSON they are, read into rows straight
-        (:func:`~goodput_processor.read_emitted.ingest_emitted`: the rows the log's line
+        (:func:`~goodput_processor.read.emitted.ingest_emitted`: the rows the log's line
         gives on replay); not counted as a request of its own.
 
         Raises:

@@ -3,7 +3,8 @@
 With ``--workload-project`` and ``--workload-location``, serve writes, every
 ``--workload-interval`` seconds and for every job it tracks, the series Google's
 ``ml-goodput-measurement`` 0.2.3 uploads (``compute.googleapis.com/workload/*`` on the
-monitored resource ``compute.googleapis.com/Workload``; :mod:`goodput_processor.workload`),
+monitored resource ``compute.googleapis.com/Workload``;
+:mod:`goodput_processor.exporters.workload`),
 so the dashboards and alerts users already have keep working when the uploads move from
 each training job into the processor. The job name is the resource's ``workload_id``.
 This project's own metrics (OTLP, Prometheus) are unaffected.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from .. import workload as wl
+from ..exporters import workload as wl
 from .store import LiveStore
 
 __all__ = ["WorkloadPublisher"]
@@ -28,7 +29,7 @@ class WorkloadPublisher:
     Args:
         store: the live jobs.
         opts: project, location, replica, accelerator type, cluster name
-            (:class:`~goodput_processor.workload.WorkloadOptions`).
+            (:class:`~goodput_processor.exporters.workload.WorkloadOptions`).
         interval_s: seconds between rounds (> 0).
         windows_s: rolling windows of the ``interval_*`` series, seconds.
         definitions: ``"mgm"`` (mgm's numbers, default) or ``"goodput"`` (this project's).
@@ -37,7 +38,7 @@ class WorkloadPublisher:
 
     One job whose series cannot be computed is logged and counted in :attr:`errors`; the
     other jobs are sent. Sending never raises (see
-    :class:`~goodput_processor.workload.WorkloadSender`).
+    :class:`~goodput_processor.exporters.workload.WorkloadSender`).
 
     Raises:
         ValueError: ``interval_s`` not > 0, or bad ``definitions``.

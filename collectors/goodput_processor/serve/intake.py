@@ -18,8 +18,8 @@ import logging
 import time
 from types import SimpleNamespace
 
-from .. import reader as rd
-from .. import timeline as tl
+from ..read import reader as rd
+from ..read import rows as tl
 from .decode import ingest_pb
 from .encode import json_line, pb_line, split_json, split_pb
 from .foreign import own_only_json, own_only_pb

@@ -4,7 +4,7 @@ snapshot, its accounting memo, and the results kept between polls.
 A snapshot moves the rows that arrived since the last one from the reader's buffers to the
 store's own arrays (:class:`~goodput_processor.serve.rows.ProcessRows`), so its cost grows
 with what arrived, never with the job's history. The accounting
-(:func:`goodput_processor.accounting.account`, the same code as ``goodput report``) runs
+(:func:`goodput_processor.account.accounting.account`, the same code as ``goodput report``) runs
 only when results are asked for, on a copy of the job's rows taken under the lock, at most
 once per ``min_interval_s`` per job unless an explicit ``now_ns`` is given, and not again
 for a job with no attempt running while nothing of it changed.
@@ -25,13 +25,13 @@ from collections import Counter
 
 import numpy as np
 
-from .. import reader as rd
-from .. import timeline as tl
-from ..accounting import account, isolated
-from ..attempts import clock_ns
-from ..memo import AccountingMemo
-from ..report import JobResult
-from ..timeline import JobSpans
+from ..account.accounting import account, isolated
+from ..model.attempts import clock_ns
+from ..model.memo import AccountingMemo
+from ..read import reader as rd
+from ..read import rows as tl
+from ..read.rows import JobSpans
+from ..results.report import JobResult
 from .rows import PackedProcessSpans, ProcessRows
 from .wal import job_slug
 
@@ -92,7 +92,7 @@ class LiveResults:
 
     @contextlib.contextmanager
     def memo(self, name: str, windows: bool = False):
-        """Job ``name``'s :class:`~goodput_processor.memo.AccountingMemo`, held for one
+        """Job ``name``'s :class:`~goodput_processor.model.memo.AccountingMemo`, held for one
         accounting (accountings of one job wait for each other; ``windows``: the memo of
         the accountings with rolling windows, kept apart but for what is kept per process,
         which both share: one copy of each process's resolved rows)."""
@@ -169,8 +169,9 @@ class LiveResults:
                            for p in job.processes.values())))
 
     def snapshot_windows(self, name: str, windows_s, now_ns: int | None = None):
-        """Job ``name`` accounted with rolling windows (a :class:`~goodput_processor.metrics.
-        JobSnapshot`, :func:`~goodput_processor.metrics.snapshot`), through its memo of
+        """Job ``name`` accounted with rolling windows (a
+        :class:`~goodput_processor.exporters.metrics.JobSnapshot`,
+        :func:`~goodput_processor.exporters.metrics.snapshot`), through its memo of
         windowed accountings, isolated like :meth:`account` (a failure gives a snapshot of
         a failed result, with no windows). Like :meth:`account`'s, a job with no attempt
         running is not accounted again while nothing of it changed: its windows end at its
@@ -180,7 +181,7 @@ class LiveResults:
             KeyError: no job of that name has been seen.
             ValueError: a window is not a number of seconds > 0.
         """
-        from ..metrics import JobSnapshot, check_windows, snapshot
+        from ..exporters.metrics import JobSnapshot, check_windows, snapshot
 
         windows = check_windows(windows_s)
         now = clock_ns() if now_ns is None else now_ns
@@ -256,6 +257,6 @@ class LiveResults:
 
     def report_json(self, now_ns: int | None = None, job: str | None = None) -> str:
         """The current report as the JSON of ``goodput report --format json``."""
-        from ..report import to_json
+        from ..results.report import to_json
 
         return to_json(self.results(now_ns, job))

@@ -9,7 +9,7 @@ A process whose rows have stopped growing (a finished attempt's) is *packed*
 its rows are kept compressed, each column delta-coded and deflated (about 17 of 72 bytes a
 row on the recorder's spools), and a snapshot hands the accounting a
 :class:`PackedProcessSpans`, whose ``data`` is inflated only if something reads it. The
-accounting's memo keys a process's rows by :func:`~goodput_processor.memo.data_key`, which
+accounting's memo keys a process's rows by :func:`~goodput_processor.model.memo.data_key`, which
 a packed process answers without inflating, so a poll that finds the process's results kept
 never inflates it; one that does not (a memo dropped, a new resource attribute) reads the
 same rows, inflated, and gives the same result.
@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
-from .. import timeline as tl
-from ..memo import rows_key
-from ..packed import PackedProcessSpans, PackedRows, pack_rows, unpack_rows
+from ..model.memo import rows_key
+from ..model.packed import PackedProcessSpans, PackedRows, pack_rows, unpack_rows
+from ..read import rows as tl
 
 __all__ = ["PackedProcessSpans", "ProcessRows", "pack_rows", "unpack_rows"]
 

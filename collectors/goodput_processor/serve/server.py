@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import replace
 
-from ..report import JobResult
+from ..results.report import JobResult
 from .grpc_receiver import GrpcReceiver
 from .health import HealthListener
 from .http import HttpReceiver
@@ -120,7 +120,7 @@ class GoodputServer:
         failed, pack the rows of quiet processes (:meth:`LiveStore.compact`), and give the
         C heap's free pages back (:meth:`LiveStore.give_back_heap`: once after the first
         accounting that follows a compaction, else once the process has grown by
-        :data:`~goodput_processor.heap.GROWTH_MARGIN_BYTES` since they last were; what a
+        :data:`~goodput_processor.read.heap.GROWTH_MARGIN_BYTES` since they last were; what a
         poll freed stays resident in glibc's heap until then; ``docs/benchmarks.md``,
         "The heap a poll left behind")."""
         wal = self.store.wal

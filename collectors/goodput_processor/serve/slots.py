@@ -37,7 +37,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import timeline as tl
+from ..read import rows as tl
 from .limits import Limits, Refused
 
 __all__ = ["REMEMBERED", "JobSlots", "as_client", "current_client", "made_progress",

@@ -5,7 +5,7 @@ has gone quiet; with a :class:`Spill`, those packed bytes (about 17 a span on th
 recorder's spools) are then written to a file of the job's and let go from memory. Nothing
 a poll needs is in them: a poll reads the memos, and only something that reads the
 process's rows again (a late span of it, a report of a memo let go) reads them back, one
-``pread`` per column (:class:`~goodput_processor.packed.SpilledColumns`).
+``pread`` per column (:class:`~goodput_processor.model.packed.SpilledColumns`).
 
 Compaction also maps the kept steps of finished attempts and their sorted step times
 (:meth:`Spill.map`): each set of arrays is written to an unnamed file in the directory
@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from ..packed import PackedRows
+from ..model.packed import PackedRows
 from .wal import job_slug
 
 __all__ = ["Spill"]
@@ -70,7 +70,7 @@ class Spill:
 
     def put(self, job: str, packed: PackedRows) -> int:
         """Write ``packed``'s columns to ``job``'s file and let the rows read them from it
-        (:meth:`~goodput_processor.packed.PackedRows.spill`). Returns the bytes written:
+        (:meth:`~goodput_processor.model.packed.PackedRows.spill`). Returns the bytes written:
         0 when they were already on disk, or could not be written (the rows stay in
         memory; logged once)."""
         cols = packed.columns

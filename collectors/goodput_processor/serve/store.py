@@ -1,6 +1,6 @@
 """Live per-job state of ``goodput serve``: spans taken in batch by batch, results on demand.
 
-:class:`LiveStore` holds one :class:`goodput_processor.reader._Reader`: per job, per
+:class:`LiveStore` holds one :class:`goodput_processor.read.reader._Reader`: per job, per
 (attempt, process), a growable ``array('q')`` of span rows (:data:`~goodput_processor.
 timeline.COLUMNS`, 9 int64 = 72 bytes per span). Taking in a batch appends its rows, so its
 cost grows with the batch, never with the job's history. The store is one object with
@@ -36,9 +36,9 @@ import threading
 import time
 from collections import Counter
 
-from .. import reader as rd
-from ..heap import trim_heap, trim_heap_if_grown
-from ..report import JobResult, job_to_dict
+from ..read import reader as rd
+from ..read.heap import trim_heap, trim_heap_if_grown
+from ..results.report import JobResult, job_to_dict
 from . import compaction
 from .foreign import ForeignIntake
 from .intake import SpanIntake
@@ -238,7 +238,7 @@ class LiveStore(SpanIntake, LiveResults, ForeignIntake):
         it trimmed): once after the first accounting of each memo that a compaction
         changed (that accounting lets go of the results the compaction left in the memo,
         which frees memory without the process growing), else when the process has grown
-        (:func:`~goodput_processor.heap.trim_heap_if_grown`)."""
+        (:func:`~goodput_processor.read.heap.trim_heap_if_grown`)."""
         with self._lock:
             due, self._trim_due = self._trim_due, False
         if due:

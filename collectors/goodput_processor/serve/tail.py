@@ -8,7 +8,7 @@ complete lines (ending in a newline); a torn last line is left for the next poll
 in once it is complete. A file that shrank (truncated or replaced) is read again from its
 start.
 
-Spool tails (``X.tail``, :mod:`~goodput_processor.read_tail`): once the process that wrote
+Spool tails (``X.tail``, :mod:`~goodput_processor.read.tail`): once the process that wrote
 one is gone (its lock is free), the records its journal lacks are taken in, once, after the
 journals (a live process's records come from its journal).
 
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from goodput import schema
 
-from .. import read_tail
-from ..read_io import open_spool
+from ..read import tail as read_tail
+from ..read.spool_io import open_spool
 from .slots import as_client
 from .store import LiveStore
 

@@ -238,7 +238,7 @@ def to_ns(t) -> int:
 
 
 def _enum_badput(d: dict) -> dict:
-    """Name-keyed badput (``goodput_processor.workload``) -> ``{BadputType: ...}``."""
+    """Name-keyed badput (``goodput_processor.exporters.workload``) -> ``{BadputType: ...}``."""
     return {BadputType[k]: (dict(v) if isinstance(v, dict) else float(v)) for k, v in d.items()}
 
 
@@ -313,7 +313,7 @@ class GoodputCalculator:
         js = self._store.snapshot(self.job_name)
         at = self._query_ns()
         if at is not None:
-            from goodput_processor.timeline import as_of
+            from goodput_processor.read.rows import as_of
 
             js = as_of(js, at)
         return js, at
@@ -327,7 +327,7 @@ class GoodputCalculator:
         memo = None
         if self.query_time is None:
             if self._mgm_memo is None:
-                from goodput_processor.memo import AccountingMemo
+                from goodput_processor.model.memo import AccountingMemo
 
                 self._mgm_memo = AccountingMemo()
             memo = self._mgm_memo
@@ -335,7 +335,7 @@ class GoodputCalculator:
                            elastic=self._elastic, memo=memo)
 
     def _account(self, ideal_s=None):
-        from goodput_processor.accounting import account
+        from goodput_processor.account.accounting import account
 
         self._job()  # (makes the store)
         with self._store.memo(self.job_name) as memo:  # what new spans cannot change
@@ -362,7 +362,7 @@ class GoodputCalculator:
             m = self._mgm(ideal_s=configured_ideal_step_time)
             breakdown = _enum_badput(m.badput_percent) if include_badput_breakdown else {}
             return m.goodput_percent, breakdown, int(m.max_productive_step or 0)
-        from goodput_processor.workload import native_breakdown
+        from goodput_processor.exporters.workload import native_breakdown
 
         r = self._account(configured_ideal_step_time)
         if not r.total_ns:
@@ -392,9 +392,9 @@ class GoodputCalculator:
             m = self._mgm(interval_ns=(start_ns, end_ns))
             return (m.goodput_percent, _enum_badput(m.badput_percent),
                     int(m.max_productive_step or 0), m.total_time_s, m.disruptions)
-        from goodput_processor.timeline import NONE
-        from goodput_processor.windows import account_interval
-        from goodput_processor.workload import native_breakdown
+        from goodput_processor.account.windows import account_interval
+        from goodput_processor.exporters.workload import native_breakdown
+        from goodput_processor.read.rows import NONE
 
         js, at = self._job()
         r, w = account_interval(js, start_ns, end_ns, now_ns=at)
@@ -424,7 +424,7 @@ class GoodputCalculator:
                     f"no step time deviation for job {self.job_name!r}: no consecutive steps, "
                     "or no ideal step time (the mgm estimate ignores steps shorter than 1 s)")
             return dict(m.step_deviation_s)
-        from goodput_processor.workload import details
+        from goodput_processor.exporters.workload import details
 
         d = details(self._account(configured_ideal_step_time))["step_time_deviation"]
         if not d:
@@ -432,7 +432,7 @@ class GoodputCalculator:
         return d
 
     def _details(self, result) -> dict:
-        from goodput_processor.workload import details
+        from goodput_processor.exporters.workload import details
 
         d = details(result)
         if not self._elastic:  # the incumbent's base calculator has no slice efficiency
@@ -472,7 +472,7 @@ class GoodputCalculator:
         ``{GoodputType.TOTAL: percent}``, badput ``{BadputType: percent}`` and the interval
         size in whole seconds (empty dicts when the interval has no number); for an elastic
         calculator also the slice efficiencies over the interval."""
-        from goodput_processor.workload import interval_details
+        from goodput_processor.exporters.workload import interval_details
 
         start_ns, end_ns = to_ns(interval_start), to_ns(interval_end)
         size = int((end_ns - start_ns) // _NS)
@@ -480,7 +480,7 @@ class GoodputCalculator:
             if self.definitions == "mgm":
                 d = interval_details(self._mgm(interval_ns=(start_ns, end_ns)), size)
             else:
-                from goodput_processor.windows import account_interval
+                from goodput_processor.account.windows import account_interval
 
                 js, at = self._job()
                 d = interval_details(account_interval(js, start_ns, end_ns, now_ns=at)[1],
@@ -539,8 +539,8 @@ class GoodputCalculator:
             breakdown = (_enum_badput(m.badput_percent)
                          if include_badput_breakdown and m.total_time_s else {})
             return m.goodput_percent, breakdown, int(m.max_productive_step), m.excluded_time_s
-        from goodput_processor.windows import account_excluding
-        from goodput_processor.workload import native_breakdown
+        from goodput_processor.account.windows import account_excluding
+        from goodput_processor.exporters.workload import native_breakdown
 
         js, at = self._job()
         r = account_excluding(js, spans, ideal, at)

@@ -214,8 +214,8 @@ class StepInfo:
 
 def compute_percentile(values: list[float], percentile: float) -> float:
     """Linear-interpolation percentile of ``values`` (0.0 for none), as the incumbent
-    (implemented by ``goodput_processor.workload.percentile``, imported when called)."""
-    from goodput_processor.workload import percentile as _percentile
+    (implemented by ``goodput_processor.exporters.workload.percentile``, imported when called)."""
+    from goodput_processor.exporters.workload import percentile as _percentile
 
     return _percentile(values, percentile)
 
@@ -232,13 +232,13 @@ def compute_step_deviation_from_baseline(
     percentile of the last ``recent_window_size`` deviations, minus (cumulative mode, with
     enough history) the median of the ``baseline_window_size`` before them.
 
-    Implemented by ``goodput_processor.workload.step_deviation_from_baseline`` (imported
+    Implemented by ``goodput_processor.exporters.workload.step_deviation_from_baseline`` (imported
     when called).
 
     Raises:
         ValueError: an unknown ``mode``.
     """
-    from goodput_processor.workload import step_deviation_from_baseline as _baseline
+    from goodput_processor.exporters.workload import step_deviation_from_baseline as _baseline
 
     if not isinstance(mode, MonitoringWindowType):
         raise ValueError(f"unsupported MonitoringWindowType mode: {mode!r}")

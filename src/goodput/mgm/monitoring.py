@@ -21,7 +21,7 @@ the recorder writes; see :mod:`goodput.mgm.goodput`):
   ``tensorboard_dir/goodput`` with the incumbent's tags (``goodput/goodput``,
   ``badput/<type>``, ``badput/custom_badput_events/<type>``; percent, at step = last
   productive step), and with ``GCPOptions.enable_gcp_goodput_metrics`` the incumbent's
-  Cloud Monitoring series (:mod:`goodput_processor.workload`);
+  Cloud Monitoring series (:mod:`goodput_processor.exporters.workload`);
 - ``start_step_deviation_uploader`` (with ``include_step_deviation``): every
   ``step_deviation_interval_seconds``, ``step_deviation`` per step (seconds), and
   ``performance`` with ``enable_gcp_step_deviation_metrics``;
@@ -87,7 +87,8 @@ _PROCESS_TERMINATION_TIMEOUT_SECONDS = 10
 
 
 def _names(d: dict) -> dict:
-    """Enum-keyed details -> name-keyed (as :mod:`goodput_processor.workload` takes them)."""
+    """Enum-keyed details -> name-keyed (as :mod:`goodput_processor.exporters.workload`
+    takes them)."""
     return {getattr(k, "name", k): (_names(v) if isinstance(v, dict) else v)
             for k, v in d.items()}
 
@@ -238,7 +239,7 @@ class GoodputMonitor:
             if not opts.acc_type:
                 opts.acc_type = goodput_utils.get_accelerator_type()
             if opts.project_id and opts.location:
-                from goodput_processor.workload import WorkloadSender
+                from goodput_processor.exporters.workload import WorkloadSender
 
                 self._sender = WorkloadSender(opts.project_id, gcp_client)
             else:
@@ -259,7 +260,7 @@ class GoodputMonitor:
                                       run_dir=self._run_dir, definitions=self._definitions)
 
     def _workload_options(self):
-        from goodput_processor.workload import WorkloadOptions
+        from goodput_processor.exporters.workload import WorkloadOptions
 
         o = self._gcp_options
         return WorkloadOptions(o.project_id, o.location, o.replica_id, o.acc_type,
@@ -268,7 +269,7 @@ class GoodputMonitor:
     def _writer(self):
         """The TensorBoard writer, shared by the uploaders (made on first use)."""
         if self._tb is None:
-            from goodput_processor.tensorboard import ScalarWriter
+            from goodput_processor.exporters.tensorboard import ScalarWriter
 
             self._tb = ScalarWriter(self.tensorboard_dir)
         return self._tb
@@ -286,7 +287,7 @@ class GoodputMonitor:
             self._failed("querying goodput", e)
             return
         try:
-            from goodput_processor.tensorboard import mgm_badput_scalars
+            from goodput_processor.exporters.tensorboard import mgm_badput_scalars
 
             points = mgm_badput_scalars(_TENSORBOARD_GOODPUT_LABEL,
                                         {_TENSORBOARD_GOODPUT_LABEL: percent})
@@ -301,7 +302,7 @@ class GoodputMonitor:
             self._failed("writing TensorBoard scalars", e)
         if self._gcp_options.enable_gcp_goodput_metrics and self._sender is not None:
             try:
-                from goodput_processor.workload import cumulative_series
+                from goodput_processor.exporters.workload import cumulative_series
 
                 d = _names(calc.get_job_goodput_details())
                 if d["goodput_time"]:
@@ -326,7 +327,7 @@ class GoodputMonitor:
             self._failed("writing step deviation to TensorBoard", e)
         if self._gcp_options.enable_gcp_step_deviation_metrics and self._sender is not None:
             try:
-                from goodput_processor.workload import step_deviation_series
+                from goodput_processor.exporters.workload import step_deviation_series
 
                 self._sender.send(step_deviation_series(self.job_name, deviation,
                                                         self._workload_options()))
@@ -336,7 +337,7 @@ class GoodputMonitor:
     def _rolling_cycle(self, calc) -> None:
         if not (self._gcp_options.enable_gcp_goodput_metrics and self._sender is not None):
             return
-        from goodput_processor.workload import interval_series
+        from goodput_processor.exporters.workload import interval_series
 
         now = datetime.datetime.now(datetime.timezone.utc)
         for window in self.rolling_windows:

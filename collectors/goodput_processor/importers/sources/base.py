@@ -233,7 +233,7 @@ class Emitter:
     def take_batches(self) -> list[EmittedSpans]:
         """:meth:`take`'s spans as :class:`EmittedSpans`, one per process with new spans,
         before they are made OTLP JSON: a reader can make its rows of them straight
-        (:mod:`goodput_processor.read_emitted`), and each gives its OTLP JSON on demand."""
+        (:mod:`goodput_processor.read.emitted`), and each gives its OTLP JSON on demand."""
         out = []
         for p in self._procs.values():
             if not p.spans:

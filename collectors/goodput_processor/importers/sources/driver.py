@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from goodput import schema
 
-try:  # optional speed-up, never a dependency (as in goodput_processor.reader)
+try:  # optional speed-up, never a dependency (as in goodput_processor.read.reader)
     import orjson
 
     _loads = orjson.loads
@@ -251,7 +251,7 @@ def translate_files(source: Source, paths, progress=None, *,
     :meth:`Translator.line`. ``progress(n_bytes)`` is called as files are read. ``job``:
     write every process into this job (``goodput import --job``). ``batches``: the run's
     ``resource_spans`` are :class:`~.base.EmittedSpans` (one per process, read into rows
-    straight by :func:`goodput_processor.read_emitted.ingest_emitted`), not OTLP JSON.
+    straight by :func:`goodput_processor.read.emitted.ingest_emitted`), not OTLP JSON.
     ``sink``: called with the :class:`~.base.EmittedSpans` made of each OTLP JSON line
     (a list, maybe empty) as soon as it is read, so that they are not all held at once;
     ``resource_spans`` then holds only what the end of the input made (as ``batches``).

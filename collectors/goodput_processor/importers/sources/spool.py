@@ -12,7 +12,7 @@ from goodput import schema
 
 from ..common import OutputExistsError
 
-try:  # optional speed-up, never a dependency (as in goodput_processor.reader)
+try:  # optional speed-up, never a dependency (as in goodput_processor.read.reader)
     import orjson
 
     def _dumps(doc) -> str:

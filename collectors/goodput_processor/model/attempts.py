@@ -1,0 +1,505 @@
+"""A job's attempts and processes, found from evidence (``docs/accounting.md``).
+
+Real jobs break tidy assumptions: pods die without logging their end, launchers set no
+``RANK``, people relaunch by hand with the same environment, and the killed launcher's
+workers may live on. So the attempt number and rank a resource declares are hints; the
+skeleton of the timeline is built from evidence:
+
+- **runs**: the spans of one resource are one *run* (one OS process's attempt), identified
+  by ``service.instance.id`` with the OS process (``host.name``, ``process.pid``,
+  ``goodput.process.start_time_unix_nano``). Spans written before schema 1.1, and imported
+  logs, carry no OS process: their runs are the declared ``(goodput.attempt,
+  goodput.process.index)`` pairs, split where a start marker follows the process's steps
+  or end (two runs that reused one name).
+- **slot** (rank) of a run: its latest ``goodput.identity`` marker (the framework's rank),
+  else the declared index when it came from a global rank variable or an argument. A local
+  rank or a default 0 is no evidence: such runs have no known slot.
+- **attempts**: runs with OS process identity are taken in order of their start; a run
+  begins a new attempt when its OS process already has a run in the current attempt (a
+  second ``job_start`` in one process), when its slot is already taken there by another
+  OS process (a restart or a relaunch by hand), when both declare a launcher attempt
+  number (torchrun's restart count) and the numbers differ, or when every process of the
+  current attempt was last seen alive before its OS process started (a relaunch after the
+  last one died; processes of one launch live at the same time, and a live process writes
+  something every flush interval; both times are read on the real clock, so start times
+  given to ``job_start(at=...)`` do not matter; the OS process start, read in 10 ms ticks,
+  counts as up to 10 ms later). A run of unknown slot whose process recorded through the
+  incumbent's API (resource ``goodput.recorder.api = ml-goodput-measurement``: its start
+  marker is an explicit ``record_job_start_time``, which begins an attempt there) also
+  begins a new attempt when a step of the current attempt had started, as recorded, before
+  that start: a restart, even while a process of the attempt before still runs (finishing
+  a checkpoint save). The incumbent takes each ``record_job_start_time`` for the start of
+  an attempt, and its processes of one launch start recording before training: one
+  process writes (its README's rule; several would duplicate its log), or, where several
+  do, each begins before the steps, which need them all. Otherwise it joins the current
+  attempt.
+- an attempt starts at its earliest start marker and ends at the last sign of life of any
+  of its processes: its latest end marker or span end. Phases still in flight when a
+  process died are in the spool as ``goodput.open`` records (:func:`resolve_open`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from goodput import schema
+
+from ..read.rows import (
+    C_END,
+    C_FLAGS,
+    C_KIND,
+    C_START,
+    F_ENDLESS,
+    F_OPEN,
+    K_JOB_END,
+    K_JOB_START,
+    K_STEP,
+    NONE,
+    JobSpans,
+    ProcessSpans,
+)
+from ..results.report import ReportWarning
+from .memo import AccountingMemo, cached, data_key, folded, process_state
+from .open_records import OpenResolver
+from .packed import PackedProcessSpans, replace_rows
+from .summaries import evidence, evidence_both
+
+__all__ = ["DEFAULT_HEARTBEAT_INTERVAL_MS", "RUNNING_INTERVALS", "Attempt", "build_attempts",
+           "clock_ns", "resolve_open"]
+
+#: Heartbeat interval assumed when no ``goodput.job_start`` carries one (ms).
+DEFAULT_HEARTBEAT_INTERVAL_MS = 1000
+#: An attempt without an end marker seen alive within this many heartbeat intervals of
+#: *now* is running.
+RUNNING_INTERVALS = 3
+_MS = 1_000_000
+#: ``goodput.process.start_time_unix_nano`` is read in clock ticks of 10 ms and rounded
+#: down: the process started up to this much later.
+_START_RESOLUTION_NS = 10 * _MS
+#: Declared sources that make ``goodput.process.index`` a slot to rely on.
+_SLOT_SOURCES = (None, "argument", "env")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job, with boundaries in ns since the Unix epoch.
+
+    ``end_reason`` is the ``goodput.end.reason`` of the end marker of the process seen
+    alive last (``"unspecified"`` if the marker has none), else ``"killed"`` (that
+    process left no end marker) or ``"running"``. ``cut`` is True when the end was moved
+    back to the next attempt's start. ``primary`` is the :class:`ProcessSpans` the attempt
+    is accounted on (lowest rank); ``processes`` are all its processes with spans, by rank
+    (their ``attempt``/``index`` are this attempt's number and their rank).
+    ``recorder_errors``/``recorder_dropped``: per process the maximum of
+    ``goodput.recorder.errors``/``dropped`` seen on job_end/heartbeat markers, summed
+    over processes. ``warnings``: what the evidence could not settle, as
+    :class:`~goodput_processor.results.report.ReportWarning` objects.
+    """
+
+    attempt: int
+    start_ns: int
+    end_ns: int
+    end_reason: str
+    cut: bool
+    primary: ProcessSpans
+    processes: tuple[ProcessSpans, ...]
+    declared_process_count: int | None
+    hosts: tuple[str, ...]
+    heartbeat_interval_ms: int
+    recorder_errors: int
+    recorder_dropped: int
+    warnings: tuple[ReportWarning, ...] = ()
+
+    @property
+    def duration_ns(self) -> int:
+        """``end_ns - start_ns`` (ns, >= 0)."""
+        return self.end_ns - self.start_ns
+
+
+#: Up to this many open records of one kind in a process are resolved one by one (no sort).
+_FEW_OPEN = 16
+
+
+def resolve_open(d: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """One process's rows with its ``goodput.open`` records resolved.
+
+    An open record (a phase in flight at a flush) is dropped when the phase's complete
+    span (same kind and start) is there; otherwise the phase ran until the process's last
+    sign of life (the latest end of any of its rows), or until the next phase of the same
+    kind began if one did (its end was recorded but lost, e.g. to a full disk): the record
+    is kept with that end, the open flag cleared and ``F_ENDLESS`` set (its end is inferred:
+    ``--definitions mgm`` does not take it for a recorded end). Of several open records of
+    one phase, one is kept.
+
+    Returns a new array, or with ``in_place`` (and ``d`` writeable) the start of ``d``
+    itself, overwritten (no copy of the rows: for rows read for one accounting).
+    """
+    flags = d[:, C_FLAGS]
+    is_open = (flags & F_OPEN) != 0
+    if not is_open.any():
+        return d
+    last_alive = int(d[:, C_END].max())
+    kinds, start_col = d[:, C_KIND], d[:, C_START]
+    open_idx = np.flatnonzero(is_open)
+    op = d[open_idx]
+    keep = np.ones(len(op), bool)
+    end = np.full(len(op), last_alive, np.int64)
+    for kind in np.unique(op[:, C_KIND]):
+        rows = np.flatnonzero(op[:, C_KIND] == kind)
+        starts = op[rows, C_START]
+        of_kind = kinds == kind
+        all_starts = start_col[of_kind]  # complete and open records of this kind
+        if len(rows) <= _FEW_OPEN:  # the usual case: a few phases in flight, no sort of
+            ost = np.unique(starts)  # the rows: one pass, binary searches in the open starts
+            cand, cand_open = _near(all_starts, is_open[of_kind], ost[0])
+            # each row's place among the open starts: how many of them are below its start
+            idx = np.searchsorted(ost, cand, "left")
+            same = ost[np.minimum(idx, len(ost) - 1)] == cand
+            hit = np.zeros(len(ost), bool)
+            hit[idx[same & ~cand_open]] = True  # a complete span of that start
+            keep[rows[hit[np.searchsorted(ost, starts)]]] = False
+            # the earliest start above each open start: the minimum over the places above it
+            lowest = np.full(len(ost) + 1, np.iinfo(np.int64).max, np.int64)
+            np.minimum.at(lowest, idx, cand)
+            above = np.minimum.accumulate(lowest[::-1])[::-1]  # over places j+1 and up
+            nxt = above[np.searchsorted(ost, starts) + 1]
+            has = nxt != np.iinfo(np.int64).max
+            end[rows[has]] = np.minimum(end[rows[has]], nxt[has])
+        else:
+            all_starts, kind_open = _near(all_starts, is_open[of_kind], int(starts.min()))
+            done = np.sort(all_starts[~kind_open])
+            if len(done):
+                pos = np.minimum(np.searchsorted(done, starts), len(done) - 1)
+                keep[rows[done[pos] == starts]] = False
+            later = np.sort(all_starts)  # ... or until the next phase of its kind began
+            pos = np.searchsorted(later, starts, side="right")
+            has = pos < len(later)
+            end[rows[has]] = np.minimum(end[rows[has]], later[pos[has]])
+        _, first = np.unique(starts, return_index=True)  # one per phase start
+        dup = np.ones(len(rows), bool)
+        dup[first] = False
+        keep[rows[dup]] = False
+    op, end = op[keep], end[keep]  # (a copy: ``op`` was taken by index)
+    op[:, C_END] = np.maximum(op[:, C_END], end)
+    op[:, C_FLAGS] = (op[:, C_FLAGS] & ~F_OPEN) | F_ENDLESS
+    # the other rows in file order, then the open records kept
+    if in_place and d.flags.writeable:
+        return _compact(d, is_open, op)
+    return np.concatenate((np.compress(~is_open, d, axis=0), op))
+
+
+#: Rows moved at a time by :func:`_compact`.
+_CHUNK_ROWS = 1 << 16
+
+
+def _compact(d: np.ndarray, drop: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """``concatenate((d[~drop], tail))`` written over ``d`` itself, a chunk at a time
+    (``len(tail) <= drop.sum()``); returns the view of ``d`` it fills."""
+    w = int(np.argmax(drop))  # rows before the first dropped stay where they are
+    for i in range(w, len(d), _CHUNK_ROWS):
+        block = d[i : i + _CHUNK_ROWS][~drop[i : i + _CHUNK_ROWS]]  # (a copy)
+        d[w : w + len(block)] = block
+        w += len(block)
+    d[w : w + len(tail)] = tail
+    return d[: w + len(tail)]
+
+
+#: Rows of one kind below which :func:`_near` keeps them all (tests set 0).
+_NEAR_MIN = 1024
+
+
+def _near(starts: np.ndarray, is_open: np.ndarray, first: int) -> tuple:
+    """``(starts, is_open)`` of the rows that start at or after ``first`` (the earliest
+    open record: rows before it match none), or all of them when that would not leave
+    out many: rows mostly come in time order, so the middle row tells."""
+    if len(starts) < _NEAR_MIN or starts[len(starts) // 2] >= first:
+        return starts, is_open
+    near = starts >= first
+    return starts[near], is_open[near]
+
+
+def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:
+    """``proc`` (no OS process identity) split at each start marker after it had stepped or
+    ended: a process starts an attempt once, so a later ``goodput.job_start`` belongs to
+    another run that reused the job name, attempt number and process index (two run
+    directories read together). Earlier extra start markers (the scheduling time an
+    imported log adds) do not split."""
+    d = proc.data
+    kinds = d[:, C_KIND]
+    starts = np.unique(d[kinds == K_JOB_START][:, C_START])
+    if len(starts) < 2:
+        return [proc]
+    done = d[(kinds == K_STEP) | (kinds == K_JOB_END)][:, C_END]
+    cuts = starts[starts >= done.min()] if len(done) else starts[:0]
+    if not len(cuts):
+        return [proc]
+    run = np.searchsorted(cuts, d[:, C_START], side="right")
+    return [replace(proc, data=d[run == i]) for i in range(len(cuts) + 1)]
+
+
+@dataclass
+class _Run:
+    """What one run shows: its spans and the evidence about its process."""
+
+    proc: ProcessSpans
+    start: int  # start marker: the attempt's start as recorded (may be a given time)
+    launched: int  # when the OS process started (real clock), else ``start``
+    last_alive: int  # the latest end of any row (heartbeats, open records: real clock)
+    end_marker: int | None
+    reason: str | None
+    slot: int
+    slot_known: bool
+    count: int | None
+    os_process: tuple | None  # (host, pid, process start) when the resource has them
+    hint: int | None  # a launcher's attempt number (env) or the declared one (no identity)
+    legacy: tuple | None  # (declared attempt, part) for runs without OS process identity
+    explicit_start: bool  # its start marker is the incumbent's record_job_start_time
+    interval: int  # heartbeat interval, ms
+    errors: int
+    dropped: int
+
+
+def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None, memo=None) -> _Run:
+    js_start, interval, first, je, ident, last_alive, errors, dropped = folded(
+        memo, "evidence", proc, evidence, evidence_both)
+    end_marker = reason = None
+    if je is not None:
+        end_marker = je[0]
+        reason = job.strings[je[1]] if je[1] >= 0 else "unspecified"
+    slot, count = proc.index, proc.process_count
+    known = proc.index_source in _SLOT_SOURCES
+    if ident is not None:
+        if ident[1] != NONE and ident[1] >= 0:
+            slot, known = ident[1], True
+        if ident[2] != NONE and ident[2] > 0:
+            count = ident[2]
+    has_os = proc.instance and proc.pid is not None and proc.process_start_ns is not None
+    hint = proc.attempt if legacy is not None or proc.attempt_source == "env" else None
+    start = first if js_start is None else js_start
+    return _Run(
+        proc=proc,
+        start=start,
+        launched=proc.process_start_ns if has_os else start,
+        last_alive=last_alive,
+        end_marker=end_marker,
+        reason=reason,
+        slot=slot,
+        slot_known=known,
+        count=count,
+        os_process=(proc.host, proc.pid, proc.process_start_ns) if has_os else None,
+        hint=hint,
+        legacy=legacy,
+        explicit_start=proc.run.get(schema.RES_RECORDER_API) in schema.RECORDER_APIS,
+        interval=DEFAULT_HEARTBEAT_INTERVAL_MS if interval is None else interval,
+        errors=errors or 0,
+        dropped=dropped or 0,
+    )
+
+
+def _runs(job: JobSpans, memo=None) -> list[_Run]:
+    runs = []
+    for key, proc in sorted(job.processes.items()):
+        rows = data_key(proc)  # (rows goodput serve keeps packed are not read for it)
+        if not rows[0] or proc.run.get(schema.RES_PROCESS_ROLE) == "launcher":
+            continue  # a launcher's own process (its events: goodput_processor.analysis.recovery)
+        # (the resource's attributes may change without a new row: they are in the key)
+        ident = repr((proc.host, proc.process_count, proc.schema_version,
+                      sorted(proc.run.items()), proc.instance, proc.pid,
+                      proc.process_start_ns, proc.attempt_source, proc.index_source))
+        origin = (key, rows, ident)
+        state = None if memo is None else process_state(memo, origin)  # (kept while seen)
+        runs += cached(memo, ("runs", *origin),
+                       lambda proc=proc, a=key[0], o=origin, s=state:
+                       _process_runs(job, a, proc, o, s, memo))
+    return runs
+
+
+def _process_runs(job: JobSpans, attempt: int, proc: ProcessSpans,
+                  origin: tuple | None = None, state: dict | None = None,
+                  memo=None) -> list[_Run]:
+    """The runs of one resource, its open records resolved; ``origin``: the memo identity
+    of its rows, kept on each run's rows (:func:`~goodput_processor.model.memo.proc_key`);
+    ``state``: what ``memo`` keeps of the process (its open records resolved a batch at a
+    time, :class:`~goodput_processor.model.open_records.OpenResolver`)."""
+    if proc.instance and proc.pid is not None and proc.process_start_ns is not None:
+        if state is None:
+            data, settled = resolve_open(proc.data, job.rows_owned), None
+        elif state.get("packed", (None,))[0] == origin:  # let go by goodput serve's
+            # compaction (goodput_processor.serve.compaction.pack_runs): made from its rows
+            _, packed, settled = state["packed"]
+            return [_run(job, PackedProcessSpans.of(proc, packed, origin=origin,
+                                                    settled=settled), None, memo)]
+        else:
+            data, settled = state.setdefault("open", OpenResolver()).resolve(proc.data)
+        return [_run(job, replace(proc, data=data, origin=origin, settled=settled), None,
+                     memo)]
+    proc = replace(proc, data=resolve_open(proc.data, job.rows_owned), origin=origin)
+    return [_run(job, p if origin is None else replace(p, origin=(*origin, part)),
+                 (attempt, part)) for part, p in enumerate(_split_runs(proc))]
+
+
+def _first_step(d: np.ndarray) -> int | None:
+    """The earliest recorded start of a step among rows ``d`` (ns; None: none)."""
+    steps = d[d[:, C_KIND] == K_STEP]
+    return int(steps[:, C_START].min()) if len(steps) else None
+
+
+def _earlier(a: int | None, b: int | None) -> int | None:
+    return a if b is None else b if a is None else min(a, b)
+
+
+def _restarts(r: _Run, current: list[_Run], memo) -> bool:
+    """Whether ``r`` (another OS process, of unknown slot) begins a new attempt by its
+    explicit ``record_job_start_time``: a step of ``current`` had started before its start
+    marker (module docstring)."""
+    if not (r.explicit_start and not r.slot_known and r.os_process is not None):
+        return False
+    for c in current:
+        first = folded(memo, "first_step", c.proc, _first_step, _earlier)
+        if first is not None and first < r.start:
+            return True
+    return False
+
+
+def _group(runs: list[_Run], memo=None) -> list[list[_Run]]:
+    """Runs grouped into attempts (see the module docstring), each group by start."""
+    groups: list[list[_Run]] = []
+    legacy: dict[tuple, list[_Run]] = {}
+    current: list[_Run] = []
+    alive = slots = hints = procs = None
+    for r in sorted(runs, key=lambda r: (r.start, r.slot)):
+        if r.legacy is not None:
+            legacy.setdefault(r.legacy, []).append(r)
+            continue
+        new = not current or (
+            r.os_process in procs
+            or (r.slot_known and r.slot in slots)
+            or (r.hint is not None and hints and r.hint not in hints)
+            or r.launched + _START_RESOLUTION_NS > alive
+            or _restarts(r, current, memo)
+        )
+        if new:
+            current = []
+            groups.append(current)
+            alive, slots, hints, procs = r.last_alive, set(), set(), set()
+        current.append(r)
+        alive = max(alive, r.last_alive)
+        procs.add(r.os_process)
+        if r.slot_known:
+            slots.add(r.slot)
+        if r.hint is not None:
+            hints.add(r.hint)
+    groups.extend(legacy.values())
+    groups.sort(key=lambda g: (min(r.start for r in g), g[0].legacy or ()))
+    return groups
+
+
+def _number(groups: list[list[_Run]]) -> list[int]:
+    """Attempt numbers: the declared one where all runs agree on one above the previous
+    attempt's (a launcher's restart count, an imported log's), else the previous + 1."""
+    out, prev = [], -1
+    for g in groups:
+        hints = {r.hint for r in g}
+        n = hints.pop() if len(hints) == 1 else None
+        prev = n if n is not None and n > prev else prev + 1
+        out.append(prev)
+    return out
+
+
+def clock_ns() -> int:
+    """"Now" for the accounting (ns since the Unix epoch): the one place the processor
+    reads the wall clock to tell a running attempt (benchmarks replace it)."""
+    return time.time_ns()
+
+
+def build_attempts(job: JobSpans, now_ns: int | None = None,
+                   memo: AccountingMemo | None = None) -> list[Attempt]:
+    """Attempts of ``job`` ordered by start, with ends cut at the next attempt's start.
+
+    Args:
+        job: the job's spans as read by :func:`goodput_processor.read.reader.read_run_dir`.
+        now_ns: "now" in ns since the Unix epoch, to tell a running last attempt from a
+            killed one; default :func:`clock_ns`.
+        memo: per-process results of an earlier call on the same job
+            (:mod:`goodput_processor.model.memo`).
+
+    Returns:
+        One :class:`Attempt` per attempt found (empty list if the job has no spans); its
+        processes carry the attempt's number and their rank as found.
+    """
+    if now_ns is None:
+        now_ns = clock_ns()
+    groups = _group(_runs(job, memo), memo)
+    numbers = _number(groups)
+    attempts = []
+    for i, (g, number) in enumerate(zip(groups, numbers, strict=True)):
+        start = min(r.start for r in g)
+        interval = max(r.interval for r in g)
+        # a process's end: its end marker (the time it gave), else its last sign of life
+        ends = [(r.last_alive if r.end_marker is None else r.end_marker, r) for r in g]
+        end, last = max(ends, key=lambda x: (x[0], x[1].end_marker is not None))
+        reason = last.reason if last.end_marker is not None else "killed"
+        running = [r for r in g if r.end_marker is None
+                   and now_ns - r.last_alive <= RUNNING_INTERVALS * r.interval * _MS]
+        if i == len(groups) - 1 and running:
+            end, reason = max(now_ns, end), "running"  # (clock skew: not before)
+        end = max(end, start)
+        warnings = []
+        cut = False
+        if i + 1 < len(groups):
+            nxt = min(r.start for r in groups[i + 1])
+            if end > nxt:
+                # alive, on the real clock, well after the next attempt's processes started
+                launched = min(r.launched for r in groups[i + 1])
+                late = [r for r in g
+                        if r.last_alive > launched + RUNNING_INTERVALS * interval * _MS]
+                if late and all(r.os_process is not None for r in late):
+                    warnings.append(ReportWarning(
+                        "orphaned_processes",
+                        f"{len(late)} process(es) of attempt {number} were still alive up to "
+                        f"{(max(r.last_alive for r in late) - launched) / 1e9:.2f} s after attempt "
+                        f"{numbers[i + 1]} started (workers of a killed launcher?); their "
+                        "work after that start is not counted", number))
+                end, cut = nxt, True
+        attempts.append(_attempt(g, number, start, end, reason, cut, interval, warnings, memo))
+    return attempts
+
+
+def _attempt(g: list[_Run], number: int, start: int, end: int, reason: str, cut: bool,
+             interval: int, warnings: list, memo=None) -> Attempt:
+    by_slot: dict[int, list[_Run]] = {}
+    for r in g:
+        by_slot.setdefault(r.slot, []).append(r)
+    shared = [s for s, rs in by_slot.items() if len({r.os_process for r in rs}) > 1]
+    for s in shared:
+        warnings.append(ReportWarning(
+            "process_rank_unknown",
+            f"{len(by_slot[s])} processes of attempt {number} claim rank {s} without "
+            "evidence (no rank variable, no torch.distributed/JAX rank recorded): the "
+            "attempt is accounted on one of them", number, s))
+    order = sorted(g, key=lambda r: (r.slot, -data_key(r.proc)[0]))
+    # (copies made at each accounting, not kept in the memo: a packed process's copy holds
+    # its rows once they are read, e.g. when the bucket levels change, and the memo keeps
+    # the runs' processes packed after goodput serve's compaction, serve.compaction)
+    procs = tuple(replace_rows(r.proc, attempt=number, index=r.slot, process_count=r.count)
+                  for r in order)
+    counts = [r.count for r in g if r.count is not None]
+    return Attempt(
+        attempt=number,
+        start_ns=start,
+        end_ns=end,
+        end_reason=reason,
+        cut=cut,
+        primary=procs[0],
+        processes=procs,
+        declared_process_count=max(counts) if counts else None,
+        hosts=tuple(sorted({r.proc.host for r in g if r.proc.host})),
+        heartbeat_interval_ms=interval,
+        recorder_errors=sum(r.errors for r in g),
+        recorder_dropped=sum(r.dropped for r in g),
+        warnings=tuple(warnings),
+    )
+

@@ -1,0 +1,332 @@
+"""The reader's span records: OTLP JSON spans to :data:`~goodput_processor.read.rows.COLUMNS`
+rows, and the tables and attribute decoding they need (shared with ``goodput serve``).
+
+:class:`SpanRows` is the part of :class:`goodput_processor.read.reader._Reader` that makes rows of
+spans lists: a batch at a time through :mod:`~goodput_processor.read.fast` and
+:mod:`~goodput_processor.read.template` while :meth:`_Reader.read_range` reads a file, or
+span by span (:meth:`SpanRows._spans_slow`, which counts every span it skips) for input that
+is not clean. Both give the same rows, counts and examples.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import numpy as np
+
+from goodput import schema
+
+from . import fast as read_fast
+from . import rows as tl
+from . import template as read_template
+from .rows import JobSpans, ProcessSpans
+
+try:  # a dependency (fast); the standard library's json is the fallback
+    import orjson
+
+    def _loads(data):
+        """``json.loads``, through orjson when it can: orjson refuses what the standard
+        library accepts beyond strict JSON (``NaN``, integers past 64 bits), and such a
+        line is read as ``json.loads`` reads it."""
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return json.loads(data)
+
+    def _loads_exact(data):
+        """``(_loads(data), exact)``: ``exact`` when orjson parsed it, so that
+        :func:`_dumps` of any part of it is that part's exact text (no ``NaN``, infinity
+        or integer past 64 bits, which orjson refuses and would not write back as read).
+
+        Raises:
+            ValueError, RecursionError: as ``json.loads``.
+        """
+        try:
+            return orjson.loads(data), True
+        except orjson.JSONDecodeError:
+            return json.loads(data), False
+
+    _dumps = orjson.dumps
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+
+    def _loads_exact(data):
+        return json.loads(data), False
+
+    _dumps = None
+
+
+_KIND_CODES = {name: code for code, name in enumerate(tl.KIND_NAMES)}
+_K_CUSTOM = tl.K_CUSTOM_BADPUT
+# Per kind: attribute key -> slot (0 = ival, 1 = aux, 2 = string, 3 = blocking flag,
+# 4 = open flag).
+_BLOCKING = {schema.ATTR_BLOCKING: 3, schema.ATTR_OPEN: 4}
+_RECORDER = {schema.ATTR_RECORDER_ERRORS: 0, schema.ATTR_RECORDER_DROPPED: 1}
+_KIND_ATTRS: tuple[dict[str, int], ...] = (
+    {schema.ATTR_HEARTBEAT_INTERVAL_MS: 0}, {**_RECORDER, schema.ATTR_END_REASON: 2}, _RECORDER,
+    {schema.RES_PROCESS_INDEX: 0, schema.RES_PROCESS_COUNT: 1},
+    _BLOCKING, _BLOCKING, _BLOCKING, _BLOCKING,
+    {schema.ATTR_STEP: 0, schema.ATTR_STEP_COUNT: 1, **_BLOCKING},
+    {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING}, {schema.ATTR_CHECKPOINT_STEP: 0, **_BLOCKING},
+    {schema.ATTR_BADPUT_TYPE: 2, **_BLOCKING},
+    {schema.ATTR_ELASTIC_EVENT_TYPE: 2, **_BLOCKING}, _BLOCKING,
+    # elastic_slices: the available count goes to the string slot (see timeline.COLUMNS)
+    {schema.ATTR_SLICES_ACTIVE: 0, schema.ATTR_SLICES_TOTAL: 1,
+     schema.ATTR_SLICES_AVAILABLE: 2},
+    _BLOCKING,  # collective_wait (1.3)
+    {schema.ATTR_LAUNCHER_WORKER_PID: 0, schema.ATTR_LAUNCHER_EXIT_CODE: 1,
+     schema.ATTR_LAUNCHER_EVENT: 2},  # launcher_event (1.3)
+)
+if len(_KIND_ATTRS) != len(tl.KIND_NAMES):  # pragma: no cover - a schema edit, not input
+    raise ImportError("reader._KIND_ATTRS needs one entry per timeline.KIND_NAMES kind")
+
+
+def flag_bit(slot: int, value) -> int:
+    """The ``flags`` bit a slot-3/4 attribute value sets: ``goodput.blocking`` false ->
+    ``F_NONBLOCKING``, ``goodput.open`` true -> ``F_OPEN``, else 0."""
+    text = str(value).lower()
+    if slot == 3:
+        return tl.F_NONBLOCKING if text in ("false", "0") else 0
+    return tl.F_OPEN if text in ("true", "1") else 0
+#: Spans that only shape traces (``goodput.window``): read past, never counted.
+STRUCTURE = frozenset(schema.STRUCTURE)
+_U64 = 1 << 64
+_I64_MAX = (1 << 63) - 1
+#: Spans read into rows at once (see SpanRows._spans).
+_BATCH_SPANS = 4096
+#: Lines read at once (for read_template.scan): up to this many, or this many bytes.
+_CHUNK_LINES = 1024
+_CHUNK_BYTES = 2 << 20
+
+
+_VALUE_TYPES = (("intValue", int), ("stringValue", str), ("boolValue", bool),
+                ("doubleValue", float))
+
+
+def _attr_value(value):
+    """Python value of an OTLP ``AnyValue`` dict (int64 may be a JSON string or number)."""
+    for key, convert in _VALUE_TYPES:
+        if key in value:
+            return convert(value[key])
+    return None
+
+
+def _as_int(v) -> int:
+    r = int(v)  # floats truncate; NaN and infinities raise
+    if not tl.NONE < r <= _I64_MAX:
+        raise ValueError("out of int64 range")
+    return r
+
+
+def json_resource_attrs(rs: dict) -> dict:
+    """``{key: python value}`` of an OTLP JSON ``ResourceSpans``'s resource (unreadable
+    attributes left out).
+
+    Raises:
+        AttributeError: ``rs`` or its resource is not a JSON object.
+    """
+    attrs = {}
+    for a in (rs.get("resource") or {}).get("attributes") or ():
+        try:
+            attrs[a["key"]] = _attr_value(a.get("value") or {})
+        except (TypeError, KeyError, ValueError):
+            continue
+    return attrs
+
+
+def job_name(attrs: dict) -> str:
+    """The job a resource belongs to, from its attributes ``{key: python value}``:
+    ``goodput.job.name``, else ``service.name`` (the recorder sets it to the job name),
+    else ``unknown_job``. A name sent as another type than a string is written with its
+    type, ``int:5``, ``bool:True``, ``float:1.0``, so that it is never the job of the string
+    ``"5"``, ``"True"`` or ``"1.0"``."""
+    name = attrs.get(schema.RES_JOB_NAME) or attrs.get(schema.RES_SERVICE_NAME)
+    if name is None or name == "":
+        return "unknown_job"
+    return name if isinstance(name, str) else f"{type(name).__name__}:{name}"
+
+
+class SpanRows:
+    """Spans lists to rows, for :class:`goodput_processor.read.reader._Reader` (a mixin: the
+    reader's tables, limits and counters are its attributes)."""
+
+    def _lines(self, f, left: int):
+        """``(line number, line, read_template.scan's answer)`` of the lines of ``f``, at
+        most ``left`` bytes of them (-1: all); read a chunk at a time, for the scan."""
+        chunk: list = []
+        scan = self._batch is not None
+        size = 0
+        try:
+            for lineno, line in enumerate(f, 1):
+                self.nlines = lineno
+                if left >= 0:
+                    if left == 0:
+                        self.nlines -= 1
+                        break
+                    left -= len(line)
+                chunk.append((lineno, line))
+                size += len(line)
+                if size >= _CHUNK_BYTES or len(chunk) == _CHUNK_LINES:
+                    yield from self._scanned(chunk, scan)
+                    chunk, size = [], 0
+        except (OSError, EOFError, zlib.error):
+            yield from self._scanned(chunk, scan)  # the lines before it are read, as before
+            raise
+        yield from self._scanned(chunk, scan)
+
+    @staticmethod
+    def _scanned(chunk: list, scan: bool):
+        found = read_template.scan([line for _, line in chunk]) if scan else None
+        for i, (lineno, line) in enumerate(chunk):
+            yield lineno, line, found and found[i]
+
+    def _spans(self, spans: list, job: JobSpans, proc: ProcessSpans, where,
+               source: tuple | None = None, taken=None) -> None:
+        """Read a spans list of ``proc``: now, or with the next ones of the same process
+        (one batch of rows: fewer numpy calls), while nothing else can happen in between.
+
+        ``source`` is (line, resource index, scope index), to parse the list again if the
+        batch must be read span by span: a batch keeps a few objects per list, not the
+        parsed lines (:mod:`~goodput_processor.read.fast`)."""
+        batch = self._batch
+        if batch is not None and source is not None and type(spans) is list:
+            if batch and batch[-1][2] is not proc:
+                self._flush()
+            if self._fast.add(spans, taken):
+                self._batch.append((source, job, proc, where))  # a new list after a flush
+                if self._fast.total >= _BATCH_SPANS:
+                    self._flush()
+                return
+        self._flush()
+        if taken is not None:  # the whole list, as the whole line gives it
+            spans = _parsed_spans(*source)
+        self._spans_now(spans, job, proc, where)
+
+    def _flush(self) -> None:
+        """Make rows of the spans lists waiting in the batch (see :meth:`_spans`)."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = []
+        fast = self._fast.rows()
+        self._fast.clear()
+        if fast is not None:
+            self._add_rows(fast, batch[0][1], batch[0][2])
+            return
+        for source, job, proc, where in batch:  # not clean: span by span
+            self._spans_slow(_parsed_spans(*source), job, proc, where)
+
+    def _spans_now(self, spans: list, job: JobSpans, proc: ProcessSpans, where) -> None:
+        one = read_fast.Batch(_KIND_CODES, _KIND_ATTRS, _attr_value, _as_int, flag_bit)
+        fast = one.rows() if type(spans) is list and one.add(spans) else None
+        if fast is None:  # something to skip or count: span by span
+            self._spans_slow(spans, job, proc, where)
+        else:
+            self._add_rows(fast, job, proc)
+
+    def _add_rows(self, fast: read_fast.FastRows, job: JobSpans, proc: ProcessSpans) -> None:
+        """Number the trace ids and strings of what :func:`read_fast.span_rows` read, in
+        span order, and append its rows to ``proc``."""
+        rows, trace_ids = fast.rows, self._trace_ids
+        if len(rows):  # numbered in order of first appearance
+            ids = [trace_ids.setdefault(t, len(trace_ids)) for t in fast.tids]
+            rows[:, tl.C_TIDX] = ids[0] if fast.tcodes is None else np.array(ids)[fast.tcodes]
+        if fast.strings:
+            drop = []
+            for i, values in fast.strings:
+                for value, kind in values:
+                    sidx = self.type_sid(job, value, kind)
+                if sidx is None:  # a custom badput type past goodput serve's limit
+                    job.skipped["over_limit"] += 1
+                    drop.append(i)
+                else:
+                    rows[i, tl.C_SIDX] = sidx
+            if drop:
+                rows = np.delete(rows, drop, axis=0)
+        proc._buf.frombytes(rows.data.cast("B"))  # a memoryview: no copy
+        if fast.unknown:
+            job.skipped["unknown"] += fast.unknown
+
+    def _spans_slow(self, spans: list, job: JobSpans, proc: ProcessSpans, where: str) -> None:
+        out: list[int] = []
+        extend = out.extend
+        kind_codes, kind_attrs, trace_ids = _KIND_CODES, _KIND_ATTRS, self._trace_ids
+        none, i64_max, u64 = tl.NONE, _I64_MAX, _U64
+        unknown = 0
+        last_tid, tidx = None, -1
+        for sp in spans:
+            try:
+                kind = kind_codes.get(sp["name"])
+                if kind is None:
+                    if sp["name"] not in STRUCTURE:
+                        unknown += 1
+                    continue
+                start = int(sp["startTimeUnixNano"])
+                end = int(sp["endTimeUnixNano"])
+                hsid, tid = sp["spanId"], sp["traceId"]
+                sid = int(hsid, 16)
+                if not 0 <= start <= end:
+                    raise ValueError("end before start" if start >= 0 else "negative time")
+                if len(hsid) != 16 or len(tid) != 32:
+                    raise ValueError("spanId must be 16 hex digits and traceId 32")
+                if tid != last_tid:
+                    tidx = trace_ids.get(tid)
+                    if tidx is None:
+                        tidx = trace_ids[tid] = len(trace_ids)
+                    last_tid = tid
+                ival = aux = none
+                flags = 0
+                sidx = -1
+                attrs = sp.get("attributes")
+                if attrs:
+                    wanted = kind_attrs[kind]
+                    for a in attrs:
+                        slot = wanted.get(a["key"])
+                        if slot is None:
+                            continue
+                        v = a["value"]
+                        if slot < 2:
+                            x = v.get("intValue")
+                            x = _as_int(_attr_value(v)) if x is None else int(x)
+                            if slot:
+                                aux = x
+                            else:
+                                ival = x
+                        elif slot == 2:
+                            sidx = self.type_sid(job, str(_attr_value(v)), kind)
+                        else:
+                            flags |= flag_bit(slot, _attr_value(v))
+                status = sp.get("status")
+                if status:
+                    code = status.get("code")
+                    if code == 2 or code == "STATUS_CODE_ERROR":
+                        flags |= tl.F_ERROR
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+                name = sp.get("name") if isinstance(sp, dict) else None
+                self._skip(job, "invalid_span", where, f"invalid {name} span ({e!r})")
+                continue
+            if sidx is None:  # a custom badput type past goodput serve's limit
+                job.skipped["over_limit"] += 1
+                continue
+            if sid > i64_max:
+                sid -= u64
+            extend((start, end, kind, ival, aux, flags, sidx, tidx, sid))
+        try:
+            proc._buf.fromlist(out)
+        except OverflowError:  # rare: re-add record by record, skipping out-of-range ones
+            for r in range(0, len(out), tl.NCOLS):
+                rec = out[r : r + tl.NCOLS]
+                if all(none <= x <= i64_max for x in rec):
+                    proc._buf.fromlist(rec)
+                else:
+                    self._skip(job, "invalid_span", where, "a time, id or attribute is out "
+                               "of the int64 range")
+        if unknown:
+            job.skipped["unknown"] += unknown
+
+
+def _parsed_spans(line: bytes, ri: int, si: int) -> list:
+    """The spans list of resource ``ri``, scope ``si`` of a line that gave one before."""
+    rs = _loads(line)["resourceSpans"][ri]
+    return (rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans"))[si]["spans"]
