@@ -30,7 +30,7 @@ __all__ = ["PackedProcessSpans", "ProcessRows", "pack_rows", "unpack_rows"]
 
 class ProcessRows:
     """One process's rows as the store keeps them: ``data[:n]`` (int64, :data:`~goodput_
-    processor.timeline.COLUMNS`), in arrival order, without duplicates (the first of a
+    processor.read.rows.COLUMNS`), in arrival order, without duplicates (the first of a
     repeated (trace, span id) is kept), in an array that grows by half when full (with a
     sixteenth to spare after a bulk load), and their
     span ids sorted (for the duplicate check of new rows) in two runs: all but the latest

@@ -2,7 +2,7 @@
 
 :class:`LiveStore` holds one :class:`goodput_processor.read.reader._Reader`: per job, per
 (attempt, process), a growable ``array('q')`` of span rows (:data:`~goodput_processor.
-timeline.COLUMNS`, 9 int64 = 72 bytes per span). Taking in a batch appends its rows, so its
+read.rows.COLUMNS`, 9 int64 = 72 bytes per span). Taking in a batch appends its rows, so its
 cost grows with the batch, never with the job's history. The store is one object with
 three sides, each in its own module:
 
