@@ -16,6 +16,10 @@ Takes a reader object; imports nothing of the reader's module but its tables.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
+
 from goodput import schema
 
 from . import rows as tl
@@ -30,7 +34,10 @@ _MAJOR = schema.SCHEMA_VERSION.split(".")[0]
 def _rows(batch, kind_codes=_KIND_CODES, kind_attrs=_KIND_ATTRS):
     """``(rows, strings, unknown)`` of ``batch``'s spans (``rows``: flat ints, nine a span,
     its string slot -1; ``strings``: ``(row number, value, kind)``; ``unknown``: spans of
-    no kind that are no structure), or None when a span is not clean."""
+    no kind that are no structure), or None when a span is not clean; where the batch holds
+    spans in bulk (``SpanColumns``), see :func:`_column_rows`."""
+    if batch.columns:
+        return _column_rows(batch)
     out: list[int] = []
     extend = out.extend
     strings = []
@@ -80,6 +87,47 @@ def _rows(batch, kind_codes=_KIND_CODES, kind_attrs=_KIND_ATTRS):
     return out, strings, unknown
 
 
+def _column_rows(batch):
+    """:func:`_rows` of a batch that holds ``SpanColumns`` among its tuples: the same rows
+    (an ``(n, NCOLS)`` int64 array where the batch is one ``SpanColumns`` alone), or None
+    when a span is not clean."""
+    out: list[int] = []
+    strings, unknown, n, run = [], 0, 0, []
+    for item in [*batch.spans, None]:
+        if type(item) is tuple:
+            run.append(item)
+            continue
+        if run:  # the tuples before these columns
+            got = _rows(SimpleNamespace(spans=run, columns=False))
+            if got is None:
+                return None
+            out.extend(got[0])
+            strings.extend((i + n, v, k) for i, v, k in got[1])
+            unknown += got[2]
+            n, run = n + len(got[0]) // tl.NCOLS, []
+        if item is None:
+            break
+        kind = _KIND_CODES.get(item.name)
+        slot = None if kind is None else _KIND_ATTRS[kind].get(item.attr)
+        if slot not in (0, 1) or not len(item):
+            return None  # (no such columns are made: the OTLP JSON way reads them)
+        value = item.value + item.add
+        if not ((item.start >= 0).all() and (item.start <= item.end).all()
+                and (value >= item.value).all()):  # (past 2**63: wrapped below)
+            return None
+        rows = np.empty((len(item), tl.NCOLS), np.int64)
+        rows[:, tl.C_START], rows[:, tl.C_END], rows[:, tl.C_KIND] = item.start, item.end, kind
+        rows[:, tl.C_IVAL] = value if slot == 0 else tl.NONE
+        rows[:, tl.C_AUX] = value if slot == 1 else tl.NONE
+        rows[:, tl.C_FLAGS] = tl.F_ERROR if item.error else 0
+        rows[:, tl.C_SIDX], rows[:, tl.C_TIDX], rows[:, tl.C_SID] = -1, 0, item.sid
+        if len(batch.spans) == 1:
+            return rows, strings, unknown
+        out.extend(rows.ravel().tolist())
+        n += len(item)
+    return out, strings, unknown
+
+
 def ingest_emitted(reader, batch, where) -> object:
     """Append the rows of ``batch`` (one process's :class:`EmittedSpans`) to ``reader``;
     returns its job (a ``JobSpans``), as ``reader._request`` of the batch's OTLP JSON
@@ -94,7 +142,11 @@ def ingest_emitted(reader, batch, where) -> object:
     reader._flush()
     out, strings, unknown = got
     ncols = tl.NCOLS
-    if out:
+    if type(out) is not list:  # one SpanColumns' rows (_column_rows)
+        tidx = reader._trace_ids.setdefault(batch.trace_id, len(reader._trace_ids))
+        out[:, tl.C_TIDX] = tidx
+        proc._buf.frombytes(out.tobytes())
+    elif out:
         trace_ids = reader._trace_ids
         tidx = trace_ids.get(batch.trace_id)
         if tidx is None:

@@ -5,7 +5,10 @@
 each file on the way in with the source that takes it
 (:mod:`goodput_processor.importers.sources`), as ``goodput import --from`` would, and
 reads the translated spans as spool lines (:func:`translate_into`); :func:`foreign_files`
-tells which files those are. Takes a reader object; imports nothing of the reader.
+tells which files those are. A line's leading spans of a source's usual shape (Megatron-LM's
+iteration spans) are read from its text by a template scan
+(:mod:`goodput_processor.read.foreign_template`), not parsed. Takes a reader object;
+imports nothing of the reader.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def translate_into(reader, root: Path, foreign: dict) -> None:
     from ..importers.sources import get_source, translate_files
     from ..importers.sources.driver import no_gc
     from .emitted import ingest_emitted
+    from .foreign_template import scan
 
     def ingest(batches: list) -> None:  # rows straight, as their spool lines give
         for batch in batches:
@@ -63,7 +67,7 @@ def translate_into(reader, root: Path, foreign: dict) -> None:
     for name, paths in sorted(foreign.items()):
         with no_gc():  # (see no_gc: the translated spans are read while they are many)
             # each line's spans are read into rows as soon as they are made, not held
-            run = translate_files(get_source(name), paths, sink=ingest)
+            run = translate_files(get_source(name), paths, sink=ingest, scan=scan)
             ingest(run.resource_spans)
             del run.resource_spans[:]
         reader.skipped.update(run.problems.counts)

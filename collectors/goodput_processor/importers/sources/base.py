@@ -48,8 +48,8 @@ from .records import (
     value_of,
 )
 
-__all__ = ["ForeignLog", "ForeignSpan", "EmittedSpans", "Emitter", "Source", "Translator",
-           "attrs_of", "first_json", "logs_of", "pb_attrs", "spans_of", "value_of"]
+__all__ = ["ForeignLog", "ForeignSpan", "EmittedSpans", "Emitter", "Source", "SpanColumns",
+           "Translator", "attrs_of", "first_json", "logs_of", "pb_attrs", "spans_of", "value_of"]
 
 #: Spans per emitted ``scopeSpans`` list (as the recorder's journal lines).
 SPANS_PER_LIST = 512
@@ -69,8 +69,43 @@ def _digest(text: str, nbytes: int) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=nbytes).hexdigest()
 
 
+class SpanColumns:
+    """Spans of one name read in bulk (a template scan of a Collector's OTLP JSON line), as
+    columns: ``start``, ``end`` (int64 ns), ``value`` (int64: the one int attribute read of
+    each, e.g. ``megatron.iteration``), ``sid`` (int64: ``int(spanId, 16)`` less 2**64 past
+    2**63; the text: 16 lowercase hex digits); ``span(i)`` gives span ``i``'s OTLP JSON
+    dict, as a parse of its line gives it (every span's is the same but for these fields).
+    As goodput spans (:meth:`as_spans`, :meth:`Emitter.kept_columns`): ``name``, ``attr``
+    (the attribute ``value + add`` is written as) and ``error`` (one status for all)."""
+
+    __slots__ = ("start", "end", "value", "sid", "error", "span", "name", "attr", "add")
+
+    def __init__(self, start, end, value, sid, span=None):
+        self.start, self.end, self.value, self.sid, self.span = start, end, value, sid, span
+        self.name, self.attr, self.add, self.error = "", "", 0, False
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def as_spans(self, name: str, attr: str, add: int = 0,
+                 error: bool = False) -> SpanColumns:
+        """These columns as goodput spans ``name`` with ``{attr: value + add}``, status
+        ERROR where ``error``."""
+        out = SpanColumns(self.start, self.end, self.value, self.sid)
+        out.name, out.attr, out.add, out.error = name, attr, add, error
+        return out
+
+    def tuples(self) -> list[tuple]:
+        """The goodput spans as :meth:`Emitter.span_kept` keeps them."""
+        name, attr, add, error = self.name, self.attr, self.add, self.error
+        return [(name, s, e, {attr: v + add}, f"{i & 0xFFFF_FFFF_FFFF_FFFF:016x}", error)
+                for s, e, v, i in zip(self.start.tolist(), self.end.tolist(),
+                                      self.value.tolist(), self.sid.tolist(), strict=True)]
+
+
 class _Proc:
-    __slots__ = ("key", "job", "resource", "trace_id", "spans", "start_ns", "fixed")
+    __slots__ = ("key", "job", "resource", "trace_id", "spans", "start_ns", "fixed",
+                 "columns")
 
     def __init__(self, key: str, job: str, attrs: dict, start_ns: int | None):
         self.key, self.job, self.resource = key, job, attrs
@@ -78,6 +113,7 @@ class _Proc:
         self.spans: list[tuple] = []  # see EmittedSpans
         self.start_ns = start_ns
         self.fixed = False  # the resource was handed out: it never changes after that
+        self.columns = False  # spans holds a SpanColumns (Emitter.kept_columns)
 
 
 class Emitter:
@@ -206,6 +242,22 @@ class Emitter:
             p.start_ns = start_ns
         return p.spans
 
+    def kept_columns(self, key: str, columns: SpanColumns) -> None:
+        """:meth:`span_kept` of each of ``columns``' spans (:meth:`SpanColumns.as_spans`:
+        ``start <= end`` each), kept as the columns, in their place among process ``key``'s
+        spans (:class:`EmittedSpans`).
+
+        Raises:
+            KeyError: ``key`` was never named with :meth:`process`.
+        """
+        if not len(columns):
+            return
+        p = self._procs[key]
+        if p.start_ns is None:
+            p.start_ns = int(columns.start[0])
+        p.spans.append(columns)
+        p.columns = True
+
     def spans_then_alive(self, key: str, start_ns: int, spans, last_seen_ns: int,
                          ended: bool = False) -> None:
         """Add ``spans`` (``(name, start_ns, end_ns, attrs, error)`` tuples) to process
@@ -243,7 +295,8 @@ class Emitter:
                     p.resource[schema.RES_PROCESS_START] = int(p.start_ns)
                 p.fixed = True
             spans, p.spans = p.spans, []
-            out.append(EmittedSpans(p.job, p.resource, p.trace_id, spans))
+            out.append(EmittedSpans(p.job, p.resource, p.trace_id, spans, p.columns))
+            p.columns = False
         return out
 
 
@@ -253,22 +306,40 @@ class EmittedSpans:
     ``job``: the process's job; ``resource``: its resource attributes ``{key: bool | int |
     str}`` (fixed once taken: never changed after); ``trace_id``: 32 hex digits;
     ``spans``: ``(name, start_ns, end_ns, attrs or None, span_id (16 hex digits), error)``
-    tuples. :meth:`resource_spans` is the same as OTLP JSON.
+    tuples, and where ``columns``, also :class:`SpanColumns` (spans in bulk, in their place;
+    :meth:`tuples` gives every span as a tuple). :meth:`resource_spans` is the same as OTLP
+    JSON.
     """
 
-    __slots__ = ("job", "resource", "trace_id", "spans")
+    __slots__ = ("job", "resource", "trace_id", "spans", "columns")
 
-    def __init__(self, job: str, resource: dict, trace_id: str, spans: list):
+    def __init__(self, job: str, resource: dict, trace_id: str, spans: list,
+                 columns: bool = False):
         self.job, self.resource, self.trace_id, self.spans = job, resource, trace_id, spans
+        self.columns = columns
 
     def __len__(self) -> int:
-        return len(self.spans)
+        if not self.columns:
+            return len(self.spans)
+        return sum(1 if type(s) is tuple else len(s) for s in self.spans)
+
+    def tuples(self) -> list[tuple]:
+        """Every span as a ``(name, start_ns, end_ns, attrs, span_id, error)`` tuple."""
+        if not self.columns:
+            return self.spans
+        out: list[tuple] = []
+        for s in self.spans:
+            if type(s) is tuple:
+                out.append(s)
+            else:
+                out.extend(s.tuples())
+        return out
 
     def resource_spans(self) -> dict:
         """The OTLP JSON ``ResourceSpans`` dict (up to :data:`SPANS_PER_LIST` spans per
         ``scopeSpans``)."""
         tid, out = self.trace_id, []
-        for name, start, end, attrs, span_id, error in self.spans:
+        for name, start, end, attrs, span_id, error in self.tuples():
             s = {"traceId": tid, "spanId": span_id, "name": name, "kind": 1,
                  "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
                  "attributes": [_kv(k, v) for k, v in attrs.items()] if attrs else []}

@@ -83,6 +83,7 @@ import uuid
 from goodput import schema
 
 from .base import Emitter, ForeignSpan, Source, Translator, spans_of
+from .megatron_json import CollectorJson
 
 __all__ = ["SOURCE", "MegatronTranslator"]
 
@@ -167,9 +168,12 @@ class _Incarnation:
         self.root_end = 0  # latest end of a megatron.train root
 
 
-class MegatronTranslator(Translator):
+class MegatronTranslator(CollectorJson, Translator):
     """Per-stream state of the ``megatron`` source: one :class:`_Incarnation` per process
-    incarnation (see the module docstring)."""
+    incarnation (see the module docstring); the Collector's OTLP JSON is read by the
+    paths of :class:`~.megatron_json.CollectorJson`."""
+
+    _READ, _ITERATION = _READ, _ITERATION
 
     def __init__(self, emitter: Emitter, problems=None):
         super().__init__(emitter, problems)
@@ -184,11 +188,17 @@ class MegatronTranslator(Translator):
         super().forget(job)
 
     # --- identity ----------------------------------------------------------------------
-    def _incarnation(self, res: dict) -> _Incarnation:
+    @staticmethod
+    def _key(res: dict) -> str:
+        """The incarnation key of resource attributes ``res``."""
         rank = _int(res.get("dl.rank")) or 0
         run = res.get("nemo.lens.run_uuid") or res.get("nemo.run.id") or ""
+        return f"{run}\0{rank}\0{res.get('host.name')}\0{_int(res.get('process.pid'))}"
+
+    def _incarnation(self, res: dict) -> _Incarnation:
+        key = self._key(res)
+        rank = _int(res.get("dl.rank")) or 0
         host, pid = res.get("host.name"), _int(res.get("process.pid"))
-        key = f"{run}\0{rank}\0{host}\0{pid}"
         inc = self._inc.get(key)
         if inc is not None:
             return inc
@@ -222,74 +232,6 @@ class MegatronTranslator(Translator):
                     self.emit.span(inc.key, schema.JOB_START, t0, t0,
                                    {schema.ATTR_HEARTBEAT_INTERVAL_MS: EXPORT_DELAY_MS})
             one(inc, s, where)
-        if inc is not None:
-            self._maybe_end(inc)
-
-    def spans_json(self, resource: dict, scope: str, raw: list, where: str) -> None:
-        """:meth:`spans` of OTLP JSON span dicts (the Collector's file exporter, as
-        :func:`~.records.spans_of` takes them): the same state, spans and problems, without
-        a :class:`ForeignSpan` per ``megatron.train.iteration`` span of the usual shape
-        (a str name, its times as digits, a 16-digit span id, ``megatron.iteration`` an
-        ``intValue``). Any other span goes through :meth:`_one` as :meth:`spans` takes it;
-        a list :func:`spans_of` would refuse, or an incarnation's first spans, go to
-        :meth:`spans` whole.
-
-        Raises:
-            TypeError, KeyError, ValueError, AttributeError: as :meth:`spans` and
-                :func:`spans_of` (the caller counts the list as malformed).
-        """
-        for d in raw:  # what spans_of refuses is refused before any span is read
-            if type(d) is not dict:
-                return self.spans(resource, scope, spans_of(raw), where)
-            st = d.get("status")
-            if st and type(st) is not dict:
-                return self.spans(resource, scope, spans_of(raw), where)
-        inc = None
-        key = ""
-        step_name, step_attr = schema.STEP, schema.ATTR_STEP
-        iteration, read, one = _ITERATION, _READ, self._one
-        append = None  # Emitter.kept_list's, fetched at the first step span
-        for d in raw:
-            name = d.get("name", "")
-            if type(name) is not str:
-                continue  # (str(name) is none of the names read: skipped as spans does)
-            if name not in read:
-                continue
-            if inc is None:
-                inc = self._incarnation(resource)
-                key = inc.key
-                if inc.fresh:  # its start marker needs every span: the general way
-                    return self.spans(resource, scope, spans_of(raw), where)
-            if name in iteration:
-                try:
-                    start = int(d["startTimeUnixNano"])
-                    end = int(d["endTimeUnixNano"])
-                    sid = d["spanId"]
-                    it = None
-                    for kv in d["attributes"]:
-                        if kv["key"] == "megatron.iteration":
-                            it = int(kv["value"]["intValue"])
-                            break
-                except (TypeError, ValueError, KeyError):
-                    it = None
-                if (type(it) is int and it >= 0 and 0 < start <= end and type(sid) is str
-                        and len(sid) == 16):  # (the checks of spans, in its order)
-                    if end > inc.last_end:
-                        if inc.ended:
-                            self.warn("megatron_span_after_end")
-                        inc.last_end = end
-                    step = it + 1
-                    st = d.get("status")
-                    if append is None:
-                        append = self.emit.kept_list(key, start).append
-                    append((step_name, start, end, {step_attr: step}, sid.lower(),
-                            bool(st) and st.get("code") in (2, "STATUS_CODE_ERROR")))
-                    if inc.max_step is None or step >= inc.max_step:
-                        inc.max_step, inc.last_iter = step, d  # (a ForeignSpan when read)
-                    if inc.mode is None:
-                        inc.mode, inc.pending = "per_step", []
-                    continue
-            one(inc, spans_of((d,))[0], where)
         if inc is not None:
             self._maybe_end(inc)
 
