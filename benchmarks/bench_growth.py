@@ -22,6 +22,8 @@ directories can be shared).
 
     python benchmarks/bench_growth.py --keep /tmp/growth --steps 100000 1000000 10000000
     python benchmarks/bench_growth.py --keep /tmp/growth --steps 100000 1000000 --live
+    python benchmarks/bench_growth.py --keep /tmp/growth --steps 100000 1000000 --live \
+        --restarts 3 200 --shape incumbent     # a series per restarts (" R200": the second)
 
 A run at 10^7 steps records about 700 MB per spool (about 2.5 minutes each) and needs about
 6 GB of memory. It is a benchmark, never a test.
@@ -50,15 +52,17 @@ TARGETS = {"report goodput s": 30.0, "report goodput MB": 2000.0, "report mgm s"
            "report mgm MB": 2000.0, "live 60 s new ms": 100.0, "live nothing new ms": 100.0}
 
 
-def report_point(keep: Path, steps: int) -> dict:
+def report_point(keep: Path, steps: int, restarts: int = 3, shape: str = "own") -> dict:
     """Report wall seconds and peak MB for both definitions on the recorded spool of
-    ``steps`` steps (recorded under ``keep`` unless already there)."""
-    d = keep / f"this-{steps}"
+    ``steps`` steps with ``restarts`` restarts in ``shape`` (``recorded_job.SHAPES``),
+    recorded under ``keep`` unless already there (as ``bench_report.py --keep`` names it)."""
+    d = keep / f"this-{recorded_job.job_name(steps, restarts, shape)}"
     done = Path(str(d) + bench_report._DONE)
     if not done.is_file():
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(HERE.parent / "src"), str(HERE.parent / "collectors")])}
-        done.write_text(json.dumps(recorded_job.write_job(str(d), steps, env=env)))
+        done.write_text(json.dumps(recorded_job.write_job(str(d), steps, restarts, env=env,
+                                                          shape=shape)))
     out = {}
     for defs in ("goodput", "mgm"):
         wall, peak = bench_report.measure(str(d), defs)
@@ -66,9 +70,10 @@ def report_point(keep: Path, steps: int) -> dict:
     return out
 
 
-def live_point(keep: Path, steps: int) -> dict:
-    """``serve-report`` live poll figures of ``bench_live.py`` on its job of ``steps``."""
-    job = bench_live.prepare(keep / "live", steps)
+def live_point(keep: Path, steps: int, restarts: int = 3, shape: str = "own") -> dict:
+    """``serve-report`` live poll figures of ``bench_live.py`` on its job of ``steps``
+    with ``restarts`` restarts in ``shape``."""
+    job = bench_live.prepare(keep / "live", steps, restarts=restarts, shape=shape)
     work = Path(tempfile.mkdtemp(prefix="bench_growth_", dir="/tmp"))
     try:
         res = bench_live.run_child("serve-report", "goodput", job, work)
@@ -94,14 +99,19 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--keep", required=True, help="directory of the spools (kept, reused)")
     ap.add_argument("--live", action="store_true", help="also measure serve's live polls")
+    recorded_job.add_job_options(ap)  # --restarts R [R ...] (a series each), --shape
     args = ap.parse_args(argv)
     keep = Path(args.keep)
     keep.mkdir(parents=True, exist_ok=True)
     points: dict[int, dict] = {}
     for steps in sorted(args.steps):
-        points[steps] = report_point(keep, steps)
-        if args.live:
-            points[steps].update(live_point(keep, steps))
+        points[steps] = {}
+        for n in args.restarts:  # side by side: each size with every restarts in turn
+            sfx = "" if n == args.restarts[0] else f" R{n}"
+            got = report_point(keep, steps, n, args.shape)
+            if args.live:
+                got.update(live_point(keep, steps, n, args.shape))
+            points[steps].update({k + sfx: v for k, v in got.items()})
         print(f"{steps:>11,} steps: " + ", ".join(f"{k} {v:,.1f}" for k, v in
                                                    points[steps].items()), flush=True)
     series = sorted({k for p in points.values() for k in p})
@@ -111,7 +121,7 @@ def main(argv=None) -> int:
     for name in series:
         law = fit(sizes, [points[s].get(name) for s in sizes])
         top = fit(sizes[-2:], [points[s].get(name) for s in sizes[-2:]])
-        target = TARGETS.get(name)
+        target = TARGETS.get(name.split(" R")[0])
         tgt = "-" if target is None else f"< {target:,.0f}"
         cols = []
         for f, at in ((law, (1e7, 1e8)), (top, (1e8,))):

@@ -72,6 +72,14 @@ Commands::
     python benchmarks/bench_live.py --keep DIR --surfaces serve-report serve-metrics --pack
     python benchmarks/bench_live.py --keep DIR --surfaces serve-report --hosts 4 \
         --steps 250000 --slow-share 0.01          # 4 processes in step: 10^6 host-steps
+    python benchmarks/bench_live.py --keep DIR --restarts 3 200 --shape incumbent \
+        --surfaces serve-report compat monitor --repeat 2 --profile /tmp/poll.prof
+        # issue 40: the same surfaces with 3 and 200 restarts, side by side (column x R0)
+
+``--restarts`` and ``--shape`` are ``recorded_job.add_job_options``'s (the job shapes of
+``recorded_job.SHAPES``; ``incumbent``: 1 s steps, a checkpoint every 100, an eval every
+500, evenly spaced restarts). Each surface runs with every ``--restarts`` in turn, in
+each round.
 
 Temporary data goes under ``/tmp/bench_live_*`` and is removed unless ``--keep DIR``
 (``DIR/job-N``: the spool, restored whole at the end, reused by later runs;
@@ -85,7 +93,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import random
 import re
 import shutil
 import statistics
@@ -126,30 +133,19 @@ def _env() -> dict:
 # --- the job ------------------------------------------------------------------------------
 
 
-def record(out_dir: Path, steps: int, restarts: int = 3, step_s: float = 0.5,
-           seed: int = 0, slow_share: float = 0.0, hosts: int = 1) -> float:
-    """Record the job of ``recorded_job.py`` into ``out_dir`` with its last attempt killed
-    (no end marker: it is running); returns the wall seconds the recording took.
+def record(out_dir: Path, steps: int, restarts: int = 3, seed: int = 0,
+           slow_share: float = 0.0, hosts: int = 1, shape: str = "own") -> float:
+    """Record the job of ``recorded_job.py`` (its ``shape``) into ``out_dir`` with its last
+    attempt killed (no end marker: it is running); returns the wall seconds it took.
 
-    The kills are drawn as ``recorded_job.write_job`` draws them; the last attempt runs to
-    ``steps`` and is killed right after its last flush (``state["steps"]`` is one more than
-    it reaches, so ``run_attempt`` takes its kill path); ``slow_share`` of its steps take
-    twice as long; ``hosts`` processes run each attempt (``recorded_job.py --hosts``).
+    The kills are ``recorded_job.kill_steps``; the last attempt runs to ``steps`` and is
+    killed right after its last flush (``recorded_job.state_of(running=True)``);
+    ``slow_share`` of its steps take twice as long; ``hosts`` processes run each attempt
+    (``recorded_job.py --hosts``).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    kill_at = sorted(rng.randrange(steps // 10, steps) for _ in range(restarts))
-    state = {"kill_at": kill_at + [steps], "steps": steps + 1, "step_s": step_s,
-             "seed": seed, "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share,
-             "hosts": hosts}
-    t0 = time.perf_counter()
-    for attempt in range(restarts + 1):
-        out = subprocess.run(
-            [sys.executable, recorded_job.__file__, str(out_dir), "--child", str(attempt),
-             "--state", json.dumps(state)], check=True, capture_output=True, text=True,
-            env=_env())
-        state = json.loads(out.stdout.strip().splitlines()[-1])
-    return time.perf_counter() - t0
+    return recorded_job.write_job(str(out_dir), steps, restarts, seed=seed, env=_env(),
+                                  slow_share=slow_share, hosts=hosts, shape=shape,
+                                  running=True)["seconds"]
 
 
 def _line_time(line: bytes) -> int:
@@ -235,13 +231,14 @@ def spool_bytes(run_dir: Path) -> int:
 
 
 def prepare(base: Path, steps: int, slow_share: float = 0.0, hosts: int = 1,
-            restarts: int = 3) -> dict:
+            restarts: int = 3, shape: str = "own") -> dict:
     """The job of ``steps`` steps (``slow_share`` of them twice as long) on ``hosts``
-    processes with ``restarts`` restarts under ``base`` (recorded unless already there),
-    cut; returns its paths and facts (``rec_s``: recording seconds, None if reused)."""
+    processes with ``restarts`` restarts in ``shape`` (``recorded_job.SHAPES``) under
+    ``base`` (recorded unless already there), cut; returns its paths and facts (``rec_s``:
+    recording seconds, None if reused)."""
     name = (f"job-{steps}" + (f"-slow{slow_share:g}" if slow_share else "")
             + (f"-hosts{hosts}" if hosts > 1 else "")
-            + (f"-restarts{restarts}" if restarts != 3 else ""))
+            + recorded_job.job_name(steps, restarts, shape)[len(str(steps)):])
     run_dir, meta_path = base / name, base / f"{name}.json"
     new_path = base / f"{name}.new"
     rec_s = None
@@ -251,7 +248,8 @@ def prepare(base: Path, steps: int, slow_share: float = 0.0, hosts: int = 1,
     else:
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        rec_s = record(run_dir, steps, restarts, slow_share=slow_share, hosts=hosts)
+        rec_s = record(run_dir, steps, restarts, slow_share=slow_share, hosts=hosts,
+                       shape=shape)
         meta = split(run_dir, meta_path, new_path)
     return {"steps": steps, "run_dir": run_dir, "meta": meta, "meta_path": meta_path,
             "new_path": new_path, "rec_s": rec_s, "npz": base / f"{name}.mgm.npz",
@@ -427,11 +425,14 @@ def _timed(fn) -> tuple[float, object]:
 
 
 def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, work: Path,
-          npz: Path | None, pack: bool = False) -> dict:
+          npz: Path | None, pack: bool = False, profile: str | None = None) -> dict:
     """Measure one surface with one definitions in this process (see the module docstring);
     returns ``warm``, ``new``, ``none`` (ms), ``ingest`` (ms, serve only), ``running``
     (the last attempt's end reason at the "nothing new" anchor), ``reads`` (clock reads
-    by the timed polls) and ``goodput`` (percent, as the last poll answered)."""
+    by the timed polls) and ``goodput`` (percent, as the last poll answered). With
+    ``profile`` (``serve-report`` only), one more ``GET /v1/report`` with nothing new, after
+    the timed ones, runs its handler under ``cProfile`` (in the server's thread), whose
+    stats go to the file ``profile``."""
     truncate(run_dir, meta)
     clock = install_clock()
     half = SEC // 2
@@ -535,6 +536,9 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
     none, body = _timed(poll)
     reads = clock.reads - reads
     at = clock.now
+    if profile and surface == "serve-report":
+        clock.anchor(last + 2 * half)  # nothing new still, a later now
+        _profiled_poll(server, poll, profile)
     sdk = acct = None
     if surface == "serve-metrics":  # the scrape with nothing new, split (see the docstring)
         sdk, _ = _timed(lambda: prometheus_client.generate_latest(registry))
@@ -562,12 +566,42 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
             "reads": reads, "goodput": value, "sdk": sdk, "acct": acct}
 
 
-def run_child(surface: str, defs: str, job: dict, work: Path, pack: bool = False) -> dict:
+def _profiled_poll(server, poll, path: str) -> None:
+    """One more poll whose HTTP handler runs under ``cProfile`` (the handler's thread);
+    stats dumped to ``path``."""
+    import cProfile
+
+    from goodput_processor.serve import http as serve_http
+
+    cls = serve_http._Handler  # (its _report may be a base class's: put back as it was)
+    orig, own = cls._report, "_report" in vars(cls)
+    prof = cProfile.Profile()
+
+    def profiled(self, *a, **kw):
+        prof.enable()
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            prof.disable()
+
+    cls._report = profiled
+    try:
+        poll()
+    finally:
+        if own:
+            cls._report = orig
+        else:
+            del cls._report
+    prof.dump_stats(path)
+
+
+def run_child(surface: str, defs: str, job: dict, work: Path, pack: bool = False,
+              profile: str | None = None) -> dict:
     """Run :func:`child` in a fresh process; adds ``rss`` (its peak RSS, MB)."""
     cmd = [sys.executable, __file__, "--child", surface, "--defs", defs,
            "--run-dir", str(job["run_dir"]), "--meta", str(job["meta_path"]),
            "--new", str(job["new_path"]), "--work", str(work), "--npz", str(job["npz"])
-           ] + (["--pack"] if pack else [])
+           ] + (["--pack"] if pack else []) + (["--profile", profile] if profile else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     out: dict[str, bytes] = {}
     readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()))
@@ -606,8 +640,11 @@ def main(argv=None) -> int:
     ap.add_argument("--hosts", type=int, default=1,
                     help="processes per attempt, in step (recorded_job.py --hosts; the "
                     "incumbent is measured on one: default 1)")
-    ap.add_argument("--restarts", type=int, default=3,
-                    help="restarts of the job (default 3; 0: one attempt, running all along)")
+    recorded_job.add_job_options(ap)  # --restarts R [R ...] (0: one attempt), --shape
+    ap.add_argument("--profile", metavar="FILE",
+                    help="serve-report: cProfile the handler of one more GET /v1/report "
+                    "with nothing new (after the timed ones) into FILE (with several "
+                    "--restarts: FILE.RN for N restarts; the last round's)")
     ap.add_argument("--pack", action="store_true",
                     help="serve: pack every process's rows after the warm poll "
                     "(LiveStore.compact, as a maintenance round does to quiet processes), "
@@ -619,7 +656,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.hosts < 1 or (args.hosts > 1 and "incumbent" in args.surfaces):
         ap.error("--hosts must be at least 1, and 1 with the incumbent surface")
-    if args.restarts < 0:
+    if min(args.restarts) < 0:
         ap.error(f"--restarts must be at least 0, got {args.restarts}")
     if args.child == "incumbent-log":
         incumbent_entries(Path(args.run_dir), json.loads(Path(args.meta).read_text()),
@@ -628,7 +665,7 @@ def main(argv=None) -> int:
     if args.child:
         res = child(args.child, args.defs, Path(args.run_dir),
                     json.loads(Path(args.meta).read_text()), Path(args.new), Path(args.work),
-                    Path(args.npz), args.pack)
+                    Path(args.npz), args.pack, args.profile)
         print(json.dumps(res), flush=True)
         return 0
 
@@ -638,21 +675,22 @@ def main(argv=None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_live_work_", dir="/tmp"))
     inc_steps = args.incumbent_steps or args.steps
-    jobs: dict[int, dict] = {}
+    jobs: dict[tuple[int, int], dict] = {}
     try:
         sizes = {args.steps} | ({inc_steps} if "incumbent" in args.surfaces else set())
-        for steps in sorted(sizes):
-            jobs[steps] = job = prepare(base, steps, args.slow_share, args.hosts,
-                                        args.restarts)
+        for steps, restarts in ((n, r) for n in sorted(sizes) for r in args.restarts):
+            jobs[steps, restarts] = job = prepare(base, steps, args.slow_share, args.hosts,
+                                                  restarts, args.shape)
             m = job["meta"]
-            print(f"job {steps:,} steps: spool {job['spool'] / 1e6:.1f} MB, "
+            print(f"job {steps:,} steps, {restarts} restarts ({args.shape}): spool "
+                  f"{job['spool'] / 1e6:.1f} MB, "
                   + (f"recorded in {job['rec_s']:.1f} s" if job["rec_s"] is not None
                      else "reused") + f"; new data: last {HOLD_S} s = {m['lines']} journal "
                   f"lines, {m['spans']} spans, {m['bytes'] / 1e3:.0f} kB of "
                   + ", ".join(f["file"] for f in _files(m)),
                   flush=True)
-        if "incumbent" in args.surfaces:
-            job = jobs[inc_steps]
+        for job in (jobs[inc_steps, r] for r in args.restarts
+                    if "incumbent" in args.surfaces):
             if not job["npz"].exists():
                 t0 = time.perf_counter()
                 append_new(job["run_dir"], job["meta"], job["new_path"])
@@ -664,13 +702,16 @@ def main(argv=None) -> int:
                 print(f"incumbent's log entries built in {time.perf_counter() - t0:.1f} s",
                       flush=True)
         plan = [(s, d) for s in args.surfaces for d, ok in PLAN[s].items() if ok]
-        results: dict[tuple, list] = {k: [] for k in plan}
+        results: dict[tuple, list] = {(s, d, n): [] for s, d in plan for n in args.restarts}
         for r in range(args.repeat):
-            for s, d in plan:
+            for (s, d), n in ((k, n) for k in plan for n in args.restarts):  # side by side
                 steps = inc_steps if s == "incumbent" else args.steps
-                res = run_child(s, d, jobs[steps], work, args.pack)
-                results[(s, d)].append(res)
-                print(f"  round {r + 1}: {s:<13} {d:<8} warm {_ms(res['warm'])} ms, 60 s new "
+                prof = (None if not args.profile or s != "serve-report" else args.profile
+                        if len(args.restarts) == 1 else f"{args.profile}.R{n}")
+                res = run_child(s, d, jobs[steps, n], work, args.pack, prof)
+                results[(s, d, n)].append(res)
+                print(f"  round {r + 1}: {s:<13} {d:<8} R={n:<5} warm {_ms(res['warm'])} ms, "
+                      f"60 s new "
                       f"{_ms(res['new'])} ms, nothing new {_ms(res['none'])} ms, "
                       f"{res['running']}, goodput {res['goodput'] or 0:.3f} %, "
                       f"RSS {res['rss']:.0f} MB", flush=True)
@@ -688,17 +729,20 @@ def main(argv=None) -> int:
 
 
 def print_table(args, plan, results, inc_steps) -> None:
-    """Print the medians, one row per surface and definitions (``n/a``: no such option)."""
+    """Print the medians, one row per surface, definitions and restarts (``n/a``: no such
+    option); with several ``--restarts``, ``x R0`` is each row's "60 s new" and "nothing
+    new" over the same surface's with the first ``--restarts`` (issue 40: within 1.5x)."""
     med = {k: {f: (statistics.median(x[f] for x in v) if v[0][f] is not None else None)
                for f in ("warm", "new", "none", "ingest")} for k, v in results.items()}
-    inc = med.get(("incumbent", "mgm"))
+    r0 = args.restarts[0]
+    inc = med.get(("incumbent", "mgm", r0))
     inc_txt = "-" if inc is None else f"{_ms(inc['new'])} / {_ms(inc['none'])}" + (
         f" @{inc_steps:,}" if inc_steps != args.steps else "")
     print(f"\nlive poll cost: median of {args.repeat}; ms; target {TARGET_NEW_MS:g} ms "
-          f"(60 s new) / {TARGET_NONE_MS:g} ms (nothing new)")
-    head = (f"{'surface':<13} {'defs':<8} {'steps':>9} {'60s new':>8} {'nothing':>8} "
-            f"{'warm':>7} {'ingest':>7} {'peak MB':>8} {'run':>4} {'meets':>5}  "
-            f"incumbent 60s/none")
+          f"(60 s new) / {TARGET_NONE_MS:g} ms (nothing new); shape {args.shape}")
+    head = (f"{'surface':<13} {'defs':<8} {'steps':>9} {'restarts':>8} {'60s new':>8} "
+            f"{'nothing':>8} {'warm':>7} {'ingest':>7} {'peak MB':>8} {'run':>4} "
+            f"{'meets':>5} {'x R0 new/none':>14}  incumbent 60s/none")
     print(head)
     print("-" * len(head))
     for s in args.surfaces:
@@ -708,25 +752,30 @@ def print_table(args, plan, results, inc_steps) -> None:
                 print(f"{s:<13} {d:<8} {steps:>9,} n/a: serve has no definitions option "
                       "for this endpoint")
                 continue
-            m, rows = med[(s, d)], results[(s, d)]
-            run = "yes" if all(x["running"] == "running" and x["reads"] for x in rows) else "NO"
-            meets = ("yes" if m["new"] < TARGET_NEW_MS and m["none"] < TARGET_NONE_MS
-                     else "no")
-            print(f"{s:<13} {d:<8} {steps:>9,} {_ms(m['new']):>8} {_ms(m['none']):>8} "
-                  f"{_ms(m['warm']):>7} {_ms(m['ingest']):>7} "
-                  f"{max(x['rss'] for x in rows):>8.0f} {run:>4} {meets:>5}  "
-                  + ("" if s == "incumbent" else inc_txt))
+            for n in args.restarts:
+                m, rows, m0 = med[(s, d, n)], results[(s, d, n)], med[(s, d, r0)]
+                run = ("yes" if all(x["running"] == "running" and x["reads"] for x in rows)
+                       else "NO")
+                meets = ("yes" if m["new"] < TARGET_NEW_MS and m["none"] < TARGET_NONE_MS
+                         else "no")
+                ratio = (f"{m['new'] / m0['new']:.2f} / {m['none'] / m0['none']:.2f}"
+                         if n != r0 else "-")
+                print(f"{s:<13} {d:<8} {steps:>9,} {n:>8,} {_ms(m['new']):>8} "
+                      f"{_ms(m['none']):>8} {_ms(m['warm']):>7} {_ms(m['ingest']):>7} "
+                      f"{max(x['rss'] for x in rows):>8.0f} {run:>4} {meets:>5} {ratio:>14}  "
+                      + ("" if s == "incumbent" else inc_txt))
     print("warm: first poll (whole job); ingest: serve's tailer taking in the new lines "
           "(not in the poll); run: last attempt 'running' at the poll and 'now' read; "
-          "peak MB: the child process's max RSS")
-    rows = results.get(("serve-metrics", "goodput"))
-    if rows:
-        sdk, acct = (statistics.median(x[f] for x in rows) for f in ("sdk", "acct"))
-        none = med[("serve-metrics", "goodput")]["none"]
-        print(f"serve-metrics, nothing new, split (medians): {_ms(acct)} ms the accounting "
-              f"with the rolling windows, {_ms(sdk)} ms the OpenTelemetry SDK's collection "
-              f"and the Prometheus text, {_ms(none - acct - sdk)} ms the rest (loopback "
-              "HTTP, the handler)")
+          f"peak MB: the child process's max RSS; x R0: over the same with {r0} restarts")
+    for n in args.restarts:
+        rows = results.get(("serve-metrics", "goodput", n))
+        if rows:
+            sdk, acct = (statistics.median(x[f] for x in rows) for f in ("sdk", "acct"))
+            none = med[("serve-metrics", "goodput", n)]["none"]
+            print(f"serve-metrics, {n} restarts, nothing new, split (medians): {_ms(acct)} ms "
+                  f"the accounting with the rolling windows, {_ms(sdk)} ms the OpenTelemetry "
+                  f"SDK's collection and the Prometheus text, {_ms(none - acct - sdk)} ms the "
+                  "rest (loopback HTTP, the handler)")
 
 
 if __name__ == "__main__":

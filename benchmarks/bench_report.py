@@ -11,16 +11,26 @@ record for the phase in flight at each flush, segments compacted as they close. 
 
 Each report runs as its own OS process (``python -m goodput_processor.cli report DIR
 --format json``, with ``--definitions mgm`` too); peak memory is that process's maximum
-resident set size (``wait4``). The first report reads the spool (``--no-cache``); then the
-spool's files are dated 60 s back (a finished run: the columnar cache,
-``goodput_processor.read.cache``, is written only for files quiet for 30 s), the first report
-with the cache on reads the spool and writes the cache ("+cache"; its cache is removed
-before each run), and the next ones ("2nd") read the cache. Times are the median of
-``--repeat`` runs, peak memory their maximum.
+resident set size (``wait4``), taken by a small intermediate process (:data:`_TIMED`) that
+starts it: Linux gives a process started by ``fork``/``vfork`` + ``exec`` the resident
+high-water mark of the memory it ran in before its ``exec`` (``exec_mmap``), so a report
+started by this benchmark, which holds the spools' figures and more, was given this
+process's peak; the intermediate's own (about 10 MB) is the floor. The first report
+reads the spool (``--no-cache``); then the spool's files are dated 60 s back (a finished
+run: the columnar cache, ``goodput_processor.read.cache``, is written only for files quiet
+for 30 s), the first report with the cache on reads the spool and writes the cache
+("+cache"; its cache is removed before each run), and the next ones ("2nd") read the cache.
+Times are the median of ``--repeat`` runs, peak memory their maximum.
 
     python benchmarks/bench_report.py [--steps 1000000] [--baseline-src /tmp/old/src]
     python benchmarks/bench_report.py --keep /tmp/spools   # again: the spools are reused
     python benchmarks/bench_report.py --source megatron --steps 100000 --repeat 3
+    python benchmarks/bench_report.py --keep /tmp/spools --restarts 3 200 --shape incumbent
+
+``--restarts`` (several: one spool each, side by side) and ``--shape`` are
+``recorded_job.add_job_options``'s; each spool's line after its rows gives an orjson parse
+of the bytes a report reads, on one core, the reports' ratio to it (issue 40: within 2x)
+and the ``*.tmp`` files left in the spool after the reports (issue 40: none).
 
 Target (issue 17): a 10^6-step job makes a spool under 500 MB.
 """
@@ -45,9 +55,11 @@ ROOT = Path(__file__).resolve().parents[1]
 _DONE = ".recorded"  # DIR.recorded is written beside a spool DIR once it is recorded
 
 
-def measure(run_dir: str, definitions: str, cache: bool = False) -> tuple[float, float]:
+def measure(run_dir: str, definitions: str, cache: bool = False,
+            with_cpu: bool = False) -> tuple:
     """(wall seconds, peak RSS in MB) of one `goodput report --format json` process
-    (``--no-cache`` unless ``cache``)."""
+    (``--no-cache`` unless ``cache``); ``with_cpu``: (wall s, peak MB, CPU s: user + system
+    of the process and its children)."""
     cmd = [sys.executable, "-m", "goodput_processor.cli", "report", run_dir, "--format",
            "json", "--definitions", definitions] + ([] if cache else ["--no-cache"])
     t0 = time.perf_counter()
@@ -56,6 +68,8 @@ def measure(run_dir: str, definitions: str, cache: bool = False) -> tuple[float,
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"report failed: {proc.stderr.read().decode()}")
+    if with_cpu:  # (Linux wait4: the process and the children it waited for)
+        return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
     return wall, usage.ru_maxrss / 1024
 
 
@@ -81,6 +95,38 @@ def spool_sizes(run_dir: str) -> dict:
                 out["lines_bytes"] += len(chunk)
                 out["spans"] += chunk.count(b'"name":"goodput.')
     return out
+
+
+def orjson_parse_s(run_dir: str) -> float:
+    """CPU seconds (``time.process_time``, this one thread: one core) of ``orjson.loads``
+    of every line of the span files a report reads (``span_files``: ``*.jsonl`` and the
+    decompressed ``*.jsonl.gz``), each file's bytes read and decompressed untimed first:
+    issue 40's yardstick for the report ("within 2x of an orjson parse of the spool")."""
+    import gc
+    import gzip
+
+    import orjson
+
+    from goodput_processor.read.reader import span_files
+
+    cpu = 0.0
+    gc.disable()
+    try:
+        for p in span_files(Path(run_dir)):
+            with (gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")) as f:
+                data = f.read()
+            t = time.process_time()
+            for line in data.splitlines():
+                if line:
+                    try:
+                        orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        pass  # a torn last line
+            cpu += time.process_time() - t
+            del data
+    finally:
+        gc.enable()
+    return cpu
 
 
 def _megatron_file(path: str, steps: int) -> None:
@@ -191,6 +237,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", help="record into this directory and keep the spools; a "
                     "spool already there (from an earlier run) is reused, not recorded again "
                     "(rec s: nan)")
+    recorded_job.add_job_options(ap)  # --restarts R [R ...], --shape (not with --source)
     args = ap.parse_args(argv)
     if args.source:
         return compare_source(args)
@@ -204,18 +251,24 @@ def main(argv=None) -> int:
           f"{'2nd MB':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         base = args.keep or tmp
-        for steps in args.steps:
+        for steps, restarts in ((n, r) for n in args.steps for r in args.restarts):
             for name, path in recorders.items():
-                d = os.path.join(base, f"{name}-{steps}")
+                d = os.path.join(base, f"{name}-"
+                                 f"{recorded_job.job_name(steps, restarts, args.shape)}")
                 env = {**os.environ, "PYTHONPATH": path}
                 if args.keep and os.path.isfile(d + _DONE):
                     info = {"seconds": float("nan")}  # reused
                 else:
-                    info = recorded_job.write_job(d, steps, env=env)
+                    info = recorded_job.write_job(d, steps, restarts, env=env,
+                                                  shape=args.shape)
                     Path(d + _DONE).write_text(json.dumps(info))
                 s = spool_sizes(d)
+                parse = orjson_parse_s(d)
+                reports = {}
                 for defs in ("goodput", "mgm"):
-                    wall, peak = _summary([measure(d, defs) for _ in range(args.repeat)])
+                    runs = [measure(d, defs, with_cpu=True) for _ in range(args.repeat)]
+                    wall, peak = _summary(runs)
+                    reports[defs] = (wall, statistics.median(r[2] for r in runs))
                     old = time.time() - 60
                     for p in Path(d).iterdir():
                         if p.is_file():
@@ -232,6 +285,13 @@ def main(argv=None) -> int:
                           f"{s['compacted'] / 1e6:>8.1f} {s['lines_bytes'] / 1e6:>8.1f} "
                           f"{info['seconds']:>6.1f} {defs:>8} {wall:>9.2f} {peak:>8.0f} "
                           f"{wall1:>9.2f} {peak1:>9.0f} {wall2:>6.2f} {peak2:>7.0f}", flush=True)
+                tmps = [p.name for p in Path(d).iterdir() if p.name.endswith(".tmp")]
+                print(f"  {name} {steps:,} steps, {restarts} restarts ({args.shape}): orjson "
+                      f"parse of the {s['lines_bytes'] / 1e6:.1f} MB read, one core: "
+                      f"{parse:.2f} s CPU; report --no-cache wall, CPU / parse: " + ", ".join(
+                          f"{k} {w / parse:.2f}x, {c / parse:.2f}x"
+                          for k, (w, c) in reports.items())
+                      + f"; *.tmp files left after the reports: {len(tmps)}", flush=True)
     print("spool MB: every file on disk; journal: *.jsonl (plain); compact: *.jsonl.gz; "
           "read MB: the OTLP JSON a report parses (decompressed); report: --no-cache; "
           "+cache: the first report with the cache (writes it); 2nd: reads it")

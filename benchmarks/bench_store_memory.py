@@ -21,19 +21,32 @@ store's rows and the job's memos hold then, by kind (:func:`breakdown`).
 
     python benchmarks/recorded_job.py /tmp/job1m --steps 1000000   # the recorder's spool
     python benchmarks/bench_store_memory.py /tmp/job1m
+
+With ``--steps N`` the positional argument is a directory of spools instead (as
+``bench_report.py --keep`` keeps them: ``DIR/this-N[-restartsR][-incumbent]``, recorded by
+``recorded_job.write_job`` unless there): each job of ``--restarts R [R ...]`` and
+``--shape`` (``recorded_job.add_job_options``) is measured in its own child process, in
+turn, side by side:
+
+    python benchmarks/bench_store_memory.py /tmp/spools --steps 1000000 --restarts 3 200 \
+        --shape incumbent
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import mmap
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectors"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recorded_job  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -110,15 +123,41 @@ def breakdown(store, name: str) -> str:
     return "; ".join(parts) + " (MiB)"
 
 
+def each_job(base: Path, steps: int, restarts: list[int], shape: str) -> int:
+    """Record (unless there) and measure each job of ``restarts`` under ``base``, each in
+    a child process running this script on its spool; returns the first failing child's
+    exit status, or 0."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"),
+                                                         str(root / "collectors")])}
+    for n in restarts:
+        d = base / f"this-{recorded_job.job_name(steps, n, shape)}"
+        done = Path(str(d) + ".recorded")  # (bench_report._DONE)
+        if not done.is_file():
+            done.write_text(json.dumps(recorded_job.write_job(str(d), steps, n, env=env,
+                                                              shape=shape)))
+        print(f"--- {steps:,} steps, {n} restarts ({shape}): {d}", flush=True)
+        rc = subprocess.run([sys.executable, __file__, str(d)], env=env).returncode
+        if rc:
+            return rc
+    return 0
+
+
 def main(argv=None) -> int:
     """Measure and print one line; returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir")
+    ap.add_argument("run_dir", help="a spool; with --steps, a directory of spools")
+    ap.add_argument("--steps", type=int, help="record/reuse jobs of this many steps under "
+                    "run_dir, one per --restarts, and measure each in its own process")
+    recorded_job.add_job_options(ap)
     ap.add_argument("--no-compact", action="store_true",
                     help="stop before packing the quiet processes' rows (LiveStore.compact)")
     ap.add_argument("--no-spill", action="store_true",
                     help="keep the packed rows in memory (goodput serve --spill-dir off)")
     args = ap.parse_args(argv)
+    if args.steps:
+        Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+        return each_job(Path(args.run_dir), args.steps, args.restarts, args.shape)
     from goodput_processor.exporters.metrics import DEFAULT_WINDOWS_S
     from goodput_processor.read.heap import trim_heap
     from goodput_processor.serve.rows import PackedProcessSpans

@@ -20,6 +20,16 @@ last one with ``Recorder.shutdown``.
     python benchmarks/recorded_job.py OUT_DIR --steps 1000000
     PYTHONPATH=/tmp/old/src python benchmarks/recorded_job.py OUT_DIR   # another version
 
+**Shapes** (``--shape``, :data:`SHAPES`; the shared builder of ``bench_live.py``,
+``bench_report.py``, ``bench_growth.py`` and ``bench_store_memory.py``, which take
+``--restarts`` and ``--shape`` through :func:`add_job_options`): ``own`` is the job above
+(restarts drawn at random steps in the last 90 %); ``incumbent`` is the job shape of the
+outside measurement of issue 40 (ml-goodput-measurement's: 1 s steps, a checkpoint every
+100 steps, an ``eval`` every 500, the restarts evenly spaced: with 200 restarts at 10^6
+steps, a kill about every 5,000 steps, each redoing the steps since its last checkpoint).
+
+    python benchmarks/recorded_job.py OUT_DIR --steps 1000000 --restarts 200 --shape incumbent
+
 Uses only ``Recorder(...)``, ``job_start``, ``phase_begin``/``phase_end``, ``record``,
 ``shutdown`` and the background thread's ``_drain_and_write``, which every version of
 the recorder since schema 1.1 has.
@@ -36,6 +46,73 @@ import sys
 import time
 
 SEC = 1_000_000_000
+
+#: shape name -> step seconds, checkpoint and evaluation periods (steps), how restarts fall
+SHAPES = {
+    "own": {"step_s": 0.5, "ckpt_every": 1000, "eval_every": 5000, "kills": "random"},
+    "incumbent": {"step_s": 1.0, "ckpt_every": 100, "eval_every": 500, "kills": "even"},
+}
+#: the restart counts of issue 40's benchmarks (``--restarts`` takes any)
+RESTARTS = (3, 200, 2000)
+
+
+def kill_steps(steps: int, restarts: int, shape: str = "own", seed: int = 0) -> list[int]:
+    """The steps after which each of ``restarts`` attempts is killed, ascending.
+
+    ``own``: drawn at random (``random.Random(seed)``) in ``[steps // 10, steps)``, as this
+    module always drew them; ``incumbent`` (``kills="even"``): every ``steps / (restarts +
+    1)`` steps, plus half a checkpoint interval (each restart redoes the steps since the
+    last checkpoint: 0 to ``ckpt_every - 1`` of them).
+
+    Raises:
+        ValueError: ``restarts`` < 0, or an unknown ``shape``.
+    """
+    if restarts < 0:
+        raise ValueError(f"restarts must be at least 0, got {restarts}")
+    sh = SHAPES[shape]
+    if sh["kills"] == "random":
+        rng = random.Random(seed)
+        return sorted(rng.randrange(steps // 10, steps) for _ in range(restarts))
+    half = sh["ckpt_every"] // 2
+    return [min(steps - 1, steps * (i + 1) // (restarts + 1) + half) for i in range(restarts)]
+
+
+def job_name(steps: int, restarts: int = 3, shape: str = "own") -> str:
+    """A directory name for the job: ``N``, ``N-restartsR`` (R != 3), ``-incumbent``."""
+    return (f"{steps}" + (f"-restarts{restarts}" if restarts != 3 else "")
+            + (f"-{shape}" if shape != "own" else ""))
+
+
+def add_job_options(ap, many: bool = True) -> None:
+    """Add ``--restarts`` (several with ``many``: one job each) and ``--shape`` to ``ap``."""
+    if many:
+        ap.add_argument("--restarts", type=int, nargs="+", default=[3], metavar="R",
+                        help="restarts of the job; several: one job each, side by side "
+                        f"(default 3; issue 40 measures {', '.join(map(str, RESTARTS))})")
+    else:
+        ap.add_argument("--restarts", type=int, default=3, help="restarts (default 3)")
+    ap.add_argument("--shape", choices=list(SHAPES), default="own",
+                    help="own: 0.5 s steps, a checkpoint every 1,000, an eval every 5,000, "
+                    "random restarts; incumbent: 1 s steps, a checkpoint every 100, an eval "
+                    "every 500, evenly spaced restarts (default own)")
+
+
+def state_of(steps: int, restarts: int = 3, shape: str = "own", seed: int = 0,
+             slow_share: float = 0.0, hosts: int = 1, step_s: float | None = None,
+             running: bool = False) -> dict:
+    """The state :func:`run_attempt` starts the job's first attempt from.
+
+    ``step_s`` overrides the shape's step time; with ``running`` the last attempt is
+    killed too, right after its last flush (``steps`` is one more than it reaches): the
+    job is still running, as ``bench_live.py`` needs it.
+    """
+    kill_at = kill_steps(steps, restarts, shape, seed)
+    sh = SHAPES[shape]
+    return {"kill_at": kill_at + ([steps] if running else []),
+            "steps": steps + (1 if running else 0),
+            "step_s": sh["step_s"] if step_s is None else step_s, "seed": seed,
+            "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share, "hosts": hosts,
+            "ckpt_every": sh["ckpt_every"], "eval_every": sh["eval_every"]}
 
 
 class _Clock:
@@ -141,11 +218,11 @@ def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
                    + [(h, schema.COLLECTIVE_WAIT, ready[h], end, None)
                       for h in range(hosts) if ready[h] < end])
             t = end
-        if n % 1000 == 0:
+        if n % state.get("ckpt_every", 1000) == 0:
             t = phase(schema.CHECKPOINT_SAVE, t, t + 2 * SEC,
                       {schema.ATTR_CHECKPOINT_STEP: n, schema.ATTR_BLOCKING: True})
             done = n
-        if n % 5000 == 0:
+        if n % state.get("eval_every", 5000) == 0:
             t = phase(schema.CUSTOM_BADPUT, t, t + 5 * SEC, {schema.ATTR_BADPUT_TYPE: "eval"})
     if stop == state["steps"]:
         advance(t)
@@ -157,21 +234,20 @@ def run_attempt(out_dir: str, attempt: int, state: dict) -> dict:
     return {**state, "t": t + 60 * SEC, "done": done, "finished": False}
 
 
-def write_job(out_dir: str, steps: int, restarts: int = 3, step_s: float = 0.5,
-              seed: int = 0, env=None, slow_share: float = 0.0, hosts: int = 1) -> dict:
-    """Record the job into ``out_dir``, one child process per attempt; ``slow_share``
-    (a fraction, 0 to 1) of its steps take twice as long; ``hosts`` processes (each its
-    own recorder and spool files) run each attempt in step, a step ending at the
-    all-reduce when the last host reaches it (the others record a collective wait).
+def write_job(out_dir: str, steps: int, restarts: int = 3, step_s: float | None = None,
+              seed: int = 0, env=None, slow_share: float = 0.0, hosts: int = 1,
+              shape: str = "own", running: bool = False) -> dict:
+    """Record the job of ``shape`` (:data:`SHAPES`) into ``out_dir``, one child process
+    per attempt; ``step_s`` overrides the shape's step seconds; ``slow_share`` (a
+    fraction, 0 to 1) of its steps take twice as long; ``hosts`` processes (each its own
+    recorder and spool files) run each attempt in step, a step ending at the all-reduce
+    when the last host reaches it (the others record a collective wait); with
+    ``running`` the last attempt is killed after its last flush (:func:`state_of`).
 
     Returns ``{"attempts": n, "seconds": wall time of the recording}``.
     """
     os.makedirs(out_dir, exist_ok=True)
-    rng = random.Random(seed)  # the kills: as benchmarks/synth.py draws them
-    kill_at = sorted(rng.randrange(steps // 10, steps) for _ in range(restarts))
-    state = {"kill_at": kill_at, "steps": steps, "step_s": step_s, "seed": seed,
-             "t": 1_700_000_000 * SEC, "done": 0, "slow_share": slow_share,
-             "hosts": hosts}
+    state = state_of(steps, restarts, shape, seed, slow_share, hosts, step_s, running)
     t0 = time.perf_counter()
     attempt = 0
     while True:
@@ -179,7 +255,7 @@ def write_job(out_dir: str, steps: int, restarts: int = 3, step_s: float = 0.5,
             [sys.executable, __file__, out_dir, "--child", str(attempt),
              "--state", json.dumps(state)], check=True, capture_output=True, text=True, env=env)
         state = json.loads(out.stdout.strip().splitlines()[-1])
-        if state["finished"]:
+        if state["finished"] or attempt == len(state["kill_at"]) - 1 and running:
             break
         attempt += 1
     return {"attempts": attempt + 1, "seconds": time.perf_counter() - t0}
@@ -189,8 +265,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--steps", type=int, default=10_000)
-    ap.add_argument("--restarts", type=int, default=3)
-    ap.add_argument("--step-s", type=float, default=0.5)
+    add_job_options(ap, many=False)
+    ap.add_argument("--step-s", type=float, default=None,
+                    help="step seconds (default the shape's: own 0.5, incumbent 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slow-share", type=float, default=0.0,
                     help="fraction of steps (0 to 1) that take twice as long (default 0)")
@@ -210,7 +287,7 @@ def main(argv=None) -> int:
     if args.hosts < 1:
         ap.error(f"--hosts must be at least 1, got {args.hosts}")
     info = write_job(args.out_dir, args.steps, args.restarts, args.step_s, args.seed,
-                     slow_share=args.slow_share, hosts=args.hosts)
+                     slow_share=args.slow_share, hosts=args.hosts, shape=args.shape)
     print(json.dumps(info))
     return 0
 

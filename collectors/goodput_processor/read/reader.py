@@ -57,10 +57,10 @@ from . import parallel as rp
 from . import rows as tl
 from . import spool_io as read_io
 from . import tail as read_tail
+from .attrs import _K_CUSTOM
 from .rows import JobSpans, ProcessSpans, SpanSet
 from .spans import (  # noqa: F401 - goodput serve reads these as reader.X
     _I64_MAX,
-    _K_CUSTOM,
     _KIND_ATTRS,
     _KIND_CODES,
     _U64,
