@@ -16,6 +16,7 @@ from goodput import leftovers, schema
 from goodput.encode import Encoder
 from goodput.segments import SpoolWriter
 from goodput.traces import AttemptIds, TraceWindows
+from goodput_processor.read.reader import read_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "collectors")])}
@@ -68,17 +69,23 @@ def _without(run: Path, dest: Path, pid_of: Path) -> Path:
 
 
 def test_a_killed_attempt_is_finished_at_the_next_start(tmp_path):
-    """SIGKILL mid-attempt leaves its last journal uncompacted (and, from a recorder before,
-    a .gz.tmp); the next process of the rank removes the .gz.tmp and compacts the journal;
-    the killed attempt reports the same before and after."""
+    """SIGKILL mid-attempt leaves its last journal uncompacted (and, killed while it wrote a
+    compacted segment, a .gz.tmp): a report removes a .gz.tmp a minute old, the next process
+    of the rank any, and compacts the journal; the killed attempt reports the same."""
     run = tmp_path / "run"
     _run(run, 0, "kill")
     names = os.listdir(run)
     assert not [n for n in names if n.endswith(".tmp")]  # built in memory: nothing on disk
     bare = [n for n in names if n.endswith(".jsonl") and n + ".gz" not in names]
     assert len(bare) == 1 and [n for n in names if n.endswith(".jsonl.gz")]  # rotated ones
-    (run / (bare[0] + ".gz.tmp")).write_bytes(b"\x1f\x8b unfinished")  # as before 0.x
+    tmp = run / (bare[0] + ".gz.tmp")  # as a kill while it was written leaves it
+    tmp.write_bytes(b"\x1f\x8b unfinished")
+    os.utime(tmp, (tmp.stat().st_atime - 120, tmp.stat().st_mtime - 120))
     before = _report(run)
+    assert not tmp.exists()  # the report removed it: its writer is gone (tail not locked)
+    tmp.write_bytes(b"\x1f\x8b unfinished")
+    read_run_dir(run)
+    assert tmp.exists()  # a minute old at least: it may be being written
     _run(run, 200, "exit")
     names = sorted(os.listdir(run))
     assert not [n for n in names if n.endswith(".tmp")]

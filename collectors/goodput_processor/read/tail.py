@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
+import re
 import struct
+import time
 import zlib
+from pathlib import Path
 
 from goodput import schema
 
-__all__ = ["is_tail", "tail_lines"]
+__all__ = ["drop_unfinished", "is_tail", "tail_lines"]
 
 _REC = struct.Struct(schema.TAIL_RECORD)
 _HEAD = struct.Struct(schema.TAIL_HEAD)
@@ -60,6 +64,39 @@ def writer_alive(f) -> bool:
     except OSError:  # no locks on this file system: as if gone (the header says so too)
         return False
     return False
+
+
+_UNFINISHED = re.compile(r"(\.s\d{4})?\.jsonl\.gz\.tmp$")
+UNFINISHED_AGE_S = 60.0  # a .gz.tmp is written in one go: one this old is no write under way
+
+
+def drop_unfinished(root) -> int:
+    """Remove the ``*.jsonl.gz.tmp`` files under ``root`` whose writer is gone: a compacted
+    segment that a process was killed writing (the recorder builds it in memory and writes
+    it in one go), or that a recorder before issue 40 left; no reader reads one, and its
+    journal holds every span. Gone: its tail (``BASE.tail``) is missing or not locked, and
+    the file is :data:`UNFINISHED_AGE_S` old. A file that cannot be removed (a read-only run
+    directory) is left. Returns how many went; never raises."""
+    n, now = 0, time.time()
+    try:
+        found = list(Path(root).rglob("*.jsonl.gz.tmp"))
+    except OSError:
+        return 0
+    for p in found:
+        try:
+            if now - p.stat().st_mtime < UNFINISHED_AGE_S:
+                continue
+            try:
+                with open(_UNFINISHED.sub("", str(p)) + schema.TAIL_SUFFIX, "rb") as f:
+                    if writer_alive(f):
+                        continue
+            except FileNotFoundError:
+                pass
+            os.remove(p)
+            n += 1
+        except OSError:
+            continue
+    return n
 
 
 def tail_lines(path: str, when_alive: bool = False) -> list[bytes] | None:
