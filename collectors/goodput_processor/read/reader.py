@@ -533,8 +533,8 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
         raise RunDirError(f"{str(root)!r} is not a directory (expected a run directory)")
     if not os.access(root, os.R_OK | os.X_OK):
         raise RunDirError(f"run directory {str(root)!r} is not readable")
-    try:
     read_tail.drop_unfinished(root)  # a killed writer's unfinished .gz.tmp (never read)
+    try:
         files = span_files(root)
         nbytes = sum(p.stat().st_size * (_GZ_RATIO if p.name.endswith(".gz") else 1)
                      for p in files)
