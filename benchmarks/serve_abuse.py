@@ -87,6 +87,10 @@ class Config:
     health_port: bool = True
     #: stop serve before the restart with SIGKILL instead of SIGTERM
     sigkill: bool = False
+    #: ``os.nice`` of the attackers' processes (0: serve's priority). On one machine the
+    #: attackers take serve's CPU, which attackers on other machines would not: 10 models
+    #: those, and a run should report both.
+    attacker_nice: int = 0
     #: ``goodput serve`` limits (Limits field names; None: the serve default).
     limits: dict = field(default_factory=lambda: {
         "max_connections": 256, "max_inflight_bytes": 256 * MiB, "max_message_bytes": 16 * MiB,
@@ -118,6 +122,12 @@ class Result:
     exit_code: int | None = None
     restart_exit_code: int | None = None
     attackers_unfinished: list = field(default_factory=list)
+    #: CPU seconds used while attacked: ``serve``, ``harness`` (this process: the healthy
+    #: exporters and probes), ``attack <name>`` each; ``serve waiting for a CPU``: seconds
+    #: serve's threads were runnable but not running (summed over threads); ``window_s``
+    #: the wall seconds
+    cpu_s: dict = field(default_factory=dict)
+    export_wall_starts: dict = field(default_factory=dict)  # protocol -> [time.time()]
     stderr_tail: list = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -181,10 +191,11 @@ def _stop(proc, timeout_s=90) -> int:
         return proc.wait(10)
 
 
-def _attacker(attack: str, acfg: dict, env: dict) -> subprocess.Popen:
-    """``python -m abuse.attacks`` for one attack (its settings on stdin)."""
+def _attacker(attack: str, acfg: dict, env: dict, nice: int = 0) -> subprocess.Popen:
+    """``python -m abuse.attacks`` for one attack (its settings on stdin), at ``os.nice(nice)``."""
     proc = subprocess.Popen([sys.executable, "-m", "abuse.attacks"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
     proc.stdin.write(json.dumps({**acfg, "attacks": [attack]}))
     proc.stdin.close()
     proc.stdin = None  # communicate() reads only
@@ -241,9 +252,12 @@ def run(cfg: Config) -> Result:
                        for p, t in (("grpc", addr["grpc"]), ("http", base))}
             for h in healthy.values():  # a job that was there before the attack: its slot
                 h.export_one(0)
-            attackers = [_attacker(a, acfg, env) for a in cfg.attacks]  # one process each
+            attackers = [_attacker(a, acfg, env, cfg.attacker_nice)
+                         for a in cfg.attacks]  # one process each
             for a in attackers:
                 a.stderr.readline()  # "started"
+            cpu0 = _cpu(proc, attackers, cfg.attacks)
+            t_cpu = time.monotonic()
             for h in healthy.values():
                 h.t0, h.out.window_s = time.monotonic(), cfg.duration_s
             threads = [threading.Thread(target=probe_health, args=(hbase, stop, health))]
@@ -260,6 +274,9 @@ def run(cfg: Config) -> Result:
                     res.killed_at_rss = r
                     proc.kill()
                 time.sleep(cfg.sample_s)
+            cpu1 = _cpu(proc, attackers, cfg.attacks)
+            res.cpu_s = {k: round(cpu1[k] - cpu0[k], 1) for k in cpu0}
+            res.cpu_s["window_s"] = round(time.monotonic() - t_cpu, 1)
             stop.set()
             for a in attackers:
                 a.send_signal(signal.SIGTERM)
@@ -274,6 +291,7 @@ def run(cfg: Config) -> Result:
                           "port": "--health-port" if hbase != base else "--http-port"}
             for p, h in healthy.items():
                 res.exports[p] = h.out.summary()
+                res.export_wall_starts[p] = [round(t, 3) for t in h.out.wall_starts]
                 res.export_latencies[p] = [  # (s since the attack began, latency s, acked)
                     (round(t, 2), round(x, 4), ok) for t, x, ok in zip(
                         h.out.starts, h.out.latencies, h.out.acked, strict=True)]
@@ -308,6 +326,14 @@ def run(cfg: Config) -> Result:
             res.restart_exit_code = _stop(proc)
     res.wall_s = time.monotonic() - t_start
     return res
+
+
+def _cpu(proc, attackers: list, names) -> dict:
+    """CPU seconds used so far by serve, this process and each attacker."""
+    out = {"serve": sv.cpu_s(proc.pid), "serve waiting for a CPU": sv.runqueue_s(proc.pid),
+           "harness": time.process_time()}
+    out.update({f"attack {n}": sv.cpu_s(a.pid) for n, a in zip(names, attackers, strict=True)})
+    return out
 
 
 def _metrics(text: str) -> dict:
@@ -351,6 +377,11 @@ def table(res: Result) -> str:
                    f"unchanged: {res.healthy_unchanged.get(p)} {res.healthy_diff.get(p) or ''}")
     out.append(f"after a restart         {res.acked_jobs} jobs with acknowledged spans, "
                f"{len(res.lost)} lost {res.lost[:5]}")
+    if res.cpu_s:
+        w = res.cpu_s.get("window_s") or 1.0
+        out += ["", f"CPU while attacked ({w:g} s, attackers at nice {c.attacker_nice}): "
+                + ", ".join(f"{k} {v:g} s ({100 * v / w:.0f}%)" for k, v in res.cpu_s.items()
+                            if k != "window_s")]
     if res.serve_metrics:
         out += ["", "serve's counters: " + ", ".join(
             f"{k.replace('goodput_serve_', '')}={v:g}" for k, v in res.serve_metrics.items())]
@@ -381,6 +412,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-token", action="store_true", help="serve without --token-file")
     p.add_argument("--sigkill", action="store_true",
                    help="SIGKILL serve before the restart (default SIGTERM)")
+    p.add_argument("--attacker-nice", type=int, default=0,
+                   help="os.nice of the attackers' processes (10: a model of attackers on "
+                        "other machines, which take none of serve's CPU; default 0)")
     p.add_argument("--no-health-port", action="store_true",
                    help="probe /healthz on the HTTP port even where serve has --health-port")
     p.add_argument("--serve-arg", action="append", default=[],
@@ -399,6 +433,7 @@ def main(argv=None) -> int:
                  rss_kill_bytes=a.rss_kill,
                  token=None if a.no_token else c.token, serve_args=tuple(a.serve_arg),
                  health_port=not a.no_health_port, sigkill=a.sigkill,
+                 attacker_nice=a.attacker_nice,
                  limits={k: getattr(a, k) for k in c.limits},
                  **{k: getattr(a, k) for k in (
                      "amplify_clients", "wrongtoken_calls", "wrongtoken_bytes", "stalled_calls",

@@ -122,12 +122,17 @@ def test_stalled_calls_ended_by_the_request_timeout_and_counted():
 
 
 @pytest.mark.parametrize("channels", [1, 40])
-def test_legit_export_acknowledged_while_stalled_calls_are_open(channels):
+def test_legit_export_acknowledged_while_stalled_calls_are_open(channels, monkeypatch):
     """300 stalled calls (on one connection, or over 40) against 32 reading places
     (``max_connections`` 64; 16 more wait 1 s for one, then are refused): the SDK
     exporter's exports all succeed while the stalled calls stay for ``--request-timeout``
-    (30 s); the one ended to make room is counted as ``refused_timeout``."""
+    (30 s); the one ended to make room is counted as ``refused_timeout``. (With no limit
+    of calls per connection: with serve's, 8, only 8 of one connection's reach serve.)"""
     from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from goodput_processor.serve import grpc_receiver
+
+    monkeypatch.setattr(grpc_receiver, "STREAMS_PER_CONNECTION", 0)
 
     # 32 reading places (half of max_connections), each reserving 2 MiB of the 64 MiB
     # readers may hold (half of max_inflight_bytes)
@@ -225,3 +230,41 @@ def test_line_serves_the_quietest_connection_first():
     assert ended == ["attacker"] * 2
     with pytest.raises(NoSlot):  # 1 and 2 readers: none holds more than "attacker-2"
         slots.admit("attacker-2", lambda: None)
+
+
+def test_line_takes_connections_in_turn():
+    """A connection whose many calls all wait (it holds no reader) is served one call at a
+    time in turn with a quiet connection's call, not all of them first (issue 38: the
+    stalled calls of a connection holding no reader kept a healthy export waiting 3 s)."""
+    from goodput_processor.serve.grpc_admission import ReadSlots
+    from goodput_processor.serve.limits import ByteBudget
+
+    slots = ReadSlots(ByteBudget(4 * MiB), MiB, 3)
+    busy = [slots.queue("busy", lambda: None) for _ in range(3)]
+    quiet = slots.queue("quiet", lambda: None)
+    assert slots.first() == busy[0]  # (rank 0 each; the earlier first)
+    assert slots.behind("fresh") and slots.behind("busy")
+    slots.unqueue(busy[0])
+    slots.admit("busy", lambda: None)  # busy's first call is read: busy holds a reader
+    assert slots.first() == quiet  # rank 0, before busy's next (rank 1 + 0)
+    slots.unqueue(quiet)
+    assert slots.first() == busy[1] and not slots.behind("fresh")  # (ranks 1 and 0)
+
+
+def test_lean_reader_while_http_holds_the_whole_budget():
+    """When HTTP requests hold the whole byte budget (slow bodies hold their
+    ``Content-Length``), one gRPC call is still read, on nothing of the budget (issue 38: a
+    healthy export waited 3 s and was refused ``UNAVAILABLE``)."""
+    from goodput_processor.serve.grpc_admission import NoSlot, ReadSlots
+    from goodput_processor.serve.limits import ByteBudget
+
+    budget = ByteBudget(4 * MiB)
+    slots = ReadSlots(budget, MiB, 3)
+    assert budget.acquire(4 * MiB)  # (what HTTP requests hold)
+    lean = slots.admit("quiet", lambda: None, end_one=False)
+    assert lean.lean and lean.held == 0 and budget.used == 4 * MiB
+    with pytest.raises(NoSlot):  # one lean reader at a time
+        slots.admit("other", lambda: None, end_one=False)
+    assert not lean.settle(10)  # its message still needs its size of the budget
+    budget.release(4 * MiB)
+    assert slots.readers == 0 and budget.used == 0

@@ -66,6 +66,7 @@ class Exports:
     latencies: list = field(default_factory=list)
     acked: list = field(default_factory=list)  # bool per export
     acked_steps: int = 0
+    wall_starts: list = field(default_factory=list)  # time.time() at each export's start
 
     def attacked(self) -> list[int]:
         """Indexes of the exports begun while the attack ran."""
@@ -140,6 +141,7 @@ class HealthyJob:
 
         spans = self.batch(k)
         t = time.monotonic()
+        self.out.wall_starts.append(time.time())
         ok = self.exporter.export(spans) == SpanExportResult.SUCCESS
         self.out.starts.append(-1.0 if self.t0 is None else t - self.t0)  # -1: quiet
         self.out.latencies.append(time.monotonic() - t)

@@ -102,6 +102,35 @@ def rss(pid: int) -> tuple[int, int]:
     return out.get("VmRSS", 0), out.get("VmHWM", 0)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) ``pid`` has used so far (0.0 once it is
+    gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runqueue_s(pid: int) -> float:
+    """Seconds ``pid``'s threads have waited, runnable, for a CPU so far (the kernel's
+    ``schedstat``, summed over the threads alive now; 0.0 once it is gone): how much the
+    machine's other work starved it."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 def dir_bytes(path: str) -> int:
     """Bytes of the files under ``path`` (0 when it is gone)."""
     total = 0

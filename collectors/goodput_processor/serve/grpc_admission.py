@@ -11,8 +11,11 @@ at most ``max_readers`` reading places, until its message has arrived and its ac
 (bytes + parsed estimate) replaces the reservation, or until it ends. Readers together
 reserve at most half the budget, so calls that never send cannot hold what HTTP requests
 need. When that much is not
-free, one call at a time is read on :data:`LEAN_BYTES` (so small exports get through while
-others hold the budget): the budget may then be exceeded by at most one reservation.
+free, one call at a time is read on :data:`LEAN_BYTES`, or on nothing when not even that is
+free (HTTP requests may hold the whole budget: slow bodies hold their ``Content-Length``),
+so that small exports get through while others hold the budget: the budget may then be
+exceeded by at most one reservation, and the message, once read, still needs its size of
+the budget (:meth:`ReadSlot.settle`).
 
 A call that never sends its message must not keep the others out (a slow-loris). Readers
 wait at most ``deadline_s`` (``--request-timeout``) for their message, and when a call finds
@@ -28,10 +31,13 @@ no slot free, one reader is **ended early** (:meth:`ReadSlots.admit`):
    holding as many never end each other's).
 
 Else the call waits for a place (the receiver's), and freed places go to the waiting calls
-in turn (:meth:`ReadSlots.queue`): first the call whose connection holds the fewest
-readers, then the earliest, so that one connection's many calls never starve a quiet
-connection's export. A new call takes a place at once only if no waiting call's connection
-holds as few readers as its own.
+in turn (:meth:`ReadSlots.queue`): first the call of least rank (its connection's readers,
+plus its calls admitted lately, each counting 1 and halving every :data:`SERVED_HALF_S`
+seconds, plus that connection's calls ahead of it in line), then the earliest, so that
+connections take turns and one connection's many calls never starve a quiet connection's
+export (a connection whose calls all wait holds no reader, yet its second waiting call ranks
+1; stalled calls ended and sent again at once rank by how often they were let in). A new
+call takes a place at once only if no waiting call ranks as low as it would.
 Not thread-safe: used from the receiver's event loop only (the budget it holds is
 thread-safe and shared with the HTTP receiver).
 """
@@ -48,6 +54,8 @@ __all__ = ["NoSlot", "ReadSlot", "ReadSlots"]
 #: Seconds a reader may wait for its message before a call that finds no free slot ends it
 #: (an exporter sends its message right after the headers: this is a late one).
 STALE_S = 0.25
+#: Seconds in which a connection's count of calls admitted lately halves (the line's rank).
+SERVED_HALF_S = 1.0
 #: Bytes the one *lean* reader holds while its message is read (see :meth:`ReadSlots.admit`).
 LEAN_BYTES = 256 << 10
 
@@ -138,10 +146,21 @@ class ReadSlots:
         #: calls waiting for a place: ticket -> (peer, wake) (a smaller ticket waited longer)
         self.waiters: dict[int, tuple[str, Callable[[], None]]] = {}
         self.waiting_of: dict[str, int] = {}  # peer -> its calls in :attr:`waiters`
+        #: peer -> (calls admitted lately, when last counted): see :meth:`_served`
+        self.served: dict[str, tuple[float, float]] = {}
         self._ticket = 0
 
     def _rank(self, peer: str) -> int:
         return len(self.by_peer.get(peer, ()))
+
+    def _served(self, peer: str, now: float | None = None) -> float:
+        """Calls of ``peer`` admitted lately: each counts 1, halving every
+        :data:`SERVED_HALF_S` seconds."""
+        n, t = self.served.get(peer, (0.0, 0.0))
+        return n * 0.5 ** (((time.monotonic() if now is None else now) - t) / SERVED_HALF_S)
+
+    def _line_rank(self, peer: str) -> float:
+        return self._rank(peer) + self._served(peer)
 
     def queue(self, peer: str, wake: Callable[[], None]) -> int:
         """Put a call of ``peer`` in the line for a place; its ticket. ``wake`` is called
@@ -159,11 +178,33 @@ class ReadSlots:
             if n:
                 self.waiting_of[w[0]] = n
 
+    def _first(self) -> tuple[float, int] | None:
+        """``(rank, ticket)`` of the call next in line (None: no call waits). A waiting
+        call's rank is its connection's readers, plus its connection's calls admitted
+        lately (:meth:`_served`), plus its connection's calls ahead of it in line, so that
+        a connection's many waiting calls are served one at a time in turn with the other
+        connections' (quietest first), never all before a quiet connection's one, and
+        connections whose calls are ended and come back at once do not keep the first
+        places among themselves."""
+        ahead: dict[str, int] = {}
+        base: dict[str, float] = {}
+        best = None
+        for t, (peer, _wake) in self.waiters.items():  # (in ticket order)
+            k = ahead.get(peer, 0)
+            ahead[peer] = k + 1
+            if peer not in base:
+                base[peer] = self._line_rank(peer)
+            key = (base[peer] + k, t)
+            if best is None or key < best:
+                best = key
+        return best
+
     def first(self) -> int | None:
-        """The ticket next in line: of the waiting calls, the one whose connection holds the
-        fewest readers, then the one that waited longest (None: no call waits)."""
-        return min(self.waiters, key=lambda t: (self._rank(self.waiters[t][0]), t),
-                   default=None)
+        """The ticket next in line: of the waiting calls, the one of least rank (its
+        connection's readers plus its connection's calls ahead of it in line), then the one
+        that waited longest (None: no call waits)."""
+        f = self._first()
+        return None if f is None else f[1]
 
     def wake_first(self) -> None:
         """Wake the call next in line (a place may be free, or it became next)."""
@@ -172,10 +213,10 @@ class ReadSlots:
             self.waiters[t][1]()
 
     def behind(self, peer: str) -> bool:
-        """Whether a new call of ``peer`` must wait in line: a waiting call's connection
-        holds no more readers than its own (it is served first)."""
-        t = self.first()
-        return t is not None and self._rank(self.waiters[t][0]) <= self._rank(peer)
+        """Whether a new call of ``peer`` must wait in line: a waiting call's rank is no more
+        than the new call's would be (its connection's readers and waiting calls)."""
+        f = self._first()
+        return f is not None and f[0] <= self._line_rank(peer) + self.waiting_of.get(peer, 0)
 
     def bump(self, peer: str) -> bool:
         """The line is full: take out the last in line of the connection holding the most
@@ -206,9 +247,9 @@ class ReadSlots:
 
         The call holds ``reserve`` bytes of the budget while its message is read (all
         readers together at most half of the budget); when those are not free, one call at
-        a time (the *lean* reader) holds ``lean_bytes``
-        instead, so that small exports are still read while others hold the budget: gRPC
-        may then buffer up to ``reserve - lean_bytes`` bytes beyond the budget for it.
+        a time (the *lean* reader) holds ``lean_bytes`` instead, or nothing when not even
+        those are free, so that small exports are still read while others hold the budget:
+        gRPC may then buffer up to ``reserve`` bytes beyond the budget for it.
 
         Args:
             peer: the call's connection.
@@ -226,8 +267,9 @@ class ReadSlots:
                     held, lean = self.reserve, False
                     self.reserved += self.reserve
                     break
-                if self.lean is None and self.budget.acquire(self.lean_bytes):
-                    held, lean = self.lean_bytes, True
+                if self.lean is None:  # (on what is left when less: HTTP may hold it all)
+                    held = self.lean_bytes if self.budget.acquire(self.lean_bytes) else 0
+                    lean = True
                     break
             if not (end_one and self._end_one(peer, by_age)):
                 if self.readers >= self.max_readers:
@@ -238,6 +280,11 @@ class ReadSlots:
                              f"message is read, and calls being read hold at most "
                              f"{self.max_reserved} of {self.budget.capacity} "
                              "(--max-inflight-bytes); retry later")
+        now = time.monotonic()
+        self.served[peer] = (self._served(peer, now) + 1.0, now)
+        if len(self.served) > 4 * self.max_readers:  # forget connections served long ago
+            self.served = {p: v for p, v in self.served.items()
+                           if self._served(p, now) >= 0.01}
         slot = ReadSlot(self, peer, on_end)
         slot.held, slot.lean = held, lean
         if lean:

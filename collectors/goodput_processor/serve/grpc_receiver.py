@@ -26,7 +26,9 @@ message, and a call waiting for its message costs no thread. In order:
 4. **Size**: once it arrived, the call holds its size plus its parsed estimate
    (:func:`~goodput_processor.serve.receiver.parse_cost`) instead of the reservation
    (``UNAVAILABLE`` when that does not fit now), and a worker thread parses it and hands it
-   to the store (the statuses of :mod:`goodput_processor.serve.receiver`).
+   to the store (the statuses of :mod:`goodput_processor.serve.receiver`); messages up to
+   :data:`SMALL_BYTES` have two threads of their own, so an exporter's batch never waits
+   behind the scan of a 16 MiB message.
 
 gRPC's asyncio server takes no new call from its core while ``max_connections`` are in
 flight (``maximum_concurrent_rpcs``: they queue there, first come first served, whoever
@@ -34,7 +36,10 @@ sent them); since readers and waiting calls hold at most three quarters of them,
 calls never fill that cap. Each call held waiting is one that does not come back at once
 to queue in gRPC core ahead of other clients' calls (under 300 stalled calls, a healthy
 export waited there up to 2 s while serve took in some 100 calls a second); readers'
-reservations take at most half of the byte budget.
+reservations take at most half of the byte budget. gRPC core hands new calls to the event
+loop one at a time, first come first served, so a healthy call waits there behind every
+call the attackers have open (issue 38: 0.1-3.4 s under all attacks at once): each
+connection may have :data:`STREAMS_PER_CONNECTION` calls open, the rest wait in the client.
 """
 
 from __future__ import annotations
@@ -68,6 +73,20 @@ _log = logging.getLogger(__name__)
 #: Seconds a call may wait for a read slot before ``UNAVAILABLE`` (held waiting, a stalled
 #: call does not come back to queue in gRPC core ahead of others' calls: 1 s let it).
 WAIT_S = 3.0
+#: Messages up to this many bytes (an exporter's batch of some 300 spans) are scanned and
+#: stored by :attr:`GrpcReceiver.small_pool`, so that large ones (a scan of 16 MiB takes
+#: 0.3 s) never hold them up; up to :data:`INLINE_BYTES` (0.1 ms to scan) on the event loop.
+SMALL_BYTES = 64 << 10
+INLINE_BYTES = 8 << 10
+#: Calls one connection may have open at once (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``,
+#: ``grpc.max_concurrent_streams``): a client's further calls wait in the client, costing
+#: serve nothing, instead of queueing in gRPC core ahead of other connections' calls (its
+#: new calls are taken one at a time, first come first served, by the event loop). An
+#: exporter sends one batch at a time (the OTel SDKs), or a few (the Collector's
+#: ``sending_queue.num_consumers``, 10); a gRPC client that opens more than this many on a
+#: connection before it has read serve's settings gets them refused (``REFUSED_STREAM``,
+#: retried once by gRPC, then ``UNAVAILABLE``, which exporters retry).
+STREAMS_PER_CONNECTION = 8
 #: Seconds between its tries (besides each time a reader leaves).
 POLL_S = 0.1
 #: Seconds a refusal waits for its count to be in the store before it is answered.
@@ -198,8 +217,13 @@ class _Export:
                     raise
                 return Rejected("malformed", 400, 3, "the call carried no request message")
             slot.arrived()  # no longer a reader (it cannot be ended early now)
-            # (a scan of the body: 0.3 s for 16 MiB, so not on the event loop)
-            need = len(body) + await loop.run_in_executor(rx.pool, parse_cost, "protobuf", body)
+            # (a scan of the body: 0.3 s for 16 MiB, so not on the event loop, but 0.1 ms for
+            # an exporter's usual batch); a small message is stored by threads of its own,
+            # never queued behind large ones
+            pool = rx.small_pool if len(body) <= SMALL_BYTES else rx.pool
+            need = len(body) + (parse_cost("protobuf", body) if len(body) <= INLINE_BYTES
+                                else await loop.run_in_executor(pool, parse_cost, "protobuf",
+                                                                body))
             if need > rx.budget.capacity:
                 slot.release()
                 return Rejected("too_large", 413, 8, f"the request needs {need} bytes of "
@@ -213,7 +237,7 @@ class _Export:
                 return Rejected("unavailable", 503, 14, "goodput serve is shutting down",
                                 retry_after=1)
             try:
-                return await loop.run_in_executor(rx.pool, self._store, body, peer)
+                return await loop.run_in_executor(pool, self._store, body, peer)
             finally:
                 rx.gate.leave()
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -230,7 +254,8 @@ class _Export:
         already, the call waits for one (readers and waiting calls at most three quarters
         of ``max_connections``, waiting calls at least a quarter; no message is read
         meanwhile), each for at most :data:`WAIT_S` seconds: the next in line
-        (:meth:`ReadSlots.first`: fewest readers on its connection, then earliest) tries
+        (:meth:`ReadSlots.first`: least rank, its connection's readers plus that
+        connection's calls ahead of it in line, then earliest) tries
         again, ending a reader by the same rules, each time a reader leaves or a call leaves
         the line, and every :data:`POLL_S` seconds (bytes the HTTP receiver gives back)."""
         rx, slots = self.rx, self.rx.slots
@@ -320,6 +345,8 @@ class GrpcReceiver:
             each for at most ``request_timeout_s`` seconds.
         budget: bytes in flight, shared with the HTTP receiver (default: its own, of
             ``limits.max_inflight_bytes``).
+        streams_per_connection: calls open at once on one connection (None:
+            :data:`STREAMS_PER_CONNECTION`; 0: gRPC's default, no limit).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -330,8 +357,11 @@ class GrpcReceiver:
                  token: str | None = None, tls: tuple[str, str] | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, workers: int = 8,
                  gate: Gate | None = None, limits: Limits | None = None,
-                 budget: ByteBudget | None = None):
+                 budget: ByteBudget | None = None,
+                 streams_per_connection: int | None = None):
         self.store, self.token, self.host = store, token, host
+        self.streams_per_connection = (STREAMS_PER_CONNECTION if streams_per_connection is None
+                                       else streams_per_connection) or None
         self.gate = gate or Gate()
         self.limits = limits or Limits(max_message_bytes=max_message_bytes)
         self.budget = budget or ByteBudget(self.limits.max_inflight_bytes)
@@ -345,6 +375,7 @@ class GrpcReceiver:
             with open(tls[0], "rb") as c, open(tls[1], "rb") as k:
                 creds = grpc.ssl_server_credentials([(k.read(), c.read())])
         self.pool = ThreadPoolExecutor(workers, "goodput-serve-grpc")
+        self.small_pool = ThreadPoolExecutor(2, "goodput-serve-grpc-small")
         self.counter = ThreadPoolExecutor(1, "goodput-serve-grpc-count")
         self.counts = _Counts(store, self.counter)
         self.slots.on_free = self._place_freed
@@ -376,6 +407,11 @@ class GrpcReceiver:
         opts = [("grpc.max_receive_message_length", self.limits.max_message_bytes),
                 ("grpc.max_send_message_length", 1 << 20), ("grpc.so_reuseport", 0),
                 ("grpc.http2.bdp_probe", 0)]
+        if self.streams_per_connection is not None:
+            # (counted by HTTP/2's rules, not until gRPC core frees each stream: with its
+            # default, a client's next call right after one ended got REFUSED_STREAM)
+            opts += [("grpc.max_concurrent_streams", int(self.streams_per_connection)),
+                     ("grpc.http.overload_protection", 0)]
         self.server = grpc.aio.server(options=opts,
                                       maximum_concurrent_rpcs=self.limits.max_connections)
         self.server.add_generic_rpc_handlers(tuple(
@@ -408,4 +444,5 @@ class GrpcReceiver:
         if not self.loop.is_running():
             self.loop.close()
         self.pool.shutdown(wait=False)
+        self.small_pool.shutdown(wait=False)
         self.counter.shutdown(wait=False)
