@@ -490,8 +490,8 @@ def child(surface: str, defs: str, run_dir: Path, meta: dict, new_path: Path, wo
         def poll():
             return calc.get_job_goodput(include_badput_breakdown=True)
     elif surface == "monitor":
-        from goodput_processor.exporters.monitor import GoodputMonitor
         from goodput_processor.exporters.workload import WorkloadOptions
+        from goodput_processor.serve.monitor import GoodputMonitor
 
         kw = ({"workload": WorkloadOptions("bench", "local", acc_type="TPU-v5p"),
                "workload_definitions": "mgm", "workload_client": _DiscardingClient()}

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import goodput
-from goodput_processor.exporters.monitor import GoodputMonitor
+from goodput_processor.serve.monitor import GoodputMonitor
 
 _A = np.random.default_rng(0).standard_normal((160, 160))
 

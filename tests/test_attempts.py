@@ -13,7 +13,7 @@ import pytest
 from otlp_fixtures import Timeline, write_spool
 
 from goodput import schema
-from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.model.attempts import build_attempts, resolve_open
 from goodput_processor.read.reader import read_run_dir
 

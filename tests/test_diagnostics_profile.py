@@ -67,7 +67,7 @@ def profile_spans(exporter) -> list:
 
 
 def report(run_dir):
-    from goodput_processor.account.accounting import report_run_dir
+    from goodput_processor.account.run_dir import report_run_dir
 
     goodput.job_end()
     (job,) = report_run_dir(run_dir)
@@ -389,7 +389,7 @@ def test_on_demand_http_capture_in_a_torch_training_process(tmp_path):
     assert set(got) == {sid, "all-hosts-1"}
     assert got[sid]["attrs"][schema.ATTR_PROFILE_TRIGGER] == "on_demand"
     assert got[sid]["end"] - got[sid]["start"] >= 1.5e9
-    from goodput_processor.account.accounting import report_run_dir
+    from goodput_processor.account.run_dir import report_run_dir
 
     (job,) = report_run_dir(run_dir)
     assert job.badput_s["custom:profile"] >= 1.5

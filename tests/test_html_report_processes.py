@@ -20,7 +20,7 @@ from goodput_processor.html.sections import (
     recovery_html,
     warnings_html,
 )
-from goodput_processor.results.report import ReportWarning
+from goodput_processor.model.warnings import ReportWarning
 
 NS = 1_000_000_000
 NOW = T0_NS + 10**6 * NS

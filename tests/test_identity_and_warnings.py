@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schema
-from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.read.reader import _Reader
 
 HERE = Path(__file__).resolve().parent

@@ -16,7 +16,7 @@ import pytest
 from otlp_fixtures import Timeline
 
 from goodput import schema
-from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.analysis.recovery import LAUNCHER_MATCH_NS
 
 RDZV = "torchelastic.worker.status.RENDEZVOUS"

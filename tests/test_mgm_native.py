@@ -158,15 +158,15 @@ def test_iso_times_without_a_zone_are_utc(tmp_path, capsys):
 
 
 def test_native_monitor_writes_the_incumbents_series(tmp_path):
-    """``goodput_processor.exporters.monitor.GoodputMonitor(workload=...)``: each cycle, the
+    """``goodput_processor.serve.monitor.GoodputMonitor(workload=...)``: each cycle, the
     incumbent's cumulative and rolling-window series of every job (mgm's numbers by
     default), to a loopback Cloud Monitoring."""
     pytest.importorskip("google.cloud.monitoring_v3")
     from fake_metric_services import FakeCloudMonitoring
 
     from goodput_processor.definitions.mgm import account_mgm
-    from goodput_processor.exporters.monitor import GoodputMonitor
     from goodput_processor.exporters.workload import WorkloadOptions
+    from goodput_processor.serve.monitor import GoodputMonitor
 
     elastic_job().write(tmp_path / "run")
     opts = WorkloadOptions("proj", "europe-west4-a", "0", "TPU-v6e", None, True)

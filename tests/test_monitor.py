@@ -10,8 +10,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import goodput
-from goodput_processor.account.accounting import report_run_dir
-from goodput_processor.exporters.monitor import GoodputMonitor
+from goodput_processor.account.run_dir import report_run_dir
+from goodput_processor.serve.monitor import GoodputMonitor
 
 
 def _gauges(reader) -> dict:

@@ -12,12 +12,13 @@ import pytest
 from test_definitions_mgm import random_scenario
 
 from goodput_processor import read_run_dir
-from goodput_processor.account.accounting import account, report_run_dir
+from goodput_processor.account.accounting import account
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.definitions import report
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.read import cache
 from goodput_processor.read.rows import ACCOUNT_NCOLS, NCOLS
-from goodput_processor.results.report import job_to_dict
+from goodput_processor.results.report_json import job_to_dict
 
 
 def _run(tmp_path, seed, duplicated):

@@ -19,10 +19,11 @@ from test_cli import goodput
 from test_metrics import _points
 
 from goodput import schema
-from goodput_processor.account.accounting import account, report_run_dir
+from goodput_processor.account.accounting import account
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.analysis.recovery import PHASES
 from goodput_processor.exporters.metrics import GoodputMetrics
-from goodput_processor.results.report import job_to_dict
+from goodput_processor.results.report_json import job_to_dict
 from goodput_processor.serve.store import LiveStore
 
 HOSTS, SLOW, CRASH = 16, 5, 12

@@ -13,7 +13,7 @@ import pytest
 from otlp_fixtures import Timeline
 from test_cli import goodput
 
-from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.analysis.recovery import ONE_PROCESS_INIT
 from goodput_processor.html.sections import recovery_html
 

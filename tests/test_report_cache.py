@@ -14,7 +14,7 @@ from goodput_processor.account.accounting import account
 from goodput_processor.cli import main
 from goodput_processor.read import cache
 from goodput_processor.read.reader import read_run_dir, span_files
-from goodput_processor.results.report import to_json_dict
+from goodput_processor.results.report_json import to_json_dict
 
 NOW = 2**62
 

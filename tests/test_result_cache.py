@@ -20,11 +20,12 @@ from test_properties import PROPS, _lines, _write, jobs
 
 from goodput import schema
 from goodput_processor import definitions
-from goodput_processor.account import accounting
+from goodput_processor.account import run_dir
 from goodput_processor.cli import main
 from goodput_processor.read import reader, result_cache
 from goodput_processor.read.cache import CACHE_DIR
-from goodput_processor.results.report import render_table, to_json_dict
+from goodput_processor.results.report_json import to_json_dict
+from goodput_processor.results.table import render_table
 
 _COLUMNS = ("step", "attempt", "start_ns", "time_ns", "count", "time_s", "deviation_s",
             "anomalous")
@@ -60,14 +61,14 @@ def _same(got, want):
 def _fresh(run, monkeypatch, **kw):
     with monkeypatch.context() as m:
         m.setenv("GOODPUT_REPORT_CACHE", "0")
-        return accounting.report_run_dir(run, **kw)
+        return run_dir.report_run_dir(run, **kw)
 
 
 def _no_accounting(monkeypatch):
     def fail(*a, **k):
         raise AssertionError("accounted again")
 
-    monkeypatch.setattr(accounting, "account", fail)
+    monkeypatch.setattr(run_dir, "account", fail)
 
 
 _RUN = {schema.RES_RUN_NAME: "r", schema.RES_FLOPS_PER_STEP: 4 * 10**12,
@@ -98,11 +99,11 @@ def test_second_report_reads_the_kept_results_equal_to_accounting(tmp_path, monk
     run = _finished(tmp_path)
     want = _fresh(run, monkeypatch)
     assert not (run / CACHE_DIR).exists()
-    first = accounting.report_run_dir(run)
+    first = run_dir.report_run_dir(run)
     _same(first, want)
     assert len(_entries(run)) == 1
     _no_accounting(monkeypatch)
-    second = accounting.report_run_dir(run)
+    second = run_dir.report_run_dir(run)
     _same(second, want)
     assert to_json_dict(second) == to_json_dict(want)
     r = second[0]  # nested results kept
@@ -129,7 +130,7 @@ def test_a_running_attempt_is_not_kept(tmp_path):
     Timeline(job="r", t0_ns=t0).job_start(0, interval_ms=1000).steps(0, 4, start=0,
                                                                     step_time=1).write(run)
     _age(run, 60)  # the files are quiet; the spans say the attempt is running
-    (r,) = accounting.report_run_dir(run)
+    (r,) = run_dir.report_run_dir(run)
     assert r.attempts[-1].end_reason == "running" and not result_cache.cacheable([r])
     assert _entries(run) == []
 
@@ -137,20 +138,20 @@ def test_a_running_attempt_is_not_kept(tmp_path):
 def test_a_live_run_a_changed_file_and_other_arguments_are_accounted(tmp_path, monkeypatch):
     run = _finished(tmp_path)
     _age(run, 5)  # written 5 s ago: not quiet yet
-    accounting.report_run_dir(run)
+    run_dir.report_run_dir(run)
     assert _entries(run) == []
     _age(run)
-    accounting.report_run_dir(run)
-    accounting.report_run_dir(run, ideal_step_time_s=0.5)
-    accounting.report_run_dir(run, job="c")
+    run_dir.report_run_dir(run)
+    run_dir.report_run_dir(run, ideal_step_time_s=0.5)
+    run_dir.report_run_dir(run, job="c")
     assert len(_entries(run)) == 3  # one per arguments
     now = time.time_ns()
-    _same(accounting.report_run_dir(run, now_ns=now), _fresh(run, monkeypatch, now_ns=now))
+    _same(run_dir.report_run_dir(run, now_ns=now), _fresh(run, monkeypatch, now_ns=now))
     assert len(_entries(run)) == 3  # an explicit now: neither read nor kept
     Timeline(job="c", attempt=2).job_start(60).restore(60, 61, step=29).steps(
         29, 40, start=61, step_time=1).write(run)  # a new attempt, in a new file
     _age(run)
-    (r,) = accounting.report_run_dir(run)
+    (r,) = run_dir.report_run_dir(run)
     assert [a.attempt for a in r.attempts] == [0, 1, 2]
     assert len(_entries(run)) == 1  # the entries of the old files are gone
     _same([r], _fresh(run, monkeypatch))
@@ -167,7 +168,7 @@ def test_no_cache_neither_reads_nor_writes_and_is_for_that_command(tmp_path, mon
 
 def test_entries_of_earlier_code_are_removed_when_a_new_one_is_written(tmp_path, monkeypatch):
     run = _finished(tmp_path)
-    accounting.report_run_dir(run)
+    run_dir.report_run_dir(run)
     (name,) = _entries(run)
     path = run / CACHE_DIR / name
     doc = json.loads(path.read_text())
@@ -177,7 +178,7 @@ def test_entries_of_earlier_code_are_removed_when_a_new_one_is_written(tmp_path,
     path.rename(run / CACHE_DIR / "results-0123.json")
     (run / CACHE_DIR / "results-0123.json").write_text(json.dumps(old))
     (run / CACHE_DIR / doc["arrays"]).unlink()
-    _same(accounting.report_run_dir(run), _fresh(run, monkeypatch))
+    _same(run_dir.report_run_dir(run), _fresh(run, monkeypatch))
     assert _entries(run) == [name]  # written anew; the earlier code's entry and its steps gone
     assert sorted(p.name for p in (run / CACHE_DIR).glob("results-*.npy")) == [
         json.loads(path.read_text())["arrays"]]
@@ -186,7 +187,7 @@ def test_entries_of_earlier_code_are_removed_when_a_new_one_is_written(tmp_path,
 @pytest.mark.parametrize("damage", ["json", "class", "arrays", "array class", "key", "fields"])
 def test_a_damaged_or_foreign_entry_is_a_miss(tmp_path, monkeypatch, damage):
     run = _finished(tmp_path)
-    accounting.report_run_dir(run)
+    run_dir.report_run_dir(run)
     (name,) = _entries(run)
     path = run / CACHE_DIR / name
     doc = json.loads(path.read_text())
@@ -208,7 +209,7 @@ def test_a_damaged_or_foreign_entry_is_a_miss(tmp_path, monkeypatch, damage):
         path.write_text(json.dumps(doc))
     assert result_cache.load(run, result_cache.stats(run, sorted(run.glob("*.jsonl"))),
                              doc["params"]) is None
-    _same(accounting.report_run_dir(run), _fresh(run, monkeypatch))
+    _same(run_dir.report_run_dir(run), _fresh(run, monkeypatch))
 
 
 @PROPS
@@ -217,12 +218,12 @@ def test_kept_results_equal_accounting_on_random_jobs(tmp_path_factory, pairs, i
     run = _age(_write(tmp_path_factory.mktemp("kept"), _lines(pairs, None)))
     os.environ["GOODPUT_REPORT_CACHE"] = "0"
     try:
-        want = accounting.report_run_dir(run, ideal_step_time_s=ideal)
+        want = run_dir.report_run_dir(run, ideal_step_time_s=ideal)
     finally:
         del os.environ["GOODPUT_REPORT_CACHE"]
-    first = accounting.report_run_dir(run, ideal_step_time_s=ideal)
+    first = run_dir.report_run_dir(run, ideal_step_time_s=ideal)
     assert len(_entries(run)) == 1
-    second = accounting.report_run_dir(run, ideal_step_time_s=ideal)
+    second = run_dir.report_run_dir(run, ideal_step_time_s=ideal)
     for got in (first, second):
         _same(got, want)
     assert render_text(second) == render_text(want)
@@ -270,7 +271,7 @@ def test_mgm_second_report_reads_the_kept_results(tmp_path, monkeypatch, capsys)
     assert len(want[0].step_deviation_s) > 20 and want[0].elastic
     assert len(set(want[1].step_deviation_s.values())) > 5 and want[1].disruptions
     _same_mgm(definitions.report(run, "mgm"), want)
-    accounting.report_run_dir(run)
+    run_dir.report_run_dir(run)
     assert len(_entries(run)) == 2  # one per definitions
     with monkeypatch.context() as m:
         m.setattr(reader, "read_run_dir", lambda *a, **k: pytest.fail("read again"))

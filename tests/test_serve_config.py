@@ -24,6 +24,7 @@ from deploy_util import Serve, get
 
 from goodput_processor.cli import build_parser, main
 from goodput_processor.serve import config
+from goodput_processor.serve.command import add_serve_command
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "deploy" / "serve-config.yaml"
@@ -158,7 +159,7 @@ def test_the_command_line_wins_over_a_bad_file_value(tmp_path, monkeypatch, caps
 
 def test_the_example_config_file_is_valid():
     args = build_parser().parse_args(["serve", "--config", str(EXAMPLE)])
-    loaded = config.apply(args)
+    loaded = config.apply(args, add_serve_command)
     assert args.wal_dir == "/var/lib/goodput/wal" and args.prometheus_port == "off"
     assert args.host == "0.0.0.0" and args.token_file == "/etc/goodput/token"
     assert len(loaded.sources) >= 20

@@ -160,7 +160,7 @@ def test_a_job_whose_accounting_raises_is_reported_failed(tmp_path, monkeypatch)
         srv.stop(5, final=False)
     from rich.console import Console
 
-    from goodput_processor.results.report import render_table
+    from goodput_processor.results.table import render_table
 
     console = Console(record=True, width=200)
     render_table(store.results(), console)
@@ -199,7 +199,7 @@ def test_a_job_past_its_custom_type_limit_is_flagged_in_report_and_metrics(tmp_p
 def test_goodput_report_isolates_a_job_whose_accounting_raises(tmp_path, monkeypatch, capsys):
     """The same isolation in goodput report: the failed job in the JSON and the table,
     the others unchanged, and --strict exits 3."""
-    from goodput_processor.account import accounting
+    from goodput_processor.account import run_dir
     from goodput_processor.cli import main
 
     run = tmp_path / "run"
@@ -208,14 +208,14 @@ def test_goodput_report_isolates_a_job_whose_accounting_raises(tmp_path, monkeyp
             run / job)
     assert main(["report", str(run), "--format", "json"]) == 0
     before = {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
-    real = accounting.account
+    real = run_dir.account
 
     def account(job, *a, **kw):  # the fault: this job's accounting raises
         if job.name == "broken":
             raise RuntimeError("injected fault")
         return real(job, *a, **kw)
 
-    monkeypatch.setattr(accounting, "account", account)
+    monkeypatch.setattr(run_dir, "account", account)
     assert main(["report", str(run), "--format", "json"]) == 0
     after = {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
     assert after["alpha"] == before["alpha"] and after["alpha"]["error"] is None

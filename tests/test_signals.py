@@ -12,7 +12,7 @@ import time
 import pytest
 from instr_util import child_env, spans
 
-from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.account.run_dir import report_run_dir
 
 pytest.importorskip("torch.distributed")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from goodput import schema
-from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.importers.sources import (
     detect_file_source,
     get_source,
@@ -27,7 +27,7 @@ from goodput_processor.importers.sources import (
     write_spool,
 )
 from goodput_processor.importers.sources.megatron import DEFAULT_JOB_UUID
-from goodput_processor.results.report import to_json_dict
+from goodput_processor.results.report_json import to_json_dict
 
 DATA = Path(__file__).parent / "data" / "sources" / "megatron"
 OTLP = DATA / "otlp.jsonl"

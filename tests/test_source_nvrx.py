@@ -223,7 +223,7 @@ def test_the_second_failure_is_cycle_2():
 def test_the_launcher_alone_has_no_attempts(tmp_path):
     """NVRx says nothing about steps: its events alone make a job with no attempts and no
     time (the launcher is no process of any attempt)."""
-    from goodput_processor.account.accounting import report_run_dir
+    from goodput_processor.account.run_dir import report_run_dir
 
     run = translate_files(get_source("nvrx"), [LOG], job="alone")
     write_spool(run.resource_spans, tmp_path)

@@ -34,14 +34,14 @@ from pathlib import Path
 
 import pytest
 
-from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.importers.sources import (
     detect_file_source,
     get_source,
     translate_files,
     write_spool,
 )
-from goodput_processor.results.report import to_json_dict
+from goodput_processor.results.report_json import to_json_dict
 
 DATA = Path(__file__).parent / "data" / "sources" / "onelogger"
 sys.path.insert(0, str(DATA))

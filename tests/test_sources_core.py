@@ -25,7 +25,7 @@ from goodput_processor.account.accounting import account
 from goodput_processor.cli import main
 from goodput_processor.importers.sources import Source, Translator
 from goodput_processor.read.reader import read_run_dir
-from goodput_processor.results.report import job_to_dict
+from goodput_processor.results.report_json import job_to_dict
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

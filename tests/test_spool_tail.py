@@ -27,7 +27,7 @@ from instr_util import child_env, load_benchmark
 
 import goodput
 from goodput import schema
-from goodput_processor.account.accounting import report_run_dir
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.read import cache as report_cache
 from goodput_processor.read import tail as read_tail
 from goodput_processor.read.reader import read_run_dir, span_files, tail_files

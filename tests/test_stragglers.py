@@ -17,7 +17,8 @@ from test_cli import goodput
 from test_metrics import _points
 
 from goodput import schema
-from goodput_processor.account.accounting import account, report_run_dir
+from goodput_processor.account.accounting import account
+from goodput_processor.account.run_dir import report_run_dir
 from goodput_processor.analysis.stragglers import straggler_report
 from goodput_processor.exporters.metrics import GoodputMetrics
 from goodput_processor.model.attempts import build_attempts

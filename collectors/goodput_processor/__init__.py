@@ -9,11 +9,13 @@ into job -> attempt -> process, and accounts every nanosecond of a job into one 
     results = report_run_dir("goodput-runs/my-job", ideal_step_time_s=0.25)
     print(results[0].goodput, results[0].badput_s["wasted_progress"])
 
-The command line is ``goodput report RUN_DIR`` and ``goodput serve``
-(:mod:`goodput_processor.cli`); metrics, TensorBoard scalars and the in-process
-monitor are in :mod:`goodput_processor.exporters.metrics`,
-:mod:`goodput_processor.exporters.tensorboard` and :mod:`goodput_processor.exporters.monitor`
-(``docs/metrics.md``).
+The folders follow the pipeline (``docs/architecture.md``): ``read/`` (spool files to span
+rows), ``model/`` (attempts and processes), ``analysis/`` (step times, stragglers,
+recovery, attribution), ``results/`` (result types, JSON, table), ``account/`` (buckets,
+windows, warnings), ``definitions/`` (other tools' definitions), ``exporters/`` (metrics,
+TensorBoard, Cloud Monitoring series), ``html/``, ``importers/``, ``serve/`` (the live
+service and the in-process monitor) and the command line :mod:`goodput_processor.cli`
+(``goodput report RUN_DIR``, ``goodput serve``, ``goodput import``).
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from .account.accounting import (
     StepArrays,
     StepTimeSummary,
     account,
-    report_run_dir,
 )
+from .account.run_dir import report_run_dir
 from .account.windows import WindowResult, account_interval, account_windows
 from .read.reader import ReadError, RunDirError, SpoolFormatError, read_run_dir
 from .read.rows import JobSpans, ProcessSpans, SpanSet
-from .results.report import format_duration, render_table, to_json, to_json_dict
+from .results.report_json import to_json, to_json_dict
+from .results.table import format_duration, render_table
 
 
 def __getattr__(name: str):

@@ -19,7 +19,6 @@ import argparse
 import math
 import os
 import sys
-import textwrap
 from collections.abc import Sequence
 
 from goodput.links import DOCS_URL, doc_url
@@ -28,14 +27,12 @@ from .definitions import DEFINITIONS
 from .importers.command import add_import_command
 from .read.reader import ReadError
 from .serve.command import add_serve_command
+from .terminal import Parser as _Parser
+from .terminal import UsageError
 
 __all__ = ["UsageError", "add_report_command", "build_parser", "main"]
 
 PROG = "goodput"
-
-
-class UsageError(Exception):
-    """Bad command line or input; ``main`` prints it as one line and returns 2."""
 
 
 class _Version(argparse.Action):
@@ -46,31 +43,6 @@ class _Version(argparse.Action):
 
         print(f"{PROG} {__version__}")  # on stdout, as argparse's "version" action
         parser.exit()
-
-
-class _Formatter(argparse.HelpFormatter):
-    """Help wrapped at spaces only, so that a URL or a hyphenated name stays whole."""
-
-    def _split_lines(self, text, width):
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False,
-                             break_long_words=False)
-
-    def _fill_text(self, text, width, indent):
-        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
-                             subsequent_indent=indent, break_on_hyphens=False,
-                             break_long_words=False)
-
-
-class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are one line (``goodput: error: ...``), not a usage dump,
-    and whose help keeps URLs whole (:class:`_Formatter`)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message)
 
 
 def _ideal_step_time(text: str) -> float:

@@ -59,8 +59,8 @@ def finish(run, run_dir: str) -> int:
     print(f"metrics (OTLP JSON lines): {', '.join(metric_files) or 'none'}")
     print(f"spans (OTLP JSON lines):   {', '.join(f for f in files if f not in metric_files)}")
     try:
-        from goodput_processor.account.accounting import report_run_dir
-        from goodput_processor.results.report import render_table
+        from goodput_processor.account.run_dir import report_run_dir
+        from goodput_processor.results.table import render_table
     except ImportError:
         print(f"goodput report {run_dir}   (goodput_processor is not installed here)")
         return 0

@@ -2,7 +2,7 @@
 
 Every check reads the job's attempts (:mod:`goodput_processor.model.attempts`) and its accounting
 result, and
-returns :class:`~goodput_processor.results.report.ReportWarning` objects with a stable ``code``
+returns :class:`~goodput_processor.model.warnings.ReportWarning` objects with a stable ``code``
 (the table in ``docs/accounting.md``, "Warnings"); none changes a number. The reader's own
 (files it skipped) are made by :func:`file_warnings`.
 """
@@ -16,8 +16,9 @@ from goodput import schema
 from ..model.attempts import Attempt
 from ..model.memo import cached, folded, proc_key
 from ..model.summaries import StepOrder, step_order_of
+from ..model.warnings import ReportWarning
 from ..read.rows import C_KIND, K_CHECKPOINT_RESTORE, K_CHECKPOINT_SAVE, JobSpans
-from ..results.report import JobResult, ReportWarning
+from ..results.job import JobResult
 
 __all__ = ["CODES", "file_warnings", "job_warnings", "recovery_warnings"]
 

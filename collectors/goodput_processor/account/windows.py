@@ -16,7 +16,7 @@ from goodput import schema
 
 from ..model.packed import PackedSegments
 from ..read.rows import JobSpans
-from ..results.report import JobResult
+from ..results.job import JobResult
 from .accounting import AccountingInvariantError, _account
 from .painting import _Acc
 

@@ -123,7 +123,7 @@ def _relevant(d: np.ndarray) -> np.ndarray:
 def slowdown_by_host(attempts: Sequence, result, memo=None) -> tuple[dict[tuple, int], int]:
     """Attributed slowdown per host process, ``{(host, rank): ns}``, and the unattributed ns.
 
-    ``result`` is the accounting's :class:`~goodput_processor.results.report.JobResult` (its kept
+    ``result`` is the accounting's :class:`~goodput_processor.results.job.JobResult` (its kept
     steps, anomalous flags and ideal step time). ``memo`` keeps, per attempt and per piece
     of the running one, the kept steps that can be anomalous (:class:`_Candidates`) and, for
     a finished attempt of several processes, their arrivals' waterfall: neither depends on
@@ -461,7 +461,7 @@ def host_badput(attempts: Sequence, result, recoveries: Sequence = (),
 
     Args:
         attempts: the job's attempts (:func:`~goodput_processor.model.attempts.build_attempts`).
-        result: its :class:`~goodput_processor.results.report.JobResult` (its buckets: the job's
+        result: its :class:`~goodput_processor.results.job.JobResult` (its buckets: the job's
             badput is ``total_ns`` less the productive bucket).
         recoveries: its :class:`~goodput_processor.analysis.recovery.Recovery` records (their
             windows do not overlap, so each ns of badput is charged once).

@@ -508,7 +508,7 @@ def recovery_report(job: JobSpans, attempts: Sequence, bounds: Sequence[int | No
         attempts: its :class:`~goodput_processor.model.attempts.Attempt` objects, by start.
         bounds: per attempt, the highest kept step number (None = all kept).
         resumes: per attempt, its resume step (None = unknown).
-        result: the accounting's :class:`~goodput_processor.results.report.JobResult` (for the
+        result: the accounting's :class:`~goodput_processor.results.job.JobResult` (for the
             steps, the ideal step time and the anomalous flags).
         wasted_start: per attempt, where the accounting's wasted region starts (ns since
             the epoch; the attempt's end when it has none).

@@ -60,7 +60,7 @@ def report(
     (:func:`~goodput_processor.account.windows.account_excluding`) or mgm's
     ``get_job_goodput_with_exclusions`` (:mod:`.mgm_exclusion`).
 
-    Returns a list sorted by job name of :class:`~goodput_processor.results.report.JobResult`
+    Returns a list sorted by job name of :class:`~goodput_processor.results.job.JobResult`
     (``goodput``), :class:`.mgm.MgmResult` (``mgm``; ``ideal_step_time_s`` is its configured
     ideal step time) or :class:`.resiliency.ResiliencyResult` (``resiliency``;
     ``ideal_step_time_s`` is the reference step time and is required) or
@@ -87,7 +87,7 @@ def report(
     if now_ns is None:
         now_ns = at_ns
     if definitions == "goodput":
-        from ..account.accounting import report_run_dir
+        from ..account.run_dir import report_run_dir
 
         return report_run_dir(path, ideal_step_time_s=ideal_step_time_s, now_ns=now_ns, job=job,
                               at_ns=at_ns, exclusions_ns=exclusions_ns)
@@ -146,12 +146,12 @@ def to_json(definitions: str, results: Sequence, indent: int | None = 2) -> str:
     """The JSON form of :func:`report`'s results (``goodput.report/1`` for ``goodput``,
     else ``{"schema": "goodput.definitions/1", "definitions": ..., "jobs": [...]}``)."""
     if definitions == "goodput":
-        from ..results.report import to_json as report_json
+        from ..results.report_json import to_json as report_json
 
         return report_json(results, indent=indent)
     doc = {"schema": REPORT_SCHEMA, "definitions": definitions,
            "jobs": [r.to_json_dict() for r in results]}
-    from ..results.report import dumps
+    from ..results.report_json import dumps
 
     return dumps(doc, indent)
 
@@ -170,7 +170,7 @@ def write_json(definitions: str, results: Sequence, out, indent: int | None = 2)
         return
     import uuid
 
-    from ..results.report import dumps
+    from ..results.report_json import dumps
 
     mark = f"goodput-step-deviation-{uuid.uuid4().hex}-"
     jobs, deviations = [], []
@@ -222,7 +222,8 @@ def _pieces(deviation):
 
 def render(definitions: str, results: Sequence, console=None) -> None:
     """Print :func:`report`'s results as tables to ``console`` (default stdout)."""
-    from ..results.report import make_console, render_table
+    from ..results.table import render_table
+    from ..terminal import make_console
 
     console = console or make_console()
     if definitions == "goodput":

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from goodput import schema
 from goodput.links import doc_url
 
-from ..results.report import format_duration
+from ..results.table import format_duration
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from goodput.links import doc_url
 
-from ..results.report import format_duration, make_console
+from ..results.table import format_duration
+from ..terminal import make_console
 from .mgm_result import MGM_VERSION
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from ..read.rows import (
     NONE,
     JobSpans,
 )
-from ..results.report import format_duration
+from ..results.table import format_duration
 
 if TYPE_CHECKING:
     from rich.console import Console

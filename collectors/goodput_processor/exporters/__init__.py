@@ -1,10 +1,10 @@
 """Exporters: a job's results published as series.
 
-Takes :class:`~goodput_processor.results.report.JobResult` and window results and gives
+Takes :class:`~goodput_processor.results.job.JobResult` and window results and gives
 OpenTelemetry metrics for any reader (Prometheus, OTLP, Cloud Monitoring: :mod:`.metrics`),
-ml-goodput-measurement's Cloud Monitoring series (:mod:`.workload`), TensorBoard scalars
-(:mod:`.tensorboard`), and the in-process monitor that runs them in a training process
-(:mod:`.monitor`).
+ml-goodput-measurement's Cloud Monitoring series (:mod:`.workload`) and TensorBoard scalars
+(:mod:`.tensorboard`). What runs them (``goodput serve``, and in a training process the
+monitor, :mod:`goodput_processor.serve.monitor`) is in serve/.
 
-Must not import html, importers or cli.
+Must not import html, importers, serve or cli.
 """

@@ -38,7 +38,7 @@ from goodput.links import doc_url
 from ..account.windows import WindowResult, account_windows, check_windows
 from ..read.reader import read_run_dir
 from ..read.rows import JobSpans
-from ..results.report import JobResult
+from ..results.job import JobResult
 
 __all__ = ["ATTR_BUCKET", "ATTR_JOB", "ATTR_STATISTIC", "ATTR_WINDOW", "DEFAULT_WINDOWS_S",
            "METER_NAME", "METRIC_NAMES", "GoodputMetrics", "JobSnapshot",

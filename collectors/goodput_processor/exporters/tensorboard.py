@@ -23,7 +23,7 @@ import numpy as np
 from goodput import schema
 
 from ..read.rows import NONE
-from ..results.report import JobResult
+from ..results.job import JobResult
 
 __all__ = ["TAG_BADPUT", "TAG_GOODPUT", "TAG_STEP_DEVIATION", "ScalarWriter", "TensorBoardWriter",
            "badput_tag", "mgm_badput_scalars"]

@@ -107,7 +107,7 @@ def details(result, *, excluded_s: float = 0.0, share: bool = False) -> dict:
     ``available_slice_efficiency`` (fractions).
 
     ``result``: an :class:`~.definitions.mgm.MgmResult` (mgm's numbers) or a
-    :class:`~goodput_processor.results.report.JobResult` (this project's, buckets named by
+    :class:`~goodput_processor.results.job.JobResult` (this project's, buckets named by
     :data:`BUCKET_NAMES`).
     ``share``: an :class:`~.definitions.mgm.MgmResult`'s own ``step_deviation_s`` (one
     entry per step: for callers that only read it), not a copy.

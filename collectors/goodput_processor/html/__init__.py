@@ -6,7 +6,7 @@ as ``plotly-basic.min.js``, and a small script are inlined; see ``docs/html-repo
 
 - :func:`render_html`: jobs' spans -> the page (a string, optionally written out);
 - :func:`report_html`: a run directory -> the page, returning the results as
-  :func:`~goodput_processor.account.accounting.report_run_dir` does;
+  :func:`~goodput_processor.account.run_dir.report_run_dir` does;
 - :func:`live_report_html`: the page of a live :class:`~goodput_processor.serve.store.LiveStore`;
 - :func:`~goodput_processor.html.segments.bucket_segments`: the painted timeline itself.
 """
@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable
 
 from ..read.rows import JobSpans
-from ..results.report import JobResult
+from ..results.job import JobResult
 from .segments import JobSegments, Row, bucket_segments
 
 __all__ = ["JobSegments", "Row", "bucket_segments", "live_report_html", "render_html",
@@ -78,7 +78,7 @@ def report_html(
 
     Raises:
         RunDirError, SpoolFormatError, KeyError, ValueError: as
-            :func:`~goodput_processor.account.accounting.report_run_dir`.
+            :func:`~goodput_processor.account.run_dir.report_run_dir`.
         OSError: as :func:`render_html`.
     """
     from ..read.reader import read_run_dir

@@ -15,7 +15,8 @@ from importlib import resources
 
 from goodput import schema
 
-from ..results.report import JobResult, format_duration
+from ..results.job import JobResult
+from ..results.table import format_duration
 from .data import bucket_color, histogram_figure, lanes, pack_job, pick_windows
 from .fleet import process_lists
 from .sections import (

@@ -13,7 +13,8 @@ import statistics
 from collections import Counter
 from html import escape
 
-from ..results.report import JobResult, format_duration
+from ..results.job import JobResult
+from ..results.table import format_duration
 from .fleet import ProcessLists, format_ranks
 
 __all__ = ["PHASES", "attempt_meta", "host_badput_html", "process_lists_html", "recovery_html",

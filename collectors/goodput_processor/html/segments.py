@@ -26,7 +26,7 @@ from goodput import schema
 from ..account.accounting import _account
 from ..account.painting import _Acc
 from ..read.rows import C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
-from ..results.report import JobResult
+from ..results.job import JobResult
 from .fleet import Fleet, fleet_of
 
 __all__ = ["JobSegments", "Row", "bucket_segments"]

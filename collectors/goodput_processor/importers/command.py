@@ -108,7 +108,7 @@ def _render(summary, console) -> None:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Run ``goodput import``; returns the exit status."""
-    from ..cli import UsageError
+    from ..terminal import UsageError
     from . import LogImportError, import_logs
 
     try:
@@ -126,7 +126,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         doc["next"] = _next_commands(summary)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        from ..results.report import make_console
+        from ..terminal import make_console
 
         _render(summary, make_console())
     return 0

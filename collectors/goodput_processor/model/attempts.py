@@ -61,11 +61,11 @@ from ..read.rows import (
     JobSpans,
     ProcessSpans,
 )
-from ..results.report import ReportWarning
 from .memo import AccountingMemo, cached, data_key, folded, process_state
 from .open_records import OpenResolver
 from .packed import PackedProcessSpans, replace_rows
 from .summaries import evidence, evidence_both
+from .warnings import ReportWarning
 
 __all__ = ["DEFAULT_HEARTBEAT_INTERVAL_MS", "RUNNING_INTERVALS", "Attempt", "build_attempts",
            "clock_ns", "resolve_open"]
@@ -96,7 +96,7 @@ class Attempt:
     ``recorder_errors``/``recorder_dropped``: per process the maximum of
     ``goodput.recorder.errors``/``dropped`` seen on job_end/heartbeat markers, summed
     over processes. ``warnings``: what the evidence could not settle, as
-    :class:`~goodput_processor.results.report.ReportWarning` objects.
+    :class:`~goodput_processor.model.warnings.ReportWarning` objects.
     """
 
     attempt: int

@@ -1,10 +1,10 @@
 """The results of a finished run's report, kept beside the spool: the second ``goodput
 report`` of a run that no longer changes reads its answer, not its spans.
 
-:func:`~goodput_processor.account.accounting.report_run_dir` (``goodput report``, the default
+:func:`~goodput_processor.account.run_dir.report_run_dir` (``goodput report``, the default
 definitions) and :func:`~goodput_processor.definitions.report` with ``mgm``, both without
 ``--at`` or ``--exclude``, keep their list of results
-(:class:`~goodput_processor.results.report.JobResult`, or
+(:class:`~goodput_processor.results.job.JobResult`, or
 :class:`~goodput_processor.definitions.mgm_result.MgmResult` and
 :class:`~goodput_processor.definitions.NoResult`) in ``RUN_DIR/.goodput-cache/`` (the
 directory of :mod:`goodput_processor.read.cache`), one entry per ``(definitions, ideal step

@@ -42,6 +42,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from goodput import schema
 
 from . import rows as tl
+from .attrs import _KIND_ATTRS, flag_bit
 
 __all__ = ["Taken", "scan"]
 
@@ -118,8 +119,6 @@ def _variants() -> dict[int, list[_Variant]]:
     """The forms by length: each kind without attributes, and with ``goodput.open`` true
     (the flag it sets, as the reader reads it: ``F_OPEN`` where the kind reads it, else
     none); a step also with its step number (1 to 19 digits) before that."""
-    from .spans import _KIND_ATTRS, flag_bit  # read_spans imports this module
-
     out: dict[int, list[_Variant]] = {}
     for kind, name in enumerate(tl.KIND_NAMES):
         slot = _KIND_ATTRS[kind].get(schema.ATTR_OPEN)  # None: the attribute read past

@@ -8,7 +8,7 @@ Contract:
   log (:mod:`.wal`).
 - Keeps: every job's spans in compact columns in one :class:`LiveStore` (:mod:`.store`;
   taking spans in: :mod:`.intake`; results on demand: :mod:`.live_results`).
-- Gives: per job the :class:`~goodput_processor.results.report.JobResult` of the same accounting
+- Gives: per job the :class:`~goodput_processor.results.job.JobResult` of the same accounting
   as ``goodput report``, when asked for; the JSON and HTML report over HTTP; the metrics
   through the exporters; the final report of a retired job.
 - May import the earlier stages (reading, the model, accounting, analyses, results,

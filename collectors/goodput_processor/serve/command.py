@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 
 def _number(text: str, what: str, minimum: float = 0.0, strict: bool = True) -> float:
-    from ..cli import UsageError
+    from ..terminal import UsageError
 
     try:
         v = float(text)
@@ -43,7 +43,7 @@ def _number(text: str, what: str, minimum: float = 0.0, strict: bool = True) -> 
 
 
 def _port(text: str, what: str) -> int | None:
-    from ..cli import UsageError
+    from ..terminal import UsageError
 
     if text.lower() == "off":
         return None
@@ -55,7 +55,7 @@ def _port(text: str, what: str) -> int | None:
 def _token(args, from_config: str | None = None) -> str | None:
     """The token: ``--token-file``'s, else the config file's ``token`` key, else
     ``$GOODPUT_SERVE_TOKEN``, else None. Raises UsageError for an unreadable or empty file."""
-    from ..cli import UsageError
+    from ..terminal import UsageError
 
     if args.token_file:
         try:
@@ -123,14 +123,14 @@ def _limits(args):
             max_job_spans_per_s=_number(args.max_job_spans_per_second,
                                         "--max-job-spans-per-second"))
     except ValueError as e:
-        from ..cli import UsageError
+        from ..terminal import UsageError
 
         raise UsageError(str(e)) from e
 
 
 def _workload(args, store, windows):
     """The publisher of mgm's Cloud Monitoring series asked for (None without a project)."""
-    from ..cli import UsageError
+    from ..terminal import UsageError
 
     if not args.workload_project:
         return None
@@ -154,7 +154,7 @@ def _workload(args, store, windows):
 
 def _wal(args, receivers_on: bool):
     """The write-ahead log asked for (None with ``--wal-dir off`` or no receiver)."""
-    from ..cli import UsageError
+    from ..terminal import UsageError
     from .wal import WriteAheadLog
 
     if args.wal_dir.lower() == "off" or not receivers_on:
@@ -168,7 +168,7 @@ def _wal(args, receivers_on: bool):
 
 def _spill(args, packing: bool):
     """Where packed rows go (None: in memory, with ``--spill-dir off`` or no packing)."""
-    from ..cli import UsageError
+    from ..terminal import UsageError
     from .spill import Spill
 
     if args.spill_dir.lower() == "off" or not packing:
@@ -183,10 +183,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run ``goodput serve`` until SIGTERM/SIGINT; returns the exit status. Raises UsageError
     (printed as one line by ``goodput``) for a bad flag or config file, naming the flag (and
     the key and file when the config file set it), or a missing extra with its install line."""
-    from ..cli import UsageError
+    from ..terminal import UsageError
     from . import config, extras
 
-    loaded = config.apply(args) if args.config else None
+    loaded = config.apply(args, add_serve_command) if args.config else None
     try:
         extras.require(args)
         return _serve(args, loaded)
@@ -195,7 +195,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, loaded) -> int:
-    from ..cli import UsageError
+    from ..terminal import UsageError
 
     try:
         from .server import GoodputServer

@@ -66,7 +66,7 @@ class Loaded:
 
 
 def _usage(message: str):
-    from ..cli import UsageError
+    from ..terminal import UsageError
 
     return UsageError(message)
 
@@ -128,15 +128,18 @@ def _check_token_file(path: str) -> None:
                      "token-file instead")
 
 
-def apply(args) -> Loaded:
+def apply(args, add_command) -> Loaded:
     """Read ``args.config`` and set, in ``args``, every flag of the file that the command line
-    did not give. Returns what it set (:class:`Loaded`). Raises UsageError naming the key and
-    the file for any mistake in it (module docstring)."""
-    from ..cli import UsageError, build_parser
+    did not give (the flags are those ``add_command(subparsers)`` adds:
+    :func:`~goodput_processor.serve.command.add_serve_command`). Returns what it set
+    (:class:`Loaded`). Raises UsageError naming the key and the file for any mistake in it
+    (module docstring)."""
+    from ..terminal import Parser, UsageError
 
     path = args.config
     doc = _read(path)
-    parser = build_parser()
+    parser = Parser(prog="goodput")  # the serve subcommand's flags, as `goodput` reads them
+    add_command(parser.add_subparsers(dest="command", parser_class=Parser))
     top = set(vars(parser.parse_args([])))
     defaults = {k: v for k, v in vars(parser.parse_args(["serve"])).items()
                 if k not in top and k not in _NOT_FLAGS}

@@ -50,7 +50,7 @@ def require(args) -> None:
     gone = missing(args)
     if not gone:
         return
-    from ..cli import UsageError
+    from ..terminal import UsageError
 
     extras: list[str] = []
     parts = []

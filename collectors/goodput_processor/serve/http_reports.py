@@ -68,7 +68,7 @@ class ReportEndpoints:
 
     def _report(self, query: dict) -> None:
         """One page of the JSON report (see the module docstring)."""
-        from ..results.report import dumps, to_json_dict
+        from ..results.report_json import dumps, to_json_dict
 
         store = self.server.app.store
         job = query.get("job", [None])[0]

@@ -31,7 +31,7 @@ from ..model.memo import AccountingMemo
 from ..read import reader as rd
 from ..read import rows as tl
 from ..read.rows import JobSpans
-from ..results.report import JobResult
+from ..results.job import JobResult
 from .rows import PackedProcessSpans, ProcessRows
 from .wal import job_slug
 
@@ -257,6 +257,6 @@ class LiveResults:
 
     def report_json(self, now_ns: int | None = None, job: str | None = None) -> str:
         """The current report as the JSON of ``goodput report --format json``."""
-        from ..results.report import to_json
+        from ..results.report_json import to_json
 
         return to_json(self.results(now_ns, job))

@@ -17,7 +17,7 @@ class ReportWriter:
         self.fmt, self.path = fmt, path
 
     def write(self, results, final: bool = False) -> None:
-        from ..results.report import to_json_dict
+        from ..results.report_json import to_json_dict
 
         if self.fmt == "json":
             doc = to_json_dict(results)
@@ -32,7 +32,8 @@ class ReportWriter:
         elif results:
             from rich.console import Console
 
-            from ..results.report import make_console, render_table
+            from ..results.table import render_table
+            from ..terminal import make_console
 
             if self.path:
                 with open(self.path, "a", encoding="utf-8") as f:

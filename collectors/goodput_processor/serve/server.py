@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import replace
 
-from ..results.report import JobResult
+from ..results.job import JobResult
 from .grpc_receiver import GrpcReceiver
 from .health import HealthListener
 from .http import HttpReceiver

@@ -38,7 +38,8 @@ from collections import Counter
 
 from ..read import reader as rd
 from ..read.heap import trim_heap, trim_heap_if_grown
-from ..results.report import JobResult, job_to_dict
+from ..results.job import JobResult
+from ..results.report_json import job_to_dict
 from . import compaction
 from .foreign import ForeignIntake
 from .intake import SpanIntake

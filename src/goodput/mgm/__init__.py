@@ -18,6 +18,7 @@ methods, enums and return shapes; ``docs/migration.md`` has the table):
 - :mod:`goodput.mgm.exclusion_utils`: ``normalize_intervals``, ``get_exclusion_overlap``.
 
 Recording needs only this package and the OpenTelemetry SDK. Querying and monitoring use
-the processor (``goodput_processor``), imported when first needed, never when a module of
-this package is imported.
+the processor through its one entry point, :mod:`goodput_processor.mgm_entry`, imported
+when first needed, never when a module of this package is imported (the import-linter
+contract "training side" in ``pyproject.toml`` checks it).
 """

@@ -299,8 +299,7 @@ class GoodputCalculator:
         """``(job spans, query time ns or None)``: reads what was appended since the last
         query, then takes the job as of the query time."""
         if self._tailer is None:
-            from goodput_processor.serve.store import LiveStore
-            from goodput_processor.serve.tail import SpoolTailer
+            from goodput_processor.mgm_entry import LiveStore, SpoolTailer
 
             self._store = LiveStore()
             self._tailer = SpoolTailer(self._store, [self.run_dir])
@@ -313,13 +312,13 @@ class GoodputCalculator:
         js = self._store.snapshot(self.job_name)
         at = self._query_ns()
         if at is not None:
-            from goodput_processor.read.rows import as_of
+            from goodput_processor.mgm_entry import as_of
 
             js = as_of(js, at)
         return js, at
 
     def _mgm(self, interval_ns=None, ideal_s=None):
-        from goodput_processor.definitions.mgm import account_mgm
+        from goodput_processor.mgm_entry import account_mgm
 
         js, at = self._job()
         # The tailed spool's rows only grow at the end: what new spans cannot change comes
@@ -327,7 +326,7 @@ class GoodputCalculator:
         memo = None
         if self.query_time is None:
             if self._mgm_memo is None:
-                from goodput_processor.model.memo import AccountingMemo
+                from goodput_processor.mgm_entry import AccountingMemo
 
                 self._mgm_memo = AccountingMemo()
             memo = self._mgm_memo
@@ -335,7 +334,7 @@ class GoodputCalculator:
                            elastic=self._elastic, memo=memo)
 
     def _account(self, ideal_s=None):
-        from goodput_processor.account.accounting import account
+        from goodput_processor.mgm_entry import account
 
         self._job()  # (makes the store)
         with self._store.memo(self.job_name) as memo:  # what new spans cannot change
@@ -362,7 +361,7 @@ class GoodputCalculator:
             m = self._mgm(ideal_s=configured_ideal_step_time)
             breakdown = _enum_badput(m.badput_percent) if include_badput_breakdown else {}
             return m.goodput_percent, breakdown, int(m.max_productive_step or 0)
-        from goodput_processor.exporters.workload import native_breakdown
+        from goodput_processor.mgm_entry import native_breakdown
 
         r = self._account(configured_ideal_step_time)
         if not r.total_ns:
@@ -392,9 +391,7 @@ class GoodputCalculator:
             m = self._mgm(interval_ns=(start_ns, end_ns))
             return (m.goodput_percent, _enum_badput(m.badput_percent),
                     int(m.max_productive_step or 0), m.total_time_s, m.disruptions)
-        from goodput_processor.account.windows import account_interval
-        from goodput_processor.exporters.workload import native_breakdown
-        from goodput_processor.read.rows import NONE
+        from goodput_processor.mgm_entry import NONE, account_interval, native_breakdown
 
         js, at = self._job()
         r, w = account_interval(js, start_ns, end_ns, now_ns=at)
@@ -424,7 +421,7 @@ class GoodputCalculator:
                     f"no step time deviation for job {self.job_name!r}: no consecutive steps, "
                     "or no ideal step time (the mgm estimate ignores steps shorter than 1 s)")
             return dict(m.step_deviation_s)
-        from goodput_processor.exporters.workload import details
+        from goodput_processor.mgm_entry import details
 
         d = details(self._account(configured_ideal_step_time))["step_time_deviation"]
         if not d:
@@ -432,7 +429,7 @@ class GoodputCalculator:
         return d
 
     def _details(self, result) -> dict:
-        from goodput_processor.exporters.workload import details
+        from goodput_processor.mgm_entry import details
 
         d = details(result)
         if not self._elastic:  # the incumbent's base calculator has no slice efficiency
@@ -472,7 +469,7 @@ class GoodputCalculator:
         ``{GoodputType.TOTAL: percent}``, badput ``{BadputType: percent}`` and the interval
         size in whole seconds (empty dicts when the interval has no number); for an elastic
         calculator also the slice efficiencies over the interval."""
-        from goodput_processor.exporters.workload import interval_details
+        from goodput_processor.mgm_entry import interval_details
 
         start_ns, end_ns = to_ns(interval_start), to_ns(interval_end)
         size = int((end_ns - start_ns) // _NS)
@@ -480,7 +477,7 @@ class GoodputCalculator:
             if self.definitions == "mgm":
                 d = interval_details(self._mgm(interval_ns=(start_ns, end_ns)), size)
             else:
-                from goodput_processor.account.windows import account_interval
+                from goodput_processor.mgm_entry import account_interval
 
                 js, at = self._job()
                 d = interval_details(account_interval(js, start_ns, end_ns, now_ns=at)[1],
@@ -531,7 +528,7 @@ class GoodputCalculator:
             spans.append((to_ns(start), to_ns(end)))
         ideal = configured_ideal_step_time
         if self.definitions == "mgm":
-            from goodput_processor.definitions.mgm_exclusion import account_mgm_excluding
+            from goodput_processor.mgm_entry import account_mgm_excluding
 
             js, at = self._job()
             m = account_mgm_excluding(js, spans, now_ns=at, ideal_step_time_s=ideal,
@@ -539,8 +536,7 @@ class GoodputCalculator:
             breakdown = (_enum_badput(m.badput_percent)
                          if include_badput_breakdown and m.total_time_s else {})
             return m.goodput_percent, breakdown, int(m.max_productive_step), m.excluded_time_s
-        from goodput_processor.account.windows import account_excluding
-        from goodput_processor.exporters.workload import native_breakdown
+        from goodput_processor.mgm_entry import account_excluding, native_breakdown
 
         js, at = self._job()
         r = account_excluding(js, spans, ideal, at)

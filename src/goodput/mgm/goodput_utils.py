@@ -215,7 +215,7 @@ class StepInfo:
 def compute_percentile(values: list[float], percentile: float) -> float:
     """Linear-interpolation percentile of ``values`` (0.0 for none), as the incumbent
     (implemented by ``goodput_processor.exporters.workload.percentile``, imported when called)."""
-    from goodput_processor.exporters.workload import percentile as _percentile
+    from goodput_processor.mgm_entry import percentile as _percentile
 
     return _percentile(values, percentile)
 
@@ -238,7 +238,7 @@ def compute_step_deviation_from_baseline(
     Raises:
         ValueError: an unknown ``mode``.
     """
-    from goodput_processor.exporters.workload import step_deviation_from_baseline as _baseline
+    from goodput_processor.mgm_entry import step_deviation_from_baseline as _baseline
 
     if not isinstance(mode, MonitoringWindowType):
         raise ValueError(f"unsupported MonitoringWindowType mode: {mode!r}")
@@ -253,7 +253,7 @@ def compute_ideal_step_time(step_times: list[float]) -> float | None:
     The implementation is the processor's (``goodput_processor.definitions.mgm``), imported
     when called.
     """
-    from goodput_processor.definitions.mgm import compute_ideal_step_time as _ideal
+    from goodput_processor.mgm_entry import compute_ideal_step_time as _ideal
 
     return _ideal(step_times)
 

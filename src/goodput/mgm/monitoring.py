@@ -239,7 +239,7 @@ class GoodputMonitor:
             if not opts.acc_type:
                 opts.acc_type = goodput_utils.get_accelerator_type()
             if opts.project_id and opts.location:
-                from goodput_processor.exporters.workload import WorkloadSender
+                from goodput_processor.mgm_entry import WorkloadSender
 
                 self._sender = WorkloadSender(opts.project_id, gcp_client)
             else:
@@ -260,7 +260,7 @@ class GoodputMonitor:
                                       run_dir=self._run_dir, definitions=self._definitions)
 
     def _workload_options(self):
-        from goodput_processor.exporters.workload import WorkloadOptions
+        from goodput_processor.mgm_entry import WorkloadOptions
 
         o = self._gcp_options
         return WorkloadOptions(o.project_id, o.location, o.replica_id, o.acc_type,
@@ -269,7 +269,7 @@ class GoodputMonitor:
     def _writer(self):
         """The TensorBoard writer, shared by the uploaders (made on first use)."""
         if self._tb is None:
-            from goodput_processor.exporters.tensorboard import ScalarWriter
+            from goodput_processor.mgm_entry import ScalarWriter
 
             self._tb = ScalarWriter(self.tensorboard_dir)
         return self._tb
@@ -287,7 +287,7 @@ class GoodputMonitor:
             self._failed("querying goodput", e)
             return
         try:
-            from goodput_processor.exporters.tensorboard import mgm_badput_scalars
+            from goodput_processor.mgm_entry import mgm_badput_scalars
 
             points = mgm_badput_scalars(_TENSORBOARD_GOODPUT_LABEL,
                                         {_TENSORBOARD_GOODPUT_LABEL: percent})
@@ -302,7 +302,7 @@ class GoodputMonitor:
             self._failed("writing TensorBoard scalars", e)
         if self._gcp_options.enable_gcp_goodput_metrics and self._sender is not None:
             try:
-                from goodput_processor.exporters.workload import cumulative_series
+                from goodput_processor.mgm_entry import cumulative_series
 
                 d = _names(calc.get_job_goodput_details())
                 if d["goodput_time"]:
@@ -327,7 +327,7 @@ class GoodputMonitor:
             self._failed("writing step deviation to TensorBoard", e)
         if self._gcp_options.enable_gcp_step_deviation_metrics and self._sender is not None:
             try:
-                from goodput_processor.exporters.workload import step_deviation_series
+                from goodput_processor.mgm_entry import step_deviation_series
 
                 self._sender.send(step_deviation_series(self.job_name, deviation,
                                                         self._workload_options()))
@@ -337,7 +337,7 @@ class GoodputMonitor:
     def _rolling_cycle(self, calc) -> None:
         if not (self._gcp_options.enable_gcp_goodput_metrics and self._sender is not None):
             return
-        from goodput_processor.exporters.workload import interval_series
+        from goodput_processor.mgm_entry import interval_series
 
         now = datetime.datetime.now(datetime.timezone.utc)
         for window in self.rolling_windows:

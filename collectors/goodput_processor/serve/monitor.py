@@ -7,7 +7,7 @@ rolling windows) and publishes the result: OpenTelemetry metrics through the
 given meter provider or metric readers, and TensorBoard scalars::
 
     import goodput
-    from goodput_processor.exporters.monitor import GoodputMonitor
+    from goodput_processor.serve.monitor import GoodputMonitor
 
     goodput.configure(run_dir="goodput-runs/my-job")
     with GoodputMonitor("goodput-runs/my-job", interval_s=30, tensorboard_dir="tb"):
@@ -29,11 +29,11 @@ import time
 from collections.abc import Sequence
 
 from ..account.windows import check_windows
+from ..exporters.metrics import DEFAULT_WINDOWS_S, GoodputMetrics, JobSnapshot
 from ..model.memo import AccountingMemo
 from ..read.reader import RunDirError
-from ..serve.store import LiveStore
-from ..serve.tail import SpoolTailer
-from .metrics import DEFAULT_WINDOWS_S, GoodputMetrics, JobSnapshot
+from .store import LiveStore
+from .tail import SpoolTailer
 
 __all__ = ["GoodputMonitor"]
 
@@ -133,7 +133,7 @@ class GoodputMonitor:
         self._mgm_memos: dict = {}  # job -> AccountingMemo of its mgm series
         self._sender = None
         if workload is not None:
-            from .workload import WorkloadSender
+            from ..exporters.workload import WorkloadSender
 
             self._sender = WorkloadSender(workload.project_id, workload_client)
         self._snaps: list[JobSnapshot] = []
@@ -278,7 +278,7 @@ class GoodputMonitor:
 
     def _send_workload(self, s: JobSnapshot) -> None:
         """ml-goodput-measurement's series of one job: cumulative, then each window."""
-        from . import workload as wl
+        from ..exporters import workload as wl
 
         spans = memo = None
         if self._workload_definitions == "mgm":
@@ -292,7 +292,7 @@ class GoodputMonitor:
     def _writer(self, job: str):
         w = self._tb.get(job)
         if w is None:
-            from .tensorboard import TensorBoardWriter
+            from ..exporters.tensorboard import TensorBoardWriter
 
             safe = re.sub(r"[^A-Za-z0-9._-]+", "_", job) or "_"
             w = self._tb[job] = TensorBoardWriter(os.path.join(self._tb_dir, "goodput", safe),
