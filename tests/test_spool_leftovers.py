@@ -158,6 +158,7 @@ def test_tidy_leaves_live_writers_and_unsent_journals(tmp_path):
     (tmp_path / f"{unsent}.jsonl.otlp.offset").write_text("10\n")
     (tmp_path / f"{dead}.s0001.jsonl.otlp.offset").write_text("5\n")  # its journal is gone
     (tmp_path / "spans-p00001-a0000-9-00000009.jsonl").write_bytes(b"{}\n")  # another rank
+    (tmp_path / "spans-p00000-a0001.jsonl").write_bytes(b"{}\n")  # goodput import's: not ours
     adopted = []
     with open(tmp_path / f"{live}.tail", "rb") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
@@ -170,4 +171,4 @@ def test_tidy_leaves_live_writers_and_unsent_journals(tmp_path):
     for base in (dead, unsent):
         assert gzip.open(tmp_path / f"{base}.jsonl.gz").read() == \
             (tmp_path / f"{base}.jsonl").read_bytes()
-    assert not (tmp_path / "spans-p00001-a0000-9-00000009.jsonl.gz").exists()
+    assert not list(tmp_path.glob("spans-p00001-*.gz")) + list(tmp_path.glob("*a0001.jsonl.gz"))

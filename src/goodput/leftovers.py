@@ -46,14 +46,17 @@ QUIET_S = 600.0  # a writer without a (lockable) tail is gone once its journals 
 LEVEL = 6  # zlib level of a journal compacted here (off the training thread, once)
 _CHUNK = 1 << 20
 _SEGMENT = re.compile(r"\.s\d{4}$")
+#: A recorder's BASE (:func:`goodput.config.spool_path`): not an import's or another tool's.
+_RECORDER_BASE = re.compile(r"spans-p\d{5}-a\d{4,}-\d+-[0-9a-f]{1,8}")
 
 
 def _base(name: str) -> str | None:
-    """``BASE`` of a spool file name (``BASE[.sNNNN].jsonl...``), or None."""
+    """``BASE`` of a recorder's spool file name (``BASE[.sNNNN].jsonl...``), or None."""
     i = name.find(".jsonl")
     if i < 0:
         return None
-    return _SEGMENT.sub("", name[:i])
+    base = _SEGMENT.sub("", name[:i])
+    return base if _RECORDER_BASE.fullmatch(base) else None
 
 
 def writer_gone(directory: str, base: str, journals: list[str], now_s: float) -> bool:
