@@ -20,13 +20,15 @@ from test_accounting import worked_example
 from goodput import schema
 from goodput_processor.account.accounting import account
 from goodput_processor.account.windows import account_windows
+from goodput_processor.exporters.metric_readers import (
+    cloud_monitoring_reader,
+    otlp_reader,
+    prometheus_reader,
+)
 from goodput_processor.exporters.metrics import (
     METRIC_NAMES,
     GoodputMetrics,
     JobSnapshot,
-    cloud_monitoring_reader,
-    otlp_reader,
-    prometheus_reader,
     run_dir_source,
     snapshot,
 )

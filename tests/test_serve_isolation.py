@@ -117,6 +117,7 @@ def test_a_job_whose_accounting_raises_is_reported_failed(tmp_path, monkeypatch)
     from opentelemetry.sdk.metrics import MeterProvider
 
     from goodput_processor.exporters import metrics as gm
+    from goodput_processor.exporters.metric_readers import prometheus_reader
     from goodput_processor.serve import GoodputServer, LiveStore, live_results
 
     real_account, real_windows = live_results.account, gm.account_windows
@@ -134,7 +135,7 @@ def test_a_job_whose_accounting_raises_is_reported_failed(tmp_path, monkeypatch)
     monkeypatch.setattr(live_results, "account", account)
     monkeypatch.setattr(gm, "account_windows", account_windows)
     registry = prometheus_client.CollectorRegistry()
-    reader, _ = gm.prometheus_reader(None, registry=registry)
+    reader, _ = prometheus_reader(None, registry=registry)
     store = LiveStore(min_interval_s=0)
     gm.GoodputMetrics(lambda: [store.snapshot(n) for n in store.jobs()],
                       MeterProvider(metric_readers=[reader]))

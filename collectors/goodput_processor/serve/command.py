@@ -77,7 +77,8 @@ def _metrics(args, store, budget=lambda: None):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
 
-    from ..exporters.metrics import GoodputMetrics, otlp_reader, prometheus_reader
+    from ..exporters.metric_readers import otlp_reader, prometheus_reader
+    from ..exporters.metrics import GoodputMetrics
     from .telemetry import SERVICE_NAME, add_serve_instruments
 
     registry = prometheus_client.CollectorRegistry()

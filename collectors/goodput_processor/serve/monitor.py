@@ -56,8 +56,9 @@ class GoodputMonitor:
         interval_s: seconds between cycles (> 0).
         meter_provider: publish :class:`~.metrics.GoodputMetrics` gauges on this provider
             (the caller owns it and shuts it down).
-        metric_readers: or: metric readers (e.g. :func:`~.metrics.otlp_reader`) for a
-            provider the monitor creates, flushes on :meth:`stop` and shuts down.
+        metric_readers: or: metric readers (e.g.
+            :func:`~goodput_processor.exporters.metric_readers.otlp_reader`) for a provider
+            the monitor creates, flushes on :meth:`stop` and shuts down.
         tensorboard_dir: write TensorBoard scalars under
             ``tensorboard_dir/goodput/<job>`` (None: no TensorBoard).
         windows_s: rolling windows in seconds for the ``goodput.window.*`` gauges.
