@@ -8,12 +8,16 @@ Contract:
   log (:mod:`.wal`).
 - Keeps: every job's spans in compact columns in one :class:`LiveStore` (:mod:`.store`;
   taking spans in: :mod:`.intake`; results on demand: :mod:`.live_results`).
-- Gives: per job the :class:`~goodput_processor.results.job.JobResult` of the same accounting
-  as ``goodput report``, when asked for; the JSON and HTML report over HTTP; the metrics
-  through the exporters; the final report of a retired job.
-- May import the earlier stages (reading, the model, accounting, analyses, results,
-  exporters, the HTML report, the importers' sources) and, of the training side, only
-  ``goodput.schema`` and ``goodput.links``. Must not import the CLI: the CLI imports
+- Gives: per job the :class:`~goodput_processor.results.job.JobResult` of the same
+  accounting as ``goodput report``, when asked for; the JSON and HTML report over HTTP;
+  the metrics through the exporters; the final report of a retired job. In a training
+  process, :class:`~goodput_processor.serve.monitor.GoodputMonitor` runs the same tailer
+  and store over its own run directory and publishes through the exporters.
+- May import the earlier stages (the ``layers`` contract in ``pyproject.toml``: exporters,
+  html, definitions, account, results, analysis, model, read, importers.sources),
+  :mod:`goodput_processor.terminal` (the subcommand's ``UsageError``) and, of the training
+  side, only ``goodput.schema`` and ``goodput.links``. Must not import the CLI
+  (:mod:`goodput_processor.cli`) or ``importers.command``: the CLI imports
   :mod:`.command` to register the subcommand, never the other way round.
 
 Use::
