@@ -930,9 +930,9 @@ def test_resiliency_several_jobs(tmp_path):
 
 
 def test_progress_bar_draws_on_stderr(capsys):
-    from goodput_processor.importers.command import _Bar
+    from goodput_processor.terminal import ProgressBar
 
-    with _Bar() as bar:
+    with ProgressBar() as bar:
         bar("read", 10, 100)
         bar("read", 90, 100)
         bar("write", 5, 5)

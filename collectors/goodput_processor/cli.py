@@ -28,7 +28,7 @@ from .importers.command import add_import_command
 from .read.reader import ReadError
 from .serve.command import add_serve_command
 from .terminal import Parser as _Parser
-from .terminal import UsageError
+from .terminal import ProgressBar, UsageError
 
 __all__ = ["UsageError", "add_report_command", "build_parser", "main"]
 
@@ -96,8 +96,46 @@ def _exclusion(text: str) -> tuple[int, int]:
     return a, b
 
 
+#: ``goodput report`` draws a progress bar on stderr (a terminal) while it reads span files
+#: of at least this many MiB on disk; ``GOODPUT_PROGRESS_MIN_MB`` sets another (0: always).
+PROGRESS_MIN_MB = 256.0
+
+
+def _read_bar(run_dir: str):
+    """A context manager giving ``goodput report``'s progress callback: a
+    :class:`~.terminal.ProgressBar` (``goodput import``'s) when stderr is a terminal and
+    the span files under ``run_dir`` hold at least ``GOODPUT_PROGRESS_MIN_MB`` (default
+    :data:`PROGRESS_MIN_MB`) MiB on disk, else None (nothing drawn).
+
+    Raises:
+        UsageError: ``GOODPUT_PROGRESS_MIN_MB`` is not a number.
+    """
+    import contextlib
+
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    text = os.environ.get("GOODPUT_PROGRESS_MIN_MB", "")
+    try:
+        min_mb = float(text) if text.strip() else PROGRESS_MIN_MB
+    except ValueError:
+        raise UsageError(f"GOODPUT_PROGRESS_MIN_MB must be a number of MiB, got {text!r}"
+                         ) from None
+    from pathlib import Path
+
+    from .read.reader import span_files
+
+    try:
+        size = sum(p.stat().st_size for p in span_files(Path(run_dir)))
+    except OSError:  # (the report says what is wrong with the directory)
+        return contextlib.nullcontext()
+    if size < min_mb * 2**20:
+        return contextlib.nullcontext()
+    return ProgressBar({"read": "reading spool"})
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    """Run ``goodput report``; returns the exit status."""
+    """Run ``goodput report``; returns the exit status. A progress bar of the spool's
+    reading goes to stderr when it is a terminal and the spool is large (:func:`_read_bar`)."""
     if not args.no_cache:
         return _report(args)
     old = os.environ.get("GOODPUT_REPORT_CACHE")
@@ -113,6 +151,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from . import definitions
+    from .read import progress
 
     ideal = None if args.ideal_step_time is None else _ideal_step_time(args.ideal_step_time)
     at_ns = None if args.at is None else parse_time_ns(args.at, "--at")
@@ -126,16 +165,19 @@ def _report(args: argparse.Namespace) -> int:
                          "resiliency calculator's --reference-step-time)")
     if args.html is not None and args.definitions != "goodput":
         raise UsageError("--html needs the default --definitions goodput")
-    try:
-        if args.html is not None:  # the HTML report (docs/html-report.md) and the results
-            from .html import report_html
+    try:  # (the progress bar, if any, is gone before anything is printed)
+        with _read_bar(args.run_dir) as bar, progress.watching(bar):
+            if args.html is not None:  # the HTML report (docs/html-report.md) and the results
+                from .html import report_html
 
-            results = report_html(args.run_dir, args.html, ideal_step_time_s=ideal, job=args.job)
+                results = report_html(args.run_dir, args.html, ideal_step_time_s=ideal,
+                                      job=args.job)
+            else:
+                results = definitions.report(args.run_dir, args.definitions,
+                                             ideal_step_time_s=ideal, job=args.job,
+                                             at_ns=at_ns, exclusions_ns=exclusions)
+        if args.html is not None:
             print(f"{PROG}: wrote {args.html}", file=sys.stderr)
-        else:
-            results = definitions.report(args.run_dir, args.definitions,
-                                         ideal_step_time_s=ideal, job=args.job, at_ns=at_ns,
-                                         exclusions_ns=exclusions)
     except OSError as e:
         if args.html is None:
             raise

@@ -20,39 +20,13 @@ import sys
 from goodput import schema
 from goodput.links import doc_url
 
+from ..terminal import ProgressBar
 from .resiliency_attempts import DEFAULT_DUPLICATE_WINDOW_S
 
 __all__ = ["add_import_command", "cmd_import"]
 
 #: Inputs at least this large get a progress bar (when stderr is a terminal).
 _PROGRESS_MIN_BYTES = 8 << 20
-
-
-class _Bar:
-    """``progress(phase, advance, total)`` callback drawing a rich progress bar on stderr."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeRemainingColumn
-
-        self.progress = Progress("{task.description}", BarColumn(), TaskProgressColumn(),
-                                 TimeRemainingColumn(), console=Console(stderr=True),
-                                 transient=True)
-        self.tasks: dict[str, int] = {}
-
-    def __call__(self, phase: str, advance: int, total: int) -> None:
-        task = self.tasks.get(phase)
-        if task is None:
-            label = "reading logs" if phase == "read" else "writing spans"
-            task = self.tasks[phase] = self.progress.add_task(label, total=total)
-        self.progress.update(task, advance=advance)
-
-    def __enter__(self):
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
 
 
 def _want_bar(paths) -> bool:
@@ -113,7 +87,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     try:
         if _want_bar(args.files):
-            with _Bar() as bar:
+            with ProgressBar() as bar:
                 summary = _run(import_logs, args, bar)
         else:
             summary = _run(import_logs, args, None)

@@ -76,10 +76,11 @@ def worker_count(requested: int | None, nbytes: int, nunits: int) -> int:
     return max(1, min(cpus, MAX_WORKERS, nunits))
 
 
-def read_parallel(files: list[Path], workers: int, make_reader):
+def read_parallel(files: list[Path], workers: int, make_reader, tick=None):
     """``files`` read by ``workers`` processes, each range into ``make_reader()`` (a
     ``goodput_processor.read.reader`` reader; a picklable callable), merged in file order into
-    one such reader (not finished), which is returned.
+    one such reader (not finished), which is returned; ``tick(path, start, end)`` (if given,
+    :func:`.progress.ticker`'s) is called with each range once merged.
 
     Raises:
         OSError, NotImplementedError, ImportError, RuntimeError: no worker processes here.
@@ -91,13 +92,15 @@ def read_parallel(files: list[Path], workers: int, make_reader):
     try:
         parts = pool.map(functools.partial(_read_unit, make_reader), todo)
         merged = 0
-        for (path, _start, _end), part in zip(todo, parts, strict=True):
+        for (path, start, end), part in zip(todo, parts, strict=True):
             base = bases.get(path, 0)
             size = part.row_bytes()
             reader.merge(part, base, last_jobs.get(path))
             bases[path] = base + part.nlines
             last_jobs[path] = part.last_job or last_jobs.get(path)
             part = None
+            if tick is not None:
+                tick(path, start, end)
             merged += size
             if merged >= TRIM_BYTES:  # (the buffers' growth and the parts, out of the heap)
                 trim_heap()

@@ -54,6 +54,7 @@ from goodput import schema
 from . import cache as _cache
 from . import fast as read_fast
 from . import parallel as rp
+from . import progress
 from . import rows as tl
 from . import spool_io as read_io
 from . import tail as read_tail
@@ -557,16 +558,19 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
         if cached is not None:
             return cached
     n = rp.worker_count(workers, nbytes, max(len(files), nbytes // rp.UNIT_BYTES + 1))
+    tick = progress.ticker(files)  # (None: nobody watches)
     reader = None
     if n > 1:
         try:
-            reader = rp.read_parallel(files, n, _Reader)
+            reader = rp.read_parallel(files, n, _Reader, tick)
         except (OSError, NotImplementedError, ImportError, RuntimeError):
             reader = None  # no worker processes here (e.g. a sandbox): read serially
     if reader is None:
         reader = _Reader()
         for p in files:
             reader.read_range(str(p))
+            if tick is not None:
+                tick(p)
     for p in tails:  # after the journals: what they lack
         reader.read_tail(str(p))
     if reader.finish() == 0:
