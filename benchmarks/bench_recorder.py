@@ -43,7 +43,26 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- part 1: one recorder per process -------------------------------------------------
 
 
-def _ours(n: int) -> tuple[float, float]:
+def spool_bytes(run_dir: str) -> dict:
+    """Bytes of the spool files under ``run_dir``: ``all`` (every file), ``journal``
+    (``*.jsonl``), ``compacted`` (``*.jsonl.gz``) and ``read`` (what a report reads: the
+    compacted segments and the journals without one)."""
+    out = dict.fromkeys(("all", "journal", "compacted", "read"), 0)
+    names = set(os.listdir(run_dir))
+    for name in names:
+        size = os.path.getsize(os.path.join(run_dir, name))
+        out["all"] += size
+        if name.endswith(".jsonl"):
+            out["journal"] += size
+            if name + ".gz" not in names:
+                out["read"] += size
+        elif name.endswith(".jsonl.gz"):
+            out["compacted"] += size
+            out["read"] += size
+    return out
+
+
+def _ours(n: int) -> tuple[float, float, dict]:
     import goodput
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,9 +81,13 @@ def _ours(n: int) -> tuple[float, float]:
         goodput.flush(timeout_s=600)
         p1 = time.process_time()
         stats = goodput.get_recorder().stats()
-        goodput.shutdown()
+        t2 = time.perf_counter()
+        goodput.shutdown()  # the attempt's end: its last segment compacted
+        exit_ms = (time.perf_counter() - t2) * 1e3
+        sizes = {f"{k}_b": v / (n + 2000) for k, v in spool_bytes(tmp).items()}
+        sizes["exit_ms"] = exit_ms
     assert stats["errors"] == 0 and stats["dropped"] == 0, stats
-    return t1 - t0, p1 - p0
+    return t1 - t0, p1 - p0, sizes
 
 
 class _Entries:
@@ -124,11 +147,13 @@ def _mgm(n: int, logging_path: bool) -> tuple[float, float]:
 
 
 def _worker(kind: str, n: int) -> None:
+    sizes = {}
     if kind in ("this", "baseline"):
-        loop, total = _ours(n)
+        loop, total, sizes = _ours(n)
     else:
         loop, total = _mgm(n, kind == "mgm logging")
-    print(json.dumps({"train_us": loop / n * 1e6, "total_us": total / n * 1e6}))
+    print(json.dumps({"train_us": loop / n * 1e6, "total_us": total / n * 1e6,
+                      **sizes}))
 
 
 def compare(n: int, rounds: int, baseline_src: str | None) -> dict[str, list[dict]]:
@@ -241,6 +266,14 @@ def main(argv=None) -> int:
         med[kind] = total
         print(f"{kind:<14} {train:>16.2f} {total:>20.2f} {total - train:>11.2f}")
     print(f"target: total <= 10 µs per phase: {'met' if med['this'] <= 10 else 'NOT met'}")
+    print("\nspool bytes per recorded phase (after the exit; last round): all files, journal "
+          "(*.jsonl), compacted (*.jsonl.gz), read by a report (the .gz, else the journal)")
+    for kind, runs in res.items():
+        if "all_b" in runs[-1]:
+            r = runs[-1]
+            print(f"{kind:<14} all {r['all_b']:>7.1f}  journal {r['journal_b']:>7.1f}  "
+                  f"compacted {r['compacted_b']:>6.1f}  read {r['read_b']:>7.1f}  "
+                  f"(shutdown after a flush: {r['exit_ms']:.1f} ms)")
     for other in ("baseline", "mgm memory", "mgm logging"):
         if other in med:
             print(f"this / {other} = {med['this'] / med[other]:.3f}")
