@@ -17,6 +17,12 @@ background thread, which encodes and writes the spans, included). Recorders:
   against a Cloud Logging client whose ``write_entries`` discards them: the incumbent's
   cost without the network.
 
+For ``this`` and ``baseline`` part 1 also prints the spool's bytes per recorded phase once
+the process has ended its attempt (``shutdown``): every file, the journal (``*.jsonl``), the
+compacted segments (``*.jsonl.gz``) and what a report reads (a segment's ``.gz``, else its
+journal; :func:`spool_bytes`), and how long that ``shutdown()`` took after a flush (the
+exit must not wait for the compaction).
+
 Part 2, in one process, interleaved (the figures of ``docs/benchmarks.md``): a clock read,
 a bare SDK span (``BatchSpanProcessor``), a recorded phase, and the training thread alone
 (background thread asleep, best of ``--best-of`` blocks of 20,000, gc off as timeit does).
