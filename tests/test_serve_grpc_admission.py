@@ -268,3 +268,18 @@ def test_lean_reader_while_http_holds_the_whole_budget():
     assert not lean.settle(10)  # its message still needs its size of the budget
     budget.release(4 * MiB)
     assert slots.readers == 0 and budget.used == 0
+
+
+def test_line_puts_connections_whose_calls_stalled_behind():
+    """A connection whose call was ended early for not sending its message ranks behind a
+    connection whose calls send theirs, though its call waited longer."""
+    from goodput_processor.serve.grpc_admission import ReadSlots
+    from goodput_processor.serve.limits import ByteBudget
+
+    slots = ReadSlots(ByteBudget(4 * MiB), MiB, 1, stale_s=0.0)
+    slots.admit("stalled", lambda: None)
+    slots.admit("exporter", lambda: None)  # ends the stalled reader (late, and holds more)
+    assert slots.ended_early == 1 and slots.readers == 1
+    stalled = slots.queue("stalled", lambda: None)
+    fresh = slots.queue("fresh", lambda: None)
+    assert slots.first() == fresh and stalled in slots.waiters

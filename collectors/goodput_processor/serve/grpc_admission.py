@@ -32,12 +32,14 @@ no slot free, one reader is **ended early** (:meth:`ReadSlots.admit`):
 
 Else the call waits for a place (the receiver's), and freed places go to the waiting calls
 in turn (:meth:`ReadSlots.queue`): first the call of least rank (its connection's readers,
-plus its calls admitted lately, each counting 1 and halving every :data:`SERVED_HALF_S`
-seconds, plus that connection's calls ahead of it in line), then the earliest, so that
-connections take turns and one connection's many calls never starve a quiet connection's
-export (a connection whose calls all wait holds no reader, yet its second waiting call ranks
-1; stalled calls ended and sent again at once rank by how often they were let in). A new
-call takes a place at once only if no waiting call ranks as low as it would.
+plus its calls admitted lately, each counting 1, or :data:`STALLED_RANK` once it was ended
+early for not sending its message, halving every :data:`SERVED_HALF_S` seconds, plus that
+connection's calls ahead of it in line), then the earliest, so that connections take turns
+and one connection's many calls never starve a quiet connection's export (a connection
+whose calls all wait holds no reader, yet its second waiting call ranks 1; the stalled calls
+of a connection, ended and sent again at once, rank behind an exporter's, whose calls send
+their message). A new call takes a place at once only if no waiting call ranks as low as it
+would.
 Not thread-safe: used from the receiver's event loop only (the budget it holds is
 thread-safe and shared with the HTTP receiver).
 """
@@ -56,6 +58,9 @@ __all__ = ["NoSlot", "ReadSlot", "ReadSlots"]
 STALE_S = 0.25
 #: Seconds in which a connection's count of calls admitted lately halves (the line's rank).
 SERVED_HALF_S = 1.0
+#: What a call ended early for not sending its message counts in its connection's rank,
+#: against 1 for a call let in: connections whose calls send their message go first.
+STALLED_RANK = 4.0
 #: Bytes the one *lean* reader holds while its message is read (see :meth:`ReadSlots.admit`).
 LEAN_BYTES = 256 << 10
 
@@ -154,10 +159,17 @@ class ReadSlots:
         return len(self.by_peer.get(peer, ()))
 
     def _served(self, peer: str, now: float | None = None) -> float:
-        """Calls of ``peer`` admitted lately: each counts 1, halving every
-        :data:`SERVED_HALF_S` seconds."""
+        """Calls of ``peer`` admitted lately: each counts 1 (:data:`STALLED_RANK` once ended
+        early), halving every :data:`SERVED_HALF_S` seconds."""
         n, t = self.served.get(peer, (0.0, 0.0))
         return n * 0.5 ** (((time.monotonic() if now is None else now) - t) / SERVED_HALF_S)
+
+    def _count_served(self, peer: str, n: float) -> None:
+        now = time.monotonic()
+        self.served[peer] = (self._served(peer, now) + n, now)
+        if len(self.served) > 4 * self.max_readers:  # forget connections served long ago
+            self.served = {p: v for p, v in self.served.items()
+                           if self._served(p, now) >= 0.01}
 
     def _line_rank(self, peer: str) -> float:
         return self._rank(peer) + self._served(peer)
@@ -280,11 +292,7 @@ class ReadSlots:
                              f"message is read, and calls being read hold at most "
                              f"{self.max_reserved} of {self.budget.capacity} "
                              "(--max-inflight-bytes); retry later")
-        now = time.monotonic()
-        self.served[peer] = (self._served(peer, now) + 1.0, now)
-        if len(self.served) > 4 * self.max_readers:  # forget connections served long ago
-            self.served = {p: v for p, v in self.served.items()
-                           if self._served(p, now) >= 0.01}
+        self._count_served(peer, 1.0)
         slot = ReadSlot(self, peer, on_end)
         slot.held, slot.lean = held, lean
         if lean:
@@ -311,6 +319,7 @@ class ReadSlots:
         victim.ended_early = True
         victim.release()
         self.ended_early += 1
+        self._count_served(victim.peer, STALLED_RANK - 1.0)  # (its admission counted 1)
         victim.on_end()
         return True
 
