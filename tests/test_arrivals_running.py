@@ -1,6 +1,6 @@
 """A running attempt's arrivals folded as its rows arrive equal them read afresh (Hypothesis).
 
-``attribution._running_arrivals`` keeps, per process, the arrivals of the steps that a later
+``slow_hosts._running_arrivals`` keeps, per process, the arrivals of the steps that a later
 step of the same process has started after, and reads only the new rows (and the latest
 steps with the waits from their start) at each poll. On random attempts of several
 processes (collective waits inside steps, rows arriving in order or shuffled, steps and
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_incremental import _pieces_of, _snapshot, _state
 
 from goodput_processor.account.accounting import account
-from goodput_processor.analysis.attribution import _waterfall
+from goodput_processor.analysis.slow_hosts import _waterfall
 from goodput_processor.model.memo import AccountingMemo
 from goodput_processor.read.rows import (
     C_AUX,

@@ -27,7 +27,7 @@ from goodput import schema
 from goodput_processor import to_json_dict
 from goodput_processor.account.accounting import account
 from goodput_processor.account.windows import account_windows
-from goodput_processor.analysis import attribution
+from goodput_processor.analysis import slow_hosts
 from goodput_processor.definitions.mgm import account_mgm
 from goodput_processor.model import pieces
 from goodput_processor.model.memo import AccountingMemo
@@ -93,15 +93,15 @@ def _pieces_of(rows: int | None, spare: int | None = None):
     last rows of the attempt included, so that small jobs are cut too; with ``spare``, the
     slowdown attribution keeps that many spare candidate steps (0: a part's steps are read
     again whenever the threshold falls below its slowest unkept step)."""
-    saved = pieces.PIECE_ROWS, pieces._KEEP_LAST, attribution.SPARE_CANDIDATES
+    saved = pieces.PIECE_ROWS, pieces._KEEP_LAST, slow_hosts.SPARE_CANDIDATES
     if rows is not None:
         pieces.PIECE_ROWS, pieces._KEEP_LAST = rows, 0
     if spare is not None:
-        attribution.SPARE_CANDIDATES = spare
+        slow_hosts.SPARE_CANDIDATES = spare
     try:
         yield
     finally:
-        pieces.PIECE_ROWS, pieces._KEEP_LAST, attribution.SPARE_CANDIDATES = saved
+        pieces.PIECE_ROWS, pieces._KEEP_LAST, slow_hosts.SPARE_CANDIDATES = saved
 
 
 @pytest.mark.parametrize("identity", [False, True])

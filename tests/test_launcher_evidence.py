@@ -17,7 +17,7 @@ from otlp_fixtures import Timeline
 
 from goodput import schema
 from goodput_processor.account.run_dir import report_run_dir
-from goodput_processor.analysis.recovery import LAUNCHER_MATCH_NS
+from goodput_processor.analysis.launcher_events import LAUNCHER_MATCH_NS
 
 RDZV = "torchelastic.worker.status.RENDEZVOUS"
 #: torchelastic's rendezvous state records, as goodput.torchrun writes them (zero length)

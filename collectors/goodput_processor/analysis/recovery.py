@@ -67,13 +67,11 @@ import numpy as np
 
 from goodput import schema
 
-from ..model.memo import CHUNK_ROWS, cached, data_key, folded, proc_key
+from ..model.memo import CHUNK_ROWS, cached, proc_key
 from ..model.restart_rows import restart_rows, union_ns
 from ..read.rows import (
-    C_AUX,
     C_END,
     C_FLAGS,
-    C_IVAL,
     C_KIND,
     C_SIDX,
     C_START,
@@ -82,18 +80,16 @@ from ..read.rows import (
     F_NONBLOCKING,
     K_JOB_END,
     K_JOB_START,
-    K_LAUNCHER_EVENT,
     K_STEP,
     NCOLS,
-    NONE,
     JobSpans,
     is_phase,
 )
-from .steptimes import runs_median
+from .launcher_events import _failures, _launcher_events, launcher_rendezvous
+from .warmup import warmup
 
-__all__ = ["EVIDENCE", "HOWS", "LAUNCHER_MATCH_NS", "ONE_PROCESS_INIT", "PHASES", "FirstFailure",
-           "Recovery", "launcher_failures", "launcher_rendezvous", "recovery_report", "stacked",
-           "warmup"]
+__all__ = ["EVIDENCE", "HOWS", "ONE_PROCESS_INIT", "PHASES", "FirstFailure", "Recovery",
+           "recovery_report", "stacked"]
 
 #: Recovery phases, in order.
 PHASES = ("detection", "termination", "rescheduling", "startup", "rendezvous_init", "restore",
@@ -189,86 +185,6 @@ class Recovery:
         return sum(v for v in self.phases.values() if v is not None)
 
 
-def _launcher_events(job: JobSpans, memo=None) -> list:
-    """``[(process, its goodput.launcher_event rows)]`` for the job's processes with role
-    ``launcher`` (their rows only grow at the end: ``memo`` keeps the events of the rows
-    read, :func:`~goodput_processor.model.memo.folded`, so a launcher's heartbeats are not read
-    again at every poll)."""
-    out = []
-    for p in job.processes.values():
-        if p.run.get(schema.RES_PROCESS_ROLE) != "launcher" or not data_key(p)[0]:
-            continue
-        out.append((p, folded(memo, "launcher_events", p,
-                              lambda d: d[d[:, C_KIND] == K_LAUNCHER_EVENT],
-                              lambda x, y: np.concatenate((x, y)))))
-    return out
-
-
-def launcher_failures(job: JobSpans, memo=None) -> dict[tuple[str | None, int], tuple[int, int]]:
-    """Workers a launcher saw fail: ``(host, pid) -> (time ns, exit code)``, the first such
-    event per worker. Read from ``goodput.launcher_event`` spans of processes with role
-    ``launcher`` that name a worker pid and a non-zero exit code (torchelastic's convention:
-    negative = killed by that signal). ``memo``: see :func:`_launcher_events`."""
-    return _failures(_launcher_events(job, memo))
-
-
-def _failures(events: list) -> dict[tuple[str | None, int], tuple[int, int]]:
-    out: dict[tuple[str | None, int], tuple[int, int]] = {}
-    for p, d in events:
-        d = d[(d[:, C_IVAL] != NONE) & (d[:, C_AUX] != NONE) & (d[:, C_AUX] != 0)]
-        for row in d[np.argsort(d[:, C_END], kind="stable")]:
-            out.setdefault((p.host, int(row[C_IVAL])), (int(row[C_END]), int(row[C_AUX])))
-    return out
-
-
-#: The next attempt's start is its processes' ``goodput.process.start_time_unix_nano``, read
-#: from ``/proc`` in clock ticks of 10 ms and rounded down, so it can read up to one tick
-#: before the process really started; launcher events are stamped on the launcher's wall
-#: clock in microseconds. A launcher event that ended before a worker started can
-#: therefore end up to one tick after that worker's recorded start (seen: the agent's
-#: rendezvous ending 6 ms after it); one more millisecond covers the two clocks the start
-#: is computed from (``CLOCK_REALTIME`` and ``CLOCK_BOOTTIME``, read apart).
-LAUNCHER_MATCH_NS = 11_000_000
-
-
-def launcher_rendezvous(job: JobSpans, events: list, starts: Sequence[int]) -> list:
-    """The launchers' rendezvous before each attempt: per attempt of ``starts`` (their start
-    times, ns since the epoch, in order), the ns covered by launcher rendezvous events
-    (name containing ``RENDEZVOUS``, any case) of non-zero length that precede it, or None
-    when no such event does.
-
-    An event precedes the first attempt whose start is at or after its end less
-    :data:`LAUNCHER_MATCH_NS` (the clocks' resolutions), so each event counts once, for one
-    attempt. Zero-length events (torchelastic's ``torchelastic.rendezvous.*`` state
-    records) carry no duration and are left out. Events of several launchers (one agent
-    per node) count by the union of their intervals: they wait together.
-    ``events``: :func:`_launcher_events`.
-    """
-    found: list[list[tuple[int, int]]] = [[] for _ in starts]
-    first = np.asarray(starts, np.int64)
-    for _p, d in events:
-        d = d[d[:, C_END] > d[:, C_START]]
-        for row in d:
-            sidx = int(row[C_SIDX])
-            name = job.strings[sidx] if 0 <= sidx < len(job.strings) else ""
-            if "RENDEZVOUS" not in name.upper():
-                continue
-            i = int(np.searchsorted(first, int(row[C_END]) - LAUNCHER_MATCH_NS, "left"))
-            if i < len(found):
-                found[i].append((int(row[C_START]), int(row[C_END])))
-    out: list = []
-    for ivals in found:
-        if not ivals:
-            out.append(None)
-            continue
-        total, reach = 0, None
-        for x, y in sorted(ivals):
-            if reach is None or x > reach:
-                total, reach = total + y - x, y
-            elif y > reach:
-                total, reach = total + y - reach, y
-        out.append(total)
-    return out
 
 
 def stacked(a) -> tuple[np.ndarray, np.ndarray, list]:
@@ -422,61 +338,6 @@ def _restart_phases(r, bound: int | None, result, resume: int | None, cut: int,
             "recompilation_warmup": compile_ns + warm_ns}, t_fk
 
 
-def warmup(result, attempt: int, memo=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The warm-up steps of an attempt: indexes into ``result.steps`` of its leading kept steps
-    (in time order) slower than its own level, each one's warm-up excess (float ns), and
-    their starts (int64 ns).
-
-    The level is the larger of the ideal step time and the attempt's median step time, so
-    that an attempt slow throughout (a slow host) has no warm-up: only steps more than the
-    noise band above it, from its first kept step on, are warm-up; their excess over the
-    level is recompilation and warm-up, the rest of their excess stays training slowdown.
-    ``memo`` keeps the attempt's median step time under its part's key (found in the one
-    temporary array of its times per step); the leading steps are read from the front
-    until the first one at or below the level.
-    """
-    none = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
-    if result.ideal_step_time_s is None:
-        return none
-    off, parts, keys = result.steps.of_attempt(attempt)
-    if not parts:
-        return none
-    if len(parts) == 1:
-        t, cnt = parts[0][3], parts[0][4]
-        median = cached(memo if keys[0] is not None else None, ("step_median", keys[0]),
-                        lambda: float(np.median(t / cnt, overwrite_input=True)))
-    else:  # a running attempt's pieces
-        median = runs_median(parts, keys, NONE, memo)
-    level = max(result.ideal_step_time_s * _NS, median)
-    thr = level + (result.noise_tolerance_s or 0.0) * _NS
-
-    def leading() -> tuple[np.ndarray, np.ndarray]:
-        excess, starts = [], []
-        for p in parts:  # in time order, as the accounting makes them
-            t, cnt = p[3], p[4]
-            lead = _leading_above(t, cnt, thr)
-            excess.append((t[:lead] / cnt[:lead] - level) * cnt[:lead])
-            starts.append(p[2][:lead])
-            if lead < len(t):
-                break
-        return np.concatenate(excess), np.concatenate(starts)
-
-    excess, starts = cached(memo if None not in keys else None,
-                            ("warmup", tuple(keys), level, thr), leading)
-    return np.arange(off, off + len(excess)), excess, starts
-
-
-def _leading_above(t: np.ndarray, cnt: np.ndarray, thr: float) -> int:
-    """How many leading steps have a time per step above ``thr`` (read in growing blocks,
-    so a short warm-up costs a short read)."""
-    lead, size = 0, 64
-    while lead < len(t):
-        above = t[lead:lead + size] / cnt[lead:lead + size] > thr
-        if not above.all():
-            return lead + int(np.argmin(above))
-        lead += len(above)
-        size *= 8
-    return lead
 
 
 def _pod_evidence(a, r) -> dict:
