@@ -12,8 +12,6 @@ goodput do not change.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,20 +22,15 @@ from goodput_processor.analysis.attribution import host_badput
 from goodput_processor.cli import main
 from goodput_processor.read.rows import C_FLAGS, C_KIND, F_ERROR, K_JOB_END, K_JOB_START
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import resiliency_logs  # noqa: E402  (benchmarks/: the generator, also a command)
-
 #: Attempts and goodput of this log before and after the change (measured on it).
 ATTEMPTS, GOODPUT = 68, 0.5199126924820566
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("res112")
-    resiliency_logs.write_log(tmp / "log.jsonl", resiliency_logs.generate(
-        1, resiliency_logs.Config(nodes=112, attempts=68)))
-    assert main(["import", str(tmp / "log.jsonl"), "--to", str(tmp / "runs")]) == 0
-    return tmp / "runs" / "llm-112"
+def imported(resiliency_112):
+    """The log through the real ``goodput import`` (made once per session by
+    tests/conftest.py, shared with test_html_report_scale)."""
+    return resiliency_112
 
 
 def test_no_disruption_charged_as_observed_without_an_observed_failure(imported, capsys):

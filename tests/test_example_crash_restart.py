@@ -1,10 +1,11 @@
 """End to end: SIGKILL a real PyTorch training job, restart it, check the report.
 
-Runs ``examples/crash_restart.py`` as a real OS process: it trains the digits
-MLP of ``examples/pytorch_digits/train.py``, kills it with SIGKILL after a few
-checkpoints, restarts it (the restart resumes from the last checkpoint) and
-writes what it measured itself (``ground_truth.json``). The test then runs
-``goodput report --format json`` on the run directory and compares.
+Runs ``examples/crash_restart.py`` as a real OS process (``tests/crash_run.py``, once per
+session, shared with ``tests/test_html_report.py``): it trains the digits MLP of
+``examples/pytorch_digits/train.py``, kills it with SIGKILL after a checkpoint, restarts
+it (the restart resumes from the last checkpoint) and writes what it measured itself
+(``ground_truth.json``). The test then runs ``goodput report --format json`` on the run
+directory and compares.
 
 Takes about 15-20 s (two Python processes importing torch, 175 steps, a restart delay).
 """
@@ -13,35 +14,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-DRIVER = REPO / "examples" / "crash_restart.py"
-
-FLUSH_INTERVAL_S = 0.5
-# Nothing is written after a SIGKILL, but the spool tail (goodput.tail) holds every
-# record made before it, so the killed attempt ends at its last recorded step start,
-# not at its last flush: the flush interval no longer widens the tolerance
-# (benchmarks/kill_tail.py: within 0.044 s over 10 kills). 0.5 s covers a child
-# start-up delayed on a busy machine and the gap between a checkpoint file's mtime
-# (the last write) and the end of its save span.
-TOLERANCE_S = 0.5
-
-STEPS = 130
-CKPT_EVERY = 60
-# Killed at step 105, 45 steps after the checkpoint of step 60: about 1.9 s of
-# wasted progress at ~42 ms a step, well above TOLERANCE_S, so a report that
-# missed the wasted progress altogether would fail; 15 steps before the next
-# checkpoint, for a kill that lands late on a busy machine.
-KILL_AT_STEP = 105
-STEP_SLEEP_S = 0.04
-# Twice TOLERANCE_S: a report that missed the recovery altogether would fail.
-RESTART_DELAY_S = 1.0
+from crash_run import KILL_AT_STEP, REPO, RESTART_DELAY_S, STEPS, TOLERANCE_S, env
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "sklearn")),
@@ -49,48 +26,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(REPO / "src"), str(REPO / "collectors")]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
-
-
 @pytest.fixture(scope="module")
-def crash_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
-    """Run the driver once; return (ground truth, the job's entry of the JSON report)."""
-    workdir = tmp_path_factory.mktemp("crash-restart")
-    truth_file = workdir / "truth.json"
-    cmd = [
-        sys.executable,
-        str(DRIVER),
-        "--workdir", str(workdir),
-        "--truth-file", str(truth_file),
-        "--job-name", "digits-crash",
-        "--steps", str(STEPS),
-        "--ckpt-every", str(CKPT_EVERY),
-        "--eval-every", "40",
-        "--log-every", "5",
-        "--step-sleep", str(STEP_SLEEP_S),
-        "--min-checkpoints", "1",
-        "--kill-at-step", str(KILL_AT_STEP),
-        "--restart-delay", str(RESTART_DELAY_S),
-        "--flush-interval", str(FLUSH_INTERVAL_S),
-        "--timeout", "150",
-    ]  # fmt: skip
-    res = subprocess.run(
-        cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=180, check=False
-    )
-    assert res.returncode == 0, f"driver failed:\n{res.stdout}\n{res.stderr}"
-    truth = json.loads(truth_file.read_text())
-
+def crash_run(crash_restart_truth: dict) -> tuple[dict, dict]:
+    """The shared run's ground truth and the job's entry of its JSON report."""
+    truth = crash_restart_truth
     rep = subprocess.run(
         [sys.executable, "-m", "goodput_processor.cli", "report", truth["run_dir"]]
         + ["--format", "json"],
         cwd=REPO,
-        env=_env(),
+        env=env(),
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,7 +1,8 @@
 """The HTML report (docs/html-report.md): painted segments, CLI, serve, and a real browser.
 
-The browser test runs the real crash-and-restart example (as
-tests/test_example_crash_restart.py does), writes its HTML report, opens it in headless
+The browser test reads the real crash-and-restart run that
+tests/test_example_crash_restart.py checks (run once per session, tests/conftest.py),
+writes its HTML report, opens it in headless
 Chromium (Debian's ``chromium``, driven by Playwright), checks there are no script errors
 and that the charts are drawn, zooms the timeline down to single steps, and keeps the
 screenshots under ``test-artifacts/html-report/`` in the repository root (git-ignored).
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crash_run import CKPT_EVERY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from otlp_fixtures import T0_NS, Timeline
@@ -190,23 +192,12 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def crash_report(tmp_path_factory) -> Path:
-    """The HTML report of a real SIGKILL-and-restart PyTorch run (examples/crash_restart.py)."""
-    if any(importlib.util.find_spec(m) is None for m in ("torch", "sklearn")):
-        pytest.skip("the example needs torch and scikit-learn")
-    work = tmp_path_factory.mktemp("crash-html")
-    truth = work / "truth.json"
-    cmd = [sys.executable, str(REPO / "examples" / "crash_restart.py"), "--workdir", str(work),
-           "--truth-file", str(truth), "--job-name", "digits-crash", "--steps", "200",
-           "--ckpt-every", "50", "--eval-every", "40", "--log-every", "5",
-           "--step-sleep", "0.04", "--kill-at-step", "145", "--restart-delay", "2.0",
-           "--flush-interval", "0.5", "--timeout", "150"]
-    res = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
-                         timeout=180, check=False)
-    assert res.returncode == 0, f"driver failed:\n{res.stdout}\n{res.stderr}"
-    out = work / "report.html"
+def crash_report(tmp_path_factory, crash_restart_truth: dict) -> Path:
+    """The HTML report of a real SIGKILL-and-restart PyTorch run (examples/crash_restart.py,
+    run once per session by tests/conftest.py and shared with test_example_crash_restart)."""
+    out = tmp_path_factory.mktemp("crash-html") / "report.html"
     rep = subprocess.run([sys.executable, "-m", "goodput_processor.cli", "report",
-                          json.loads(truth.read_text())["run_dir"], "--html", str(out)],
+                          crash_restart_truth["run_dir"], "--html", str(out)],
                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60,
                          check=False)
     assert rep.returncode == 0, rep.stderr
@@ -340,7 +331,7 @@ def test_crash_restart_report_in_chromium(crash_report):
             page.screenshot(path=str(ARTIFACTS / "crash-restart.png"), full_page=True)
             hover = hover_restart(page, 1)
             assert "restart: attempt 0 \u2192 attempt 1" in hover, hover
-            assert "ended killed" in hover and "resumes at step 100" in hover, hover
+            assert "ended killed" in hover and f"resumes at step {CKPT_EVERY}" in hover, hover
             info = click_attempt(page, 0)
             assert "Attempt 0" in info and "all 1 processes" in info, info
             # zoom the timeline to 0.3 s near the end: single steps, with hover text

@@ -57,19 +57,13 @@ def fleet():
 
 
 @pytest.fixture(scope="module")
-def resiliency(tmp_path_factory):
+def resiliency(resiliency_112):
     """(None, segments) of the issue's own case: a resiliency event log of 112 nodes and 68
-    launches (benchmarks/resiliency_logs.py) through ``goodput import`` and the reader."""
-    import resiliency_logs
-
+    launches (benchmarks/resiliency_logs.py) through ``goodput import`` (once per session,
+    tests/conftest.py, shared with test_evidence_resiliency) and the reader."""
     from goodput_processor import read_run_dir
-    from goodput_processor.cli import main
 
-    tmp = tmp_path_factory.mktemp("resiliency")
-    resiliency_logs.write_log(tmp / "log.jsonl", resiliency_logs.generate(
-        1, resiliency_logs.Config(nodes=112, attempts=68)))
-    assert main(["import", str(tmp / "log.jsonl"), "--to", str(tmp / "runs")]) == 0
-    (job,) = read_run_dir(tmp / "runs" / "llm-112").jobs.values()
+    (job,) = read_run_dir(resiliency_112).jobs.values()
     return None, bucket_segments(job)
 
 
