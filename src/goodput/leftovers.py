@@ -117,7 +117,7 @@ def compact_journal(journal: str, level: int = LEVEL) -> bool:
     tmp = journal + ".gz.tmp"
     try:
         z = zlib.compressobj(level, zlib.DEFLATED, 31)
-        with open(journal, "rb") as src, open(tmp, "wb") as out:
+        with open(journal, "rb") as src, open(tmp, "xb") as out:  # not two at once
             while chunk := src.read(_CHUNK):
                 out.write(z.compress(chunk))
             out.write(z.flush())
@@ -125,6 +125,8 @@ def compact_journal(journal: str, level: int = LEVEL) -> bool:
             os.fsync(out.fileno())
         os.replace(tmp, journal + ".gz")
         return True
+    except FileExistsError:  # another process of the rank compacts it now
+        return False
     except (OSError, zlib.error) as exc:
         _log.debug("goodput: cannot compact %s: %s", journal, exc)
         try:
