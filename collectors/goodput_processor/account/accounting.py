@@ -18,8 +18,8 @@ import numpy as np
 from goodput import schema
 
 from ..analysis.attribution import host_badput
+from ..analysis.disruptions import kept_recovery_report
 from ..analysis.elastic import slice_efficiency, slice_records
-from ..analysis.recovery import recovery_report
 from ..analysis.steptimes import StepArrays, step_stats
 from ..analysis.stragglers import straggler_report
 from ..model.attempts import Attempt, build_attempts
@@ -103,10 +103,13 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     resume = [cached(memo, ("resume", proc_key(a.primary)),
                      lambda a=a: resume_of(a.primary, memo)) for a in attempts]
     rows, recovery_ns, bounds = [], 0, []
+    later = [None] * len(attempts)  # per attempt: the lowest resume step of those after it
+    for i in range(len(attempts) - 2, -1, -1):
+        r, nxt = resume[i + 1], later[i + 1]
+        later[i] = nxt if r is None else r if nxt is None else min(r, nxt)
     for i, a in enumerate(attempts):
-        later = [r for r in resume[i + 1 :] if r is not None]
         has_next = i + 1 < len(attempts)
-        bounds.append(min(later) if later else None)
+        bounds.append(later[i])
         kept, wasted = acc.attempt(a, bounds[-1], has_next)
         if has_next and bounds[-1] is not None:  # a peer may have flushed steps it lost
             wasted = max([wasted] + [
@@ -132,7 +135,7 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     result = replace(result, stragglers=straggler_report(attempts, bounds, memo=memo))
     # --- end stragglers
     # --- recovery phases, badput by host (goodput_processor.analysis.recovery, .attribution)
-    recs = recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo)
+    recs = kept_recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo)
     charges = host_badput(attempts, result, recs, memo=memo)
     result = replace(result, recovery=recs, host_badput=charges.observed,
                      host_badput_inferred=charges.inferred,

@@ -226,7 +226,7 @@ class _Acc:
         for k, name in _KIND_BUCKET.items():
             self.kind_level[k] = self.level[name]
         self.other = len(self.names)  # level of unowned segments
-        self.ns = [0] * (self.other + 1)
+        self._ns = np.zeros(self.other + 1, np.int64)  # (summed part by part: ns)
         self.async_ns: dict[str, int] = {}
         #: whether any attempt has elastic spans (their buckets go into the result)
         self.elastic = False
@@ -236,6 +236,11 @@ class _Acc:
         #: per part (an attempt, or a piece of the running one): its memo key
         self.part_keys: list = []
         self.attempt_index = 0  # attempts added so far
+
+    @property
+    def ns(self) -> list[int]:
+        """Time per priority level so far (ns, Python ints; the last: unowned)."""
+        return self._ns.tolist()
 
     def attempt(self, a: Attempt, bound: int | None, has_next: bool) -> tuple[int, int]:
         """Account attempt ``a``; ``bound``: highest kept step (None = all). -> (kept, wasted).
@@ -285,8 +290,7 @@ class _Acc:
         piece (only a whole attempt or its last piece ends it: its wasted-region start)."""
         self.part_keys.append(key)
         ns, async_ns, elastic, kept, ws, counts, segments = part
-        for lev in range(self.other + 1):
-            self.ns[lev] += int(ns[lev])
+        self._ns += ns
         for k, v in async_ns.items():
             self.async_ns[k] = self.async_ns.get(k, 0) + v
         self.elastic |= elastic

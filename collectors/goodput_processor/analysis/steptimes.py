@@ -498,10 +498,11 @@ class StepArrays:
         start_ns, time_ns, count)``, in time order; [] if it kept no step) and the memo keys
         the accounting gave them (None without a memo). The parts are the accounting's
         own: do not modify them."""
-        first, parts, keys = 0, [], []
-        for off, p, key in zip(self._offsets[:-1], self._parts, self._keys, strict=True):
-            if len(p[1]) and int(p[1][0]) == attempt:
-                first = int(off) if not parts else first
-                parts.append(p)
-                keys.append(key)
-        return first, parts, keys
+        by = self.__dict__.setdefault("_by_attempt", {})  # (indexed once, not per call)
+        for off, p, key in [] if by else zip(self._offsets[:-1].tolist(), self._parts,
+                                             self._keys, strict=True):
+            if len(p[1]):
+                got = by.setdefault(int(p[1][0]), (off, [], []))
+                got[1].append(p), got[2].append(key)
+        first, parts, keys = by.get(attempt, (0, (), ()))
+        return first, list(parts), list(keys)

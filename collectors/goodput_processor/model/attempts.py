@@ -464,7 +464,13 @@ def build_attempts(job: JobSpans, now_ns: int | None = None,
                         f"{numbers[i + 1]} started (workers of a killed launcher?); their "
                         "work after that start is not counted", number))
                 end, cut = nxt, True
-        attempts.append(_attempt(g, number, start, end, reason, cut, interval, warnings, memo))
+        args = (g, number, start, end, reason, cut, interval, warnings)
+        if memo is None or i + 1 == len(groups) or any(
+                isinstance(r.proc, PackedProcessSpans) for r in g):  # (a copy keeps read rows)
+            attempts.append(_attempt(*args))
+        else:  # a finished attempt of the memo's same runs: the same Attempt (g keeps the ids)
+            key = ("attempt_of_runs", *args[1:-1], tuple(warnings), tuple(map(id, g)))
+            attempts.append(memo.get(key, lambda args=args: (args[0], _attempt(*args)))[1])
     return attempts
 
 

@@ -88,6 +88,7 @@ class SpoolTailer:
         self._files: dict[str, list[int]] = {}  # path -> [offset, lines taken in]
         self._tails_read: set[str] = set()  # tails whose writer was gone: taken in
         self._dirs: dict[str, tuple] = {}  # directory -> (mtime ns, spool files, subdirectories)
+        self._listed: dict[str, tuple] = {}  # root -> (the listings it read, its sorted files)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._poll_lock = threading.Lock()
@@ -143,6 +144,7 @@ class SpoolTailer:
             OSError: ``root`` cannot be read.
         """
         out, todo, now = [], [root], time.time_ns()
+        seen = []  # (the listings read: the same ones as last time -> the same sorted list)
         while todo:
             d = todo.pop()
             try:
@@ -154,9 +156,16 @@ class SpoolTailer:
                 if d == root:
                     raise
                 continue  # a subdirectory gone or unreadable (as a glob skips it)
+            seen.append(kept)
             out += kept[1]
             todo += kept[2]
-        return sorted(out, key=lambda p: p.split(os.sep))
+        last = self._listed.get(root)
+        if last is not None and len(last[0]) == len(seen) and all(
+                x is y for x, y in zip(last[0], seen, strict=True)):
+            return last[1]  # (O(directories), not a sort of every file's path per poll)
+        files = sorted(out, key=lambda p: p.split(os.sep))
+        self._listed[root] = (seen, files)
+        return files
 
     def _read_gz(self, path: str) -> int:
         """Take in every line of a compacted segment (complete once it exists), once."""
