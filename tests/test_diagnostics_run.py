@@ -460,7 +460,8 @@ def test_metrics_spool_is_otlp_json_and_report_still_works(tmp_path):
             time.sleep(0.02)
     metrics.record("loss", float("nan"))
     r.end()
-    files = sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_file())
+    files = sorted(p.name for p in (tmp_path / "run").iterdir()  # (and the spans' .gz)
+                   if p.name.endswith(".jsonl"))
     assert [f.split("-")[:3] for f in files] == [["metrics", "p00000", "a0000"],
                                                  ["spans", "p00000", "a0000"]]
     assert files[0] == f"metrics-p00000-a0000-{os.getpid()}.jsonl"
