@@ -14,7 +14,8 @@ from otlp_fixtures import Timeline, write_spool
 
 from goodput import schema
 from goodput_processor.account.run_dir import report_run_dir
-from goodput_processor.model.attempts import build_attempts, resolve_open
+from goodput_processor.model.attempts import build_attempts
+from goodput_processor.model.open_records import resolve_open
 from goodput_processor.read.reader import read_run_dir
 
 FAR = 2 * 10**18  # "now": long after every timeline (nothing is running)

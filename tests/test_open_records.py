@@ -4,7 +4,7 @@ One process's rows (phases of a few kinds, some of them ``goodput.open`` records
 in flight, repeated at later flushes, completed later or never, overlapping phases of one
 kind, late rows) arrive in random batches. After every batch the
 :class:`~goodput_processor.model.open_records.OpenResolver` kept from the batches before must give
-the same array, byte for byte, as :func:`~goodput_processor.model.attempts.resolve_open` of all
+the same array, byte for byte, as :func:`~goodput_processor.model.open_records.resolve_open` of all
 the rows so far, and say how many rows come before the open records it kept; and so must
 ``resolve_open`` written over the rows themselves (``in_place``, ``goodput report``).
 """
@@ -15,9 +15,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodput_processor.model import attempts
-from goodput_processor.model.attempts import resolve_open
-from goodput_processor.model.open_records import OpenResolver
+from goodput_processor.model import open_records
+from goodput_processor.model.open_records import OpenResolver, resolve_open
 from goodput_processor.read.rows import (
     C_FLAGS,
     F_ENDLESS,
@@ -74,11 +73,11 @@ def test_resolved_a_batch_at_a_time_equals_resolved_at_once(case):
         assert not (got[settled:, C_FLAGS] & F_OPEN).any()
         assert ((got[settled:, C_FLAGS] & F_ENDLESS) != 0).all()
         own = data[:n].copy()  # resolved over the rows themselves, a few rows at a time
-        chunk, attempts._CHUNK_ROWS = attempts._CHUNK_ROWS, 2
+        chunk, open_records._CHUNK_ROWS = open_records._CHUNK_ROWS, 2
         try:
             in_place = resolve_open(own, in_place=True)
         finally:
-            attempts._CHUNK_ROWS = chunk
+            open_records._CHUNK_ROWS = chunk
         assert in_place.tobytes() == want.tobytes()
         assert in_place.base is own or in_place is own or not (
             (own[:, C_FLAGS] & F_OPEN).any())

@@ -20,7 +20,8 @@ from goodput import schema
 from ..analysis.attribution import host_badput
 from ..analysis.disruptions import kept_recovery_report
 from ..analysis.elastic import slice_efficiency, slice_records
-from ..analysis.steptimes import StepArrays, step_stats
+from ..analysis.step_arrays import StepArrays
+from ..analysis.steptimes import step_stats
 from ..analysis.stragglers import straggler_report
 from ..model.attempts import Attempt, build_attempts
 from ..model.memo import AccountingMemo, cached, proc_key

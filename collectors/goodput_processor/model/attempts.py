@@ -49,11 +49,8 @@ from goodput import schema
 
 from ..read.rows import (
     C_END,
-    C_FLAGS,
     C_KIND,
     C_START,
-    F_ENDLESS,
-    F_OPEN,
     K_JOB_END,
     K_JOB_START,
     K_STEP,
@@ -62,13 +59,13 @@ from ..read.rows import (
     ProcessSpans,
 )
 from .memo import AccountingMemo, cached, data_key, folded, process_state
-from .open_records import OpenResolver
+from .open_records import OpenResolver, resolve_open
 from .packed import PackedProcessSpans, replace_rows
 from .summaries import evidence, evidence_both
 from .warnings import ReportWarning
 
 __all__ = ["DEFAULT_HEARTBEAT_INTERVAL_MS", "RUNNING_INTERVALS", "Attempt", "build_attempts",
-           "clock_ns", "resolve_open"]
+           "clock_ns"]
 
 #: Heartbeat interval assumed when no ``goodput.job_start`` carries one (ms).
 DEFAULT_HEARTBEAT_INTERVAL_MS = 1000
@@ -117,108 +114,6 @@ class Attempt:
     def duration_ns(self) -> int:
         """``end_ns - start_ns`` (ns, >= 0)."""
         return self.end_ns - self.start_ns
-
-
-#: Up to this many open records of one kind in a process are resolved one by one (no sort).
-_FEW_OPEN = 16
-
-
-def resolve_open(d: np.ndarray, in_place: bool = False) -> np.ndarray:
-    """One process's rows with its ``goodput.open`` records resolved.
-
-    An open record (a phase in flight at a flush) is dropped when the phase's complete
-    span (same kind and start) is there; otherwise the phase ran until the process's last
-    sign of life (the latest end of any of its rows), or until the next phase of the same
-    kind began if one did (its end was recorded but lost, e.g. to a full disk): the record
-    is kept with that end, the open flag cleared and ``F_ENDLESS`` set (its end is inferred:
-    ``--definitions mgm`` does not take it for a recorded end). Of several open records of
-    one phase, one is kept.
-
-    Returns a new array, or with ``in_place`` (and ``d`` writeable) the start of ``d``
-    itself, overwritten (no copy of the rows: for rows read for one accounting).
-    """
-    flags = d[:, C_FLAGS]
-    is_open = (flags & F_OPEN) != 0
-    if not is_open.any():
-        return d
-    last_alive = int(d[:, C_END].max())
-    kinds, start_col = d[:, C_KIND], d[:, C_START]
-    open_idx = np.flatnonzero(is_open)
-    op = d[open_idx]
-    keep = np.ones(len(op), bool)
-    end = np.full(len(op), last_alive, np.int64)
-    for kind in np.unique(op[:, C_KIND]):
-        rows = np.flatnonzero(op[:, C_KIND] == kind)
-        starts = op[rows, C_START]
-        of_kind = kinds == kind
-        all_starts = start_col[of_kind]  # complete and open records of this kind
-        if len(rows) <= _FEW_OPEN:  # the usual case: a few phases in flight, no sort of
-            ost = np.unique(starts)  # the rows: one pass, binary searches in the open starts
-            cand, cand_open = _near(all_starts, is_open[of_kind], ost[0])
-            # each row's place among the open starts: how many of them are below its start
-            idx = np.searchsorted(ost, cand, "left")
-            same = ost[np.minimum(idx, len(ost) - 1)] == cand
-            hit = np.zeros(len(ost), bool)
-            hit[idx[same & ~cand_open]] = True  # a complete span of that start
-            keep[rows[hit[np.searchsorted(ost, starts)]]] = False
-            # the earliest start above each open start: the minimum over the places above it
-            lowest = np.full(len(ost) + 1, np.iinfo(np.int64).max, np.int64)
-            np.minimum.at(lowest, idx, cand)
-            above = np.minimum.accumulate(lowest[::-1])[::-1]  # over places j+1 and up
-            nxt = above[np.searchsorted(ost, starts) + 1]
-            has = nxt != np.iinfo(np.int64).max
-            end[rows[has]] = np.minimum(end[rows[has]], nxt[has])
-        else:
-            all_starts, kind_open = _near(all_starts, is_open[of_kind], int(starts.min()))
-            done = np.sort(all_starts[~kind_open])
-            if len(done):
-                pos = np.minimum(np.searchsorted(done, starts), len(done) - 1)
-                keep[rows[done[pos] == starts]] = False
-            later = np.sort(all_starts)  # ... or until the next phase of its kind began
-            pos = np.searchsorted(later, starts, side="right")
-            has = pos < len(later)
-            end[rows[has]] = np.minimum(end[rows[has]], later[pos[has]])
-        _, first = np.unique(starts, return_index=True)  # one per phase start
-        dup = np.ones(len(rows), bool)
-        dup[first] = False
-        keep[rows[dup]] = False
-    op, end = op[keep], end[keep]  # (a copy: ``op`` was taken by index)
-    op[:, C_END] = np.maximum(op[:, C_END], end)
-    op[:, C_FLAGS] = (op[:, C_FLAGS] & ~F_OPEN) | F_ENDLESS
-    # the other rows in file order, then the open records kept
-    if in_place and d.flags.writeable:
-        return _compact(d, is_open, op)
-    return np.concatenate((np.compress(~is_open, d, axis=0), op))
-
-
-#: Rows moved at a time by :func:`_compact`.
-_CHUNK_ROWS = 1 << 16
-
-
-def _compact(d: np.ndarray, drop: np.ndarray, tail: np.ndarray) -> np.ndarray:
-    """``concatenate((d[~drop], tail))`` written over ``d`` itself, a chunk at a time
-    (``len(tail) <= drop.sum()``); returns the view of ``d`` it fills."""
-    w = int(np.argmax(drop))  # rows before the first dropped stay where they are
-    for i in range(w, len(d), _CHUNK_ROWS):
-        block = d[i : i + _CHUNK_ROWS][~drop[i : i + _CHUNK_ROWS]]  # (a copy)
-        d[w : w + len(block)] = block
-        w += len(block)
-    d[w : w + len(tail)] = tail
-    return d[: w + len(tail)]
-
-
-#: Rows of one kind below which :func:`_near` keeps them all (tests set 0).
-_NEAR_MIN = 1024
-
-
-def _near(starts: np.ndarray, is_open: np.ndarray, first: int) -> tuple:
-    """``(starts, is_open)`` of the rows that start at or after ``first`` (the earliest
-    open record: rows before it match none), or all of them when that would not leave
-    out many: rows mostly come in time order, so the middle row tells."""
-    if len(starts) < _NEAR_MIN or starts[len(starts) // 2] >= first:
-        return starts, is_open
-    near = starts >= first
-    return starts[near], is_open[near]
 
 
 def _split_runs(proc: ProcessSpans) -> list[ProcessSpans]:

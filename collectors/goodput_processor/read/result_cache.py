@@ -24,10 +24,10 @@ time, job)`` asked for:
 - **never in the way**: an unwritable directory, a full disk, a damaged or foreign entry is
   silently a miss (the report accounts as without it). Nothing is pickled: the results are
   JSON naming only dataclasses of ``goodput_processor``; their arrays (the kept steps'
-  five int64 columns, :class:`~goodput_processor.analysis.steptimes.StepArrays`; mgm's step numbers
-  and float64 step times, :class:`~.definitions.mgm_steps.Deviation`) are one flat int64
-  ``.npy`` (float64 stored as its bits) that a hit maps into memory (``mmap_mode="r"``),
-  read only where a caller reads them.
+  five int64 columns, :class:`~goodput_processor.analysis.step_arrays.StepArrays`; mgm's
+  step numbers and float64 step times, :class:`~.definitions.mgm_steps.Deviation`) are one
+  flat int64 ``.npy`` (float64 stored as its bits) that a hit maps into memory
+  (``mmap_mode="r"``), read only where a caller reads them.
 
 Turned off with the columnar cache (``goodput report --no-cache``,
 ``GOODPUT_REPORT_CACHE=0``).

@@ -67,7 +67,7 @@ def is_phase(kinds: np.ndarray) -> np.ndarray:
 #: ``flags``: bit 0
 #: set = ``goodput.blocking`` false, bit 1 set = status ERROR, bit 2 set = ``goodput.open``
 #: (a phase still in flight when written), bit 3 set (:data:`F_ENDLESS`, set by
-#: :func:`~goodput_processor.model.attempts.resolve_open`) = the phase's end was never recorded
+#: :func:`~goodput_processor.model.open_records.resolve_open`) = the phase's end was never recorded
 #: and is inferred. ``sidx``: index into
 #: :attr:`SpanSet.strings` of ``goodput.badput.type`` (custom), ``goodput.end.reason``
 #: (job_end), ``goodput.elastic.event_type`` (elastic_wait), ``goodput.launcher.event``
@@ -206,7 +206,7 @@ class JobSpans:
     custom_sids: set[int] = field(default_factory=set, repr=False)
     run_dirs: set[str] = field(default_factory=set, compare=False)
     #: The accounting may write each process's open records resolved over its rows
-    #: (:func:`~goodput_processor.model.attempts.resolve_open` in place), and let go of the rows
+    #: (:func:`~goodput_processor.model.open_records.resolve_open` in place), and let go of the rows
     #: once it has what it needs of them (:meth:`drop_rows`): set for rows read for one
     #: accounting (``goodput report``), saving a copy of them.
     rows_owned: bool = field(default=False, repr=False, compare=False)
@@ -330,7 +330,7 @@ def as_of(job: JobSpans, at_ns: int) -> JobSpans:
     Spans that start after ``at_ns`` are dropped; a span that started before and ends after
     it was in flight then: its end becomes ``at_ns`` and, if it is a phase, it is flagged
     ``F_OPEN``, as the
-    recorder writes a phase in flight (:func:`~goodput_processor.model.attempts.resolve_open`
+    recorder writes a phase in flight (:func:`~goodput_processor.model.open_records.resolve_open`
     then takes it as running until the process's last sign of life, at most ``at_ns``).
     Processes left with no span are dropped. The spans are copied; ``job`` is unchanged.
     Times in the future of ``at_ns`` are a recorder's back-filled times: they are treated

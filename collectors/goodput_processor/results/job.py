@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..analysis.steptimes import StepArrays
+from ..analysis.step_arrays import StepArrays
 from ..model.warnings import ReportWarning
 
 if TYPE_CHECKING:

@@ -37,8 +37,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..model.attempts import resolve_open
 from ..model.memo import AccountingMemo, rows_key
+from ..model.open_records import resolve_open
 from ..model.packed import DerivedRows, PackedProcessSpans, PackedSegments
 from ..read.heap import trim_heap
 from .rows import pack_rows
@@ -122,7 +122,7 @@ def pack_runs(memos: list[AccountingMemo], packed: dict) -> int:
     rows are packed (``packed``: ``(process key, rows_key) -> PackedRows``; :func:`compact`
     calls this, one accounting of the job at a time): the runs kept then hold a
     :class:`~goodput_processor.model.packed.PackedProcessSpans` whose rows, if read, are
-    :func:`~goodput_processor.model.attempts.resolve_open` of the packed rows
+    :func:`~goodput_processor.model.open_records.resolve_open` of the packed rows
     (:class:`~goodput_processor.model.packed.DerivedRows`: the same rows as the resolver's,
     ``tests/test_open_records.py``), kept in the process's state (shared by the memos);
     its open records' resolver is let go (a new row of the process resolves them afresh).
