@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from goodput import config, schema
 from goodput.diagnostics import environment
 from goodput.diagnostics import metrics as _metrics
+from goodput.diagnostics import metrics_spool as _metrics_spool
 from goodput.links import install_hint
 
 _log = logging.getLogger(__name__)
@@ -486,8 +487,8 @@ def run(
     else:
         readers = _metrics.readers_from_env(interval_s)
     if rec.run_dir is not None:
-        exporter = _metrics.SpoolMetricExporter(
-            _metrics.spool_path(rec.run_dir, rec.process_index, attempt))
+        exporter = _metrics_spool.SpoolMetricExporter(
+            _metrics_spool.spool_path(rec.run_dir, rec.process_index, attempt))
         readers.append(PeriodicExportingMetricReader(
             exporter, export_interval_millis=interval_s * 1000.0))
     provider = MeterProvider(metric_readers=readers,
