@@ -26,7 +26,8 @@ from goodput.diagnostics.metrics import MetricType, record
 
 # Bound after the submodule import on purpose: ``diagnostics.run`` is the function,
 # the module stays reachable as ``sys.modules["goodput.diagnostics.run"]``.
-from goodput.diagnostics.run import ConfigError, MLRun, current_run, run
+from goodput.diagnostics.run import MLRun, current_run, run
+from goodput.diagnostics.run_configs import ConfigError
 
 #: Modules (the profiler, written separately) whose public names are also offered here,
 #: imported on first use.
