@@ -175,7 +175,10 @@ def in_time(draw):
 
 
 @pytest.mark.parametrize("identity", [False, True])
-@SETTINGS
+# 60 examples per identity (120 in all): each example polls ~21 times with 4 accountings a
+# poll, the suite's most expensive test; tests/test_incremental_restarts.py adds the
+# many-attempt case
+@settings(SETTINGS, max_examples=60)
 @given(case=in_time(), ideal=st.sampled_from([None, 0.01]), running=st.booleans(),
        piece_rows=st.sampled_from([1, 2, 5]))
 def test_running_attempt_in_pieces_equals_fresh_accounting(case, ideal, running, piece_rows,
