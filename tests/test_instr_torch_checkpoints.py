@@ -3,7 +3,7 @@
 Two parts:
 
 - fast unit tests of what counts as training state and which step it holds
-  (``goodput_instrumentation._torch_ckpt``), in this process, nothing patched;
+  (``goodput_instrumentation._torch_ckpt_state``), in this process, nothing patched;
 - real runs: ``examples/plain_torch/train.py`` (no goodput code) under
   ``opentelemetry-instrument``, SIGKILLed mid-training after step 33 and started again
   (it resumes from the checkpoint of step 20), in three checkpoint formats, and under
@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 from instr_util import ROOT, load_benchmark
 
-from goodput_instrumentation._torch_ckpt import (
+from goodput_instrumentation._torch_ckpt_state import (
     as_int,
     inspect_state,
     is_module_state,

@@ -37,7 +37,7 @@ span                          hook
                               ``instrument(detect_eval=False)`` turns it off.
 ============================  ===========================================================
 
-*Training state* (``_torch_ckpt.inspect_state``) is a dict that has a top-level
+*Training state* (``_torch_ckpt_state.inspect_state``) is a dict that has a top-level
 ``step``/``global_step``/``iteration``/``epoch`` entry, or is, or holds as a top-level
 value, a module or optimizer ``state_dict``; a tensor, a list of tensors or a pickled
 ``nn.Module`` is not a checkpoint. A load of weights alone (no optimizer state, no step)
@@ -82,7 +82,8 @@ from goodput_instrumentation._base import (
     recorder,
     timed,
 )
-from goodput_instrumentation._torch_ckpt import STEP_KEYS, CheckpointHooks, inspect_state
+from goodput_instrumentation._torch_ckpt import CheckpointHooks
+from goodput_instrumentation._torch_ckpt_state import STEP_KEYS, inspect_state
 
 _log = logging.getLogger("goodput.instrumentation.torch")
 _time_ns = time.time_ns
@@ -96,7 +97,7 @@ _LAST_INT = re.compile(r"(\d+)(?!.*\d)")
 
 
 def _checkpoint_step(state_dict) -> int | None:
-    """The step stored in a state dict (the rules of ``_torch_ckpt.inspect_state``: a
+    """The step stored in a state dict (the rules of ``_torch_ckpt_state.inspect_state``: a
     top-level ``step``/``global_step``/``iteration``, the optimizer state's step, ``epoch``).
 
     Returns None when there is none.
