@@ -1,7 +1,7 @@
 """The accounting's fast paths give exactly what the general code gives (Hypothesis).
 
 ``painting.DISJOINT_FAST_PATH`` (no painting when no two blocking phases of an attempt
-overlap) and ``attempts._FEW_OPEN`` (open records resolved one by one, without sorting)
+overlap) and ``open_records._FEW_OPEN`` (open records resolved one by one, without sorting)
 are switched off and on over random jobs whose phases mostly follow one another, as a
 training loop writes them, with overlaps, zero-length phases, open records, restarts,
 redone steps, checkpoints and custom badput mixed in. The whole JSON report and the
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from goodput_processor import to_json_dict
 from goodput_processor.account import painting
 from goodput_processor.account.accounting import account
-from goodput_processor.model import attempts
+from goodput_processor.model import open_records
 from goodput_processor.read.rows import (
     F_NONBLOCKING,
     F_OPEN,
@@ -112,18 +112,18 @@ def _everything(job: JobSpans, ideal, now) -> tuple:
 def test_fast_paths_equal_the_general_code(job, ideal, running):
     last = max(int(p.data[:, 1].max()) for p in job.processes.values())
     now = last + (MS if running else 10**12)
-    near = attempts._NEAR_MIN
+    near = open_records._NEAR_MIN
     try:
-        attempts._NEAR_MIN = 0  # open records matched against the rows after them only
+        open_records._NEAR_MIN = 0  # open records matched against the rows after them only
         fast = _everything(job, ideal, now)
     finally:
-        attempts._NEAR_MIN = near
-    old = painting.DISJOINT_FAST_PATH, attempts._FEW_OPEN
+        open_records._NEAR_MIN = near
+    old = painting.DISJOINT_FAST_PATH, open_records._FEW_OPEN
     try:
-        painting.DISJOINT_FAST_PATH, attempts._FEW_OPEN = False, 0
+        painting.DISJOINT_FAST_PATH, open_records._FEW_OPEN = False, 0
         general = _everything(job, ideal, now)
     finally:
-        painting.DISJOINT_FAST_PATH, attempts._FEW_OPEN = old
+        painting.DISJOINT_FAST_PATH, open_records._FEW_OPEN = old
     assert fast == general
 
 

@@ -38,6 +38,7 @@ import re
 import time
 import zlib
 
+from goodput.segments import sync_dir
 from goodput.tail import tail_path
 
 _log = logging.getLogger(__name__)
@@ -197,12 +198,5 @@ def tidy(directory: str, index: int, own_base: str, adopt, compact: bool = True)
                 adopt(path)
                 counts["adopted"] += 1
     if dirsync:
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
+        sync_dir(directory)
     return counts

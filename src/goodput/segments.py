@@ -261,7 +261,7 @@ class SpoolWriter:
             return False
         self._drop_compact()
         if sync:
-            _sync_dir(os.path.dirname(self.path) or ".")
+            sync_dir(os.path.dirname(self.path) or ".")
         return True
 
     def _rotate(self) -> None:
@@ -310,7 +310,9 @@ class SpoolWriter:
         self.retired = keep
 
 
-def _sync_dir(path: str) -> None:
+def sync_dir(path: str) -> None:
+    """fsync the directory ``path`` (a rename or a removal in it made durable); an
+    ``OSError`` is ignored (a directory that cannot be opened or synced)."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:

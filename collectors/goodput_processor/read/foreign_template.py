@@ -44,7 +44,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..importers.sources.base import SpanColumns
 from ..importers.sources.driver import TAKEN
-from .template import _decimal, _hex, _plain
+from .template import _decimal, _hex, _plain, fixed_words
 
 try:  # optional speed-up, never a dependency (as in goodput_processor.read.reader)
     import orjson
@@ -92,13 +92,7 @@ class _Form:
             text += b"0" * width
         self.length, self.fields = len(text), fields
         text += tail
-        self.width = width = -(-len(text) // 8) * 8
-        mask = np.zeros(width, np.uint8)
-        mask[:len(text)] = 255
-        mask[holes] = 0
-        fixed = np.zeros(width, np.uint8)
-        fixed[:len(text)] = np.frombuffer(text, np.uint8)
-        self._mask, self._fixed = mask.view(np.uint64), (fixed & mask).view(np.uint64)
+        self.width, self._mask, self._fixed = fixed_words(text, holes)
 
     def matches(self, text: np.ndarray) -> np.ndarray:
         """Per row of ``text`` (uint8, C-contiguous, :attr:`width` columns): its fixed

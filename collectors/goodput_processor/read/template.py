@@ -99,20 +99,28 @@ class _Variant:
             holes.extend(range(len(text), len(text) + width))
             text += b"0" * width
         self.kind, self.length, self.fields, self.flags = kind, len(text), fields, flags or 0
-        # the fixed bytes (and a mask of them), padded to whole 8-byte words
-        self.width = width = -(-len(text) // 8) * 8
-        mask = np.zeros(width, np.uint8)
-        mask[:len(text)] = 255
-        mask[holes] = 0
-        fixed = np.zeros(width, np.uint8)
-        fixed[:len(text)] = np.frombuffer(text, np.uint8)
-        self._mask, self._fixed = mask.view(np.uint64), (fixed & mask).view(np.uint64)
+        self.width, self._mask, self._fixed = fixed_words(text, holes)
 
     def matches(self, text: np.ndarray) -> np.ndarray:
         """Per row of ``text`` (C-contiguous uint8, ``width`` columns: a span's text from
         its first byte, and what follows it to the width): its fixed bytes are this
         form's? 8 bytes a step."""
         return _rows_all((text.view(np.uint64) & self._mask) == self._fixed)
+
+
+def fixed_words(text: bytes, holes: list[int]) -> tuple[int, np.ndarray, np.ndarray]:
+    """A form's fixed bytes for a word-wise compare: ``(width, mask, fixed)``, ``width`` the
+    length of ``text`` rounded up to whole 8-byte words, ``mask`` and ``fixed`` uint64 arrays
+    of ``width // 8`` words (``mask`` 0 on the ``holes``' byte offsets and past the text,
+    ``fixed`` the text's bytes under the mask). A row's text matches when
+    ``(row & mask) == fixed`` in every word."""
+    width = -(-len(text) // 8) * 8
+    mask = np.zeros(width, np.uint8)
+    mask[:len(text)] = 255
+    mask[holes] = 0
+    fixed = np.zeros(width, np.uint8)
+    fixed[:len(text)] = np.frombuffer(text, np.uint8)
+    return width, mask.view(np.uint64), (fixed & mask).view(np.uint64)
 
 
 def _variants() -> dict[int, list[_Variant]]:
