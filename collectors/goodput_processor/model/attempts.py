@@ -194,21 +194,42 @@ def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None, memo=None) -> 
     )
 
 
+def _origin(key: tuple, proc: ProcessSpans, kept: dict, seen: dict | None) -> tuple:
+    """``(key, rows, resource)``: the memo identity of process ``proc`` (its key in the
+    job, :func:`data_key` of its rows, the ``repr`` of its resource), taken from ``kept``
+    (``memo.origins``: the last accounting's, by key) when ``proc`` holds the same rows
+    array (rows never change in place under a memo) and the same resource, and noted in
+    ``seen`` (the next accounting's ``kept``; None: no memo)."""
+    fields = (proc.host, proc.process_count, proc.schema_version, proc.instance, proc.pid,
+              proc.process_start_ns, proc.attempt_source, proc.index_source)
+    data = proc.__dict__.get("data") if type(proc) is ProcessSpans else None
+    k = kept.get(key)
+    if data is not None and k is not None and k[0] is data and k[1] == fields and (
+            k[2] == proc.run):
+        seen[key] = k
+        return k[3]
+    # (the resource's attributes may change without a new row: they are in the key)
+    ident = repr((*fields[:3], sorted(proc.run.items()), *fields[3:]))
+    origin = (key, data_key(proc), ident)  # (rows serve keeps packed are not read for it)
+    if seen is not None and data is not None:
+        seen[key] = (data, fields, dict(proc.run), origin)
+    return origin
+
+
 def _runs(job: JobSpans, memo=None) -> list[_Run]:
     runs = []
+    kept, seen = ({}, None) if memo is None else (memo.origins, {})
     for key, proc in sorted(job.processes.items()):
-        rows = data_key(proc)  # (rows goodput serve keeps packed are not read for it)
+        origin = _origin(key, proc, kept, seen)
+        rows = origin[1]
         if not rows[0] or proc.run.get(schema.RES_PROCESS_ROLE) == "launcher":
             continue  # a launcher's own process (its events: goodput_processor.analysis.recovery)
-        # (the resource's attributes may change without a new row: they are in the key)
-        ident = repr((proc.host, proc.process_count, proc.schema_version,
-                      sorted(proc.run.items()), proc.instance, proc.pid,
-                      proc.process_start_ns, proc.attempt_source, proc.index_source))
-        origin = (key, rows, ident)
         state = None if memo is None else process_state(memo, origin)  # (kept while seen)
         runs += cached(memo, ("runs", *origin),
                        lambda proc=proc, a=key[0], o=origin, s=state:
                        _process_runs(job, a, proc, o, s, memo))
+    if memo is not None:
+        memo.origins = seen
     return runs
 
 

@@ -162,6 +162,9 @@ class AccountingMemo:
         self._new: dict = {}
         self.processes: dict = {} if processes is None else processes
         self._touched: set = set()
+        #: the processes' memo identities of the last accounting, by key
+        #: (:func:`goodput_processor.model.attempts.build_attempts`)
+        self.origins: dict = {}
         self.hits = 0
         self.misses = 0
 

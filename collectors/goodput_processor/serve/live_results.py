@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import threading
 import time
 from array import array
@@ -30,7 +31,7 @@ from ..model.attempts import clock_ns
 from ..model.memo import AccountingMemo
 from ..read import reader as rd
 from ..read import rows as tl
-from ..read.rows import JobSpans
+from ..read.rows import JobSpans, ProcessSpans
 from ..results.job import JobResult
 from .rows import PackedProcessSpans, ProcessRows
 from .wal import job_slug
@@ -38,6 +39,12 @@ from .wal import job_slug
 __all__ = ["LiveResults"]
 
 _log = logging.getLogger("goodput_processor.serve.store")  # (the store's log)
+
+
+#: What a snapshot's copy of a process holds but its rows and ``run``: the fields of a
+#: ``ProcessSpans`` but ``data``, ``_buf`` and ``run``, as a tuple.
+_resource = operator.attrgetter(*(f for f in ProcessSpans.__dataclass_fields__
+                                  if f not in ("data", "_buf", "run")))
 
 
 class LiveResults:
@@ -75,8 +82,15 @@ class LiveResults:
                 if r.packed is not None:  # (inflated only if the accounting reads them)
                     procs[key] = PackedProcessSpans.of(p, r.packed, run=dict(p.run),
                                                        _buf=array("q"))
+                    continue
+                ident = _resource(p)  # (a copy only read by accountings: the same rows
+                snap = r.snap  # and resource, the same copy)
+                if (snap is not None and snap[0] == r.n and snap[1] == ident
+                        and snap[2].run == p.run):
+                    procs[key] = snap[2]
                 else:
                     procs[key] = p.copy(data=r.view(), run=dict(p.run), _buf=array("q"))
+                    r.snap = (r.n, ident, procs[key])
             skipped = Counter(job.skipped)  # (what no job owns is serve's: serve_skips)
             if self._dups[name]:
                 skipped["duplicate"] += self._dups[name]

@@ -37,7 +37,7 @@ class ProcessRows:
     (merged into it when the latest reaches 1/16 of it) and the latest, so that taking a
     batch costs the batch, not the rows held. Rows once taken never change."""
 
-    __slots__ = ("data", "n", "old_sids", "new_sids", "packed", "changed")
+    __slots__ = ("data", "n", "old_sids", "new_sids", "packed", "changed", "snap")
 
     def __init__(self) -> None:
         self.data = np.zeros((0, tl.NCOLS), np.int64)
@@ -48,6 +48,10 @@ class ProcessRows:
         self.packed: PackedRows | None = None
         #: when rows were last taken (``time.monotonic()`` seconds; 0: never)
         self.changed = 0.0
+        #: the process's copy the last snapshot handed out for these rows, with what it was
+        #: made of (``(n, resource identity, copy)``; None: none to reuse), kept by
+        #: :meth:`goodput_processor.serve.live_results.LiveResults.snapshot`
+        self.snap: tuple | None = None
 
     def view(self) -> np.ndarray:
         """The rows (a read-only view; not for packed rows)."""
@@ -66,7 +70,7 @@ class ProcessRows:
         if self.packed is not None or packed.n != self.n or packed.key != rows_key(
                 self.data[: self.n]):
             return False
-        self.packed, self.data = packed, np.zeros((0, tl.NCOLS), np.int64)
+        self.packed, self.data, self.snap = packed, np.zeros((0, tl.NCOLS), np.int64), None
         # (the sorted span ids are in the packed rows too: made again when unpacked)
         self.old_sids = self.new_sids = np.zeros(0, np.int64)
         return True
