@@ -25,6 +25,7 @@ from ..analysis.steptimes import step_stats
 from ..analysis.stragglers import straggler_report
 from ..model.attempts import Attempt, build_attempts
 from ..model.memo import AccountingMemo, cached, proc_key
+from ..model.packed import PackedProcessSpans
 from ..model.summaries import error_spans, resume_of, resume_step
 from ..read.rows import (
     C_IVAL,
@@ -112,23 +113,19 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
         has_next = i + 1 < len(attempts)
         bounds.append(later[i])
         kept, wasted = acc.attempt(a, bounds[-1], has_next)
-        if has_next and bounds[-1] is not None:  # a peer may have flushed steps it lost
-            wasted = max([wasted] + [
-                cached(memo, ("wasted", proc_key(p), a.start_ns, a.end_ns, bounds[-1]),
-                       lambda p=p, a=a: _wasted_steps(p.data, a, bounds[-1]))
-                for p in a.processes[1:]])
+        if has_next and memo is not None and not any(
+                isinstance(p, PackedProcessSpans) for p in a.processes):
+            # a finished attempt, the same Attempt object (kept alive by the value, so its id
+            # names it; never one of packed processes: a copy keeps their rows once read)
+            # and the same inputs: the same row
+            row = memo.get(("attempt_row", id(a), resume[i], bounds[-1], kept, wasted),
+                           lambda a=a, i=i, kept=kept, wasted=wasted: (a, _attempt_row(
+                               a, resume[i], bounds[-1], kept, wasted, True, memo)))[1]
+        else:
+            row = _attempt_row(a, resume[i], bounds[-1], kept, wasted, has_next, memo)
+        rows.append(row)
         if has_next:
             recovery_ns += attempts[i + 1].start_ns - a.end_ns
-        errors = sum(cached(memo, ("errors", proc_key(p)), lambda p=p: error_spans(p, memo))
-                     for p in a.processes)
-        rows.append(AttemptResult(
-            attempt=a.attempt, start_ns=a.start_ns, end_ns=a.end_ns,
-            duration_s=a.duration_ns / _NS, end_reason=a.end_reason, cut=a.cut,
-            primary_process=a.primary.index, processes=len(a.processes),
-            declared_processes=a.declared_process_count, hosts=a.hosts,
-            resume_step=resume[i], steps_kept=kept, steps_wasted=wasted, error_spans=errors,
-            recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
-        ))
     result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
     result = replace(result, warnings=tuple(job_warnings(job, attempts, result, memo)),
                      over_limit=dict(job.over_limit))
@@ -148,6 +145,27 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
                      warnings=result.warnings + tuple(recovery_warnings(recs)))
     # --- end recovery
     return result, attempts, acc
+
+
+def _attempt_row(a, resume, bound, kept, wasted, has_next: bool, memo) -> AttemptResult:
+    """Attempt ``a``'s row of the result: ``resume`` its resume step, ``bound`` the highest
+    step kept of it (None: all), ``kept``/``wasted`` its primary's steps kept and wasted
+    (a peer may have flushed steps the primary lost: the most wasted of them is taken)."""
+    if has_next and bound is not None:
+        wasted = max([wasted] + [
+            cached(memo, ("wasted", proc_key(p), a.start_ns, a.end_ns, bound),
+                   lambda p=p: _wasted_steps(p.data, a, bound))
+            for p in a.processes[1:]])
+    errors = sum(cached(memo, ("errors", proc_key(p)), lambda p=p: error_spans(p, memo))
+                 for p in a.processes)
+    return AttemptResult(
+        attempt=a.attempt, start_ns=a.start_ns, end_ns=a.end_ns,
+        duration_s=a.duration_ns / _NS, end_reason=a.end_reason, cut=a.cut,
+        primary_process=a.primary.index, processes=len(a.processes),
+        declared_processes=a.declared_process_count, hosts=a.hosts,
+        resume_step=resume, steps_kept=kept, steps_wasted=wasted, error_spans=errors,
+        recorder_errors=a.recorder_errors, recorder_dropped=a.recorder_dropped,
+    )
 
 
 def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s):
