@@ -107,11 +107,13 @@ _SENTINELS = {"tid": "@@goodput.t@@", "sid": "@@goodput.s@@", "parent": "@@goodp
 class _Template:
     """A form learnt from one span (see the module docstring): ``parts`` (fixed bytes and
     ``(field, width)`` holes), ``sep`` (between spans), ``head`` (the bytes before the
-    first hole), ``key`` (the names and attribute it was learnt for)."""
+    first hole), ``key`` (the names and attribute it was learnt for), ``ival_at`` (the
+    step number hole's offset, None where it has none: not a template)."""
 
     def __init__(self, key, parts: list, sep: bytes):
         self.key, self.parts, self.sep = key, parts, sep
         self.head = parts[0] if isinstance(parts[0], bytes) else b""
+        self.ival_at = _ival_offset(parts)
         self._forms: dict = {}
 
     def form(self, digits: int, last: bool) -> _Form:
@@ -139,17 +141,20 @@ class _Template:
                 at += p[1]
         return True
 
-    def ival_at(self) -> int:
-        """The offset of the step number's hole (the holes before it are fixed widths)."""
-        at = 0
-        for p in self.parts:
-            if isinstance(p, bytes):
-                at += len(p)
-            elif p[0] == "ival":
-                return at
-            else:
-                at += p[1]
-        raise AssertionError("a template has an ival hole")
+
+
+def _ival_offset(parts: list) -> int | None:
+    """The offset of the step number's hole in a span's text (the holes before it are fixed
+    widths), or None where ``parts`` has none."""
+    at = 0
+    for p in parts:
+        if isinstance(p, bytes):
+            at += len(p)
+        elif p[0] == "ival":
+            return at
+        else:
+            at += p[1]
+    return None
 
 
 def _learn(line: bytes, s0: int, key) -> _Template | None:
@@ -207,9 +212,8 @@ def _learn(line: bytes, s0: int, key) -> _Template | None:
             parts.append((field, widths[field]))
             at = m.end()
         parts.append(out[at:])
-        if not any(type(p) is tuple and p[0] == "ival" for p in parts):
-            return None
-        return _Template(key, [p for p in parts if p != b""], sep)
+        tmpl = _Template(key, [p for p in parts if p != b""], sep)
+        return tmpl if tmpl.ival_at is not None else None
     return None
 
 
@@ -273,7 +277,7 @@ def scan(line: bytes, key) -> tuple[bytes, SpanColumns] | None:
 
 
 def _take(line: bytes, s0: int, tmpl: _Template):
-    ival_at, sep = tmpl.ival_at(), tmpl.sep
+    ival_at, sep = tmpl.ival_at, tmpl.sep
     width = max(tmpl.form(_MAX_DIGITS, False).width, tmpl.form(_MAX_DIGITS, True).width)
     buf = np.frombuffer(line + bytes(width), np.uint8)
     pos, runs, whole, size, tried = s0, [], False, len(line), 0
