@@ -330,7 +330,9 @@ def test_no_spool_queue_full_counts_exactly_what_is_lost(tmp_path, monkeypatch):
         total = rec.stats()["spans"] + 1  # and the window's root
         fake.up()
         assert rec.flush(timeout_s=20.0) is True
-        received = otlp_spans(fake.requests)
+        # distinct spans: an export that outlived the exporter's 1 s deadline on a loaded
+        # machine is sent again (OTLP's at-least-once), so a span may arrive twice
+        received = {s["span_id"] for s in otlp_spans(fake.requests)}
         assert len(received) == 10
         assert rec.stats()["dropped"] == total - 10 > 0
     finally:
