@@ -91,6 +91,11 @@ class Config:
     #: attackers take serve's CPU, which attackers on other machines would not: 10 models
     #: those, and a run should report both.
     attacker_nice: int = 0
+    #: CPUs the attackers run on (``os.sched_setaffinity``); serve, the healthy exporters and
+    #: the probes run on the others. Empty: all share every CPU. On a 2-core machine ``(1,)``
+    #: models attackers on other machines more closely than a nice level: their CPU time is
+    #: not serve's (the loopback network and the kernel stay shared).
+    attacker_cpus: tuple = ()
     #: ``goodput serve`` limits (Limits field names; None: the serve default).
     limits: dict = field(default_factory=lambda: {
         "max_connections": 256, "max_inflight_bytes": 256 * MiB, "max_message_bytes": 16 * MiB,
@@ -191,11 +196,20 @@ def _stop(proc, timeout_s=90) -> int:
         return proc.wait(10)
 
 
-def _attacker(attack: str, acfg: dict, env: dict, nice: int = 0) -> subprocess.Popen:
-    """``python -m abuse.attacks`` for one attack (its settings on stdin), at ``os.nice(nice)``."""
+def _attacker(attack: str, acfg: dict, env: dict, nice: int = 0,
+              cpus: tuple = ()) -> subprocess.Popen:
+    """``python -m abuse.attacks`` for one attack (its settings on stdin), at ``os.nice(nice)``,
+    on CPUs ``cpus`` (empty: those of this process)."""
+
+    def pre():
+        if nice:
+            os.nice(nice)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
     proc = subprocess.Popen([sys.executable, "-m", "abuse.attacks"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                            preexec_fn=pre if nice or cpus else None)
     proc.stdin.write(json.dumps({**acfg, "attacks": [attack]}))
     proc.stdin.close()
     proc.stdin = None  # communicate() reads only
@@ -231,6 +245,11 @@ def run(cfg: Config) -> Result:
     """
     t_start = time.monotonic()
     res, tok = Result(config=cfg), cfg.token
+    if cfg.attacker_cpus:  # serve (started below) and the healthy side inherit the rest
+        rest = os.sched_getaffinity(0) - set(cfg.attacker_cpus)
+        if not rest:
+            raise RuntimeError(f"--attacker-cpus {cfg.attacker_cpus} leaves no CPU for serve")
+        os.sched_setaffinity(0, rest)
     n_exports = int(cfg.duration_s / cfg.export_every_s) + 1  # the first one quiet
     with tempfile.TemporaryDirectory(prefix="serve-abuse-") as tmp:
         proc, addr, tail = sv.start_serve(cfg.limits, tmp, tok, list(cfg.serve_args),
@@ -252,7 +271,7 @@ def run(cfg: Config) -> Result:
                        for p, t in (("grpc", addr["grpc"]), ("http", base))}
             for h in healthy.values():  # a job that was there before the attack: its slot
                 h.export_one(0)
-            attackers = [_attacker(a, acfg, env, cfg.attacker_nice)
+            attackers = [_attacker(a, acfg, env, cfg.attacker_nice, cfg.attacker_cpus)
                          for a in cfg.attacks]  # one process each
             for a in attackers:
                 a.stderr.readline()  # "started"
@@ -379,7 +398,8 @@ def table(res: Result) -> str:
                f"{len(res.lost)} lost {res.lost[:5]}")
     if res.cpu_s:
         w = res.cpu_s.get("window_s") or 1.0
-        out += ["", f"CPU while attacked ({w:g} s, attackers at nice {c.attacker_nice}): "
+        out += ["", f"CPU while attacked ({w:g} s, attackers at nice {c.attacker_nice}"
+                f"{f', on CPUs {list(c.attacker_cpus)}' if c.attacker_cpus else ''}): "
                 + ", ".join(f"{k} {v:g} s ({100 * v / w:.0f}%)" for k, v in res.cpu_s.items()
                             if k != "window_s")]
     if res.serve_metrics:
@@ -415,6 +435,10 @@ def main(argv=None) -> int:
     p.add_argument("--attacker-nice", type=int, default=0,
                    help="os.nice of the attackers' processes (10: a model of attackers on "
                         "other machines, which take none of serve's CPU; default 0)")
+    p.add_argument("--attacker-cpus", default="",
+                   help="comma-separated CPU numbers for the attackers; serve and the healthy "
+                        "exporters get the others (1 on a 2-core machine: a model of attackers "
+                        "on other machines; default: all share)")
     p.add_argument("--no-health-port", action="store_true",
                    help="probe /healthz on the HTTP port even where serve has --health-port")
     p.add_argument("--serve-arg", action="append", default=[],
@@ -434,6 +458,7 @@ def main(argv=None) -> int:
                  token=None if a.no_token else c.token, serve_args=tuple(a.serve_arg),
                  health_port=not a.no_health_port, sigkill=a.sigkill,
                  attacker_nice=a.attacker_nice,
+                 attacker_cpus=tuple(int(x) for x in a.attacker_cpus.split(",") if x),
                  limits={k: getattr(a, k) for k in c.limits},
                  **{k: getattr(a, k) for k in (
                      "amplify_clients", "wrongtoken_calls", "wrongtoken_bytes", "stalled_calls",
