@@ -1,4 +1,5 @@
-"""Child process of ``tests/test_compat_recorder_kills.py`` and ``tests/test_mgm_scenarios.py``:
+"""Child process of ``tests/compat/test_compat_recorder_kills.py`` and
+``tests/compat/test_mgm_scenarios.py``:
 one OS process of a training job that makes ``goodput.mgm`` recorder calls
 (``ElasticGoodputRecorder``: the plain recorder's and the elastic ones), then exits or waits
 to be killed.

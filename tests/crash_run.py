@@ -1,7 +1,8 @@
 """One real SIGKILL-and-restart PyTorch run of ``examples/crash_restart.py``, shared.
 
-``tests/test_example_crash_restart.py`` (the report's JSON against the driver's truth) and
-``tests/test_html_report.py`` (the HTML report of the same run in Chromium) only read the
+``tests/end_to_end/test_example_crash_restart.py`` (the report's JSON against the driver's
+truth) and
+``tests/html/test_html_report.py`` (the HTML report of the same run in Chromium) only read the
 run: ``tests/conftest.py`` runs it once per session (:func:`run`) instead of once per
 module. The driver trains the digits MLP of ``examples/pytorch_digits/train.py``, SIGKILLs
 it ``KILL_AT_STEP - CKPT_EVERY`` steps after its first checkpoint, restarts it after

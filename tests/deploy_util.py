@@ -1,4 +1,4 @@
-"""Helpers for tests/test_deploy.py and tests/test_prometheus.py.
+"""Helpers for tests/deploy/test_deploy.py and tests/deploy/test_prometheus.py.
 
 A real ``goodput serve`` process (:class:`Serve`), the real training child
 (``tests/restart_child.py``), bounded waits, and the metric names in a scrape and in

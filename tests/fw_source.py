@@ -1,6 +1,6 @@
 """A test-only source: the vocabulary of a made-up tool, ``fwtool``, read as goodput spans.
 
-For the tests of ``goodput serve``'s intake of foreign producers (tests/test_serve_sources.py)
+For the tests of ``goodput serve``'s intake of foreign producers (tests/serve/test_serve_sources.py)
 and ``benchmarks/bench_serve.py --source fwtool`` while no real source is registered. Not a
 real tool's vocabulary: it has the shape of one (its own resource keys, span names and log
 record bodies), so that the path through the sources is the real one.

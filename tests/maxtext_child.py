@@ -1,5 +1,5 @@
 """A MaxText-shaped training program on a small real JAX loop (CPU), for
-``tests/test_maxtext_integration.py``.
+``tests/compat/test_maxtext_integration.py``.
 
 Its goodput code is MaxText's, with one change: the import. The functions below
 (``GoodputEvent``, ``maybe_monitor_goodput``, ``maybe_record_goodput``, ``record_goodput``,

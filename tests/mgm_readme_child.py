@@ -1,4 +1,4 @@
-"""Child process of ``tests/test_mgm_readme_flow.py``: the ml-goodput-measurement README's
+"""Child process of ``tests/compat/test_mgm_readme_flow.py``: the ml-goodput-measurement README's
 flow with ``goodput.mgm`` in one real process, recorder and monitor together.
 
 Usage: ``python mgm_readme_child.py RUN_DIR TENSORBOARD_DIR ENTRIES_FILE MODE``. The calls

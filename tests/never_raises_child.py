@@ -1,4 +1,4 @@
-"""Child of ``tests/test_never_raises.py``: runs goodput's public recording calls with the
+"""Child of ``tests/recorder/test_never_raises.py``: runs goodput's public recording calls with the
 arguments it is given, in a real process, under whatever environment it was started with.
 
     python tests/never_raises_child.py PROGRAM.json

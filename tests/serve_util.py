@@ -1,4 +1,4 @@
-"""Helpers for tests/test_serve.py: a training-like child process exporting OTLP + spool.
+"""Helpers for tests/serve/test_serve.py: a training-like child process exporting OTLP + spool.
 
 Run as a script: ``python tests/serve_util.py JOB RUN_DIR GRPC_ENDPOINT INDEX COUNT STEPS
 [--hang]``. It records training prep, a restore (on attempts > 0), ``STEPS`` steps with

@@ -1,5 +1,5 @@
-"""Child of ``tests/test_identity_resource.py``: a real ``torch.multiprocessing.spawn`` job
-(no ``RANK`` variable), 2 ranks on gloo/CPU.
+"""Child of ``tests/recorder/test_identity_and_warnings.py``: a real
+``torch.multiprocessing.spawn`` job (no ``RANK`` variable), 2 ranks on gloo/CPU.
 
     python tests/spawn_identity_child.py RUN_DIR PORT MODE
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the environment tests/test_source_megatron.py's live test runs Megatron-LM in.
+# Build the environment tests/importers/test_source_megatron.py's live test runs Megatron-LM in.
 #
 #   tests/data/sources/megatron/venv.sh [VENV_DIR]        (default .venvs/megatron)
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the NVRx tool environment for tests/test_source_nvrx.py's live test and
+# Builds the NVRx tool environment for tests/importers/test_source_nvrx.py's live test and
 # regenerate.py: nvidia-resiliency-ext 0.7.0 in a Python 3.11 venv, torch (and goodput) from
 # the main environment through a .pth file (the tool's own pins win: its site-packages come
 # first on sys.path).

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Build the one-logger tool venv for tests/test_source_onelogger.py's live test and
+# Build the one-logger tool venv for tests/importers/test_source_onelogger.py's live test and
 # regenerate.py. torch and opentelemetry come from the main environment through a .pth
 # (appended to sys.path, so this venv's own pins win). Pins: nv-one-logger-* 2.3.1 and
 # lightning 2.5.6 (Lightning 2.6 breaks the integration's import), with --no-deps so that

@@ -5,7 +5,7 @@ loopback capture server that keeps each request body and, with ``forward``, pass
 to a ``goodput serve``.
 
 Used by ``regenerate.py`` (the test data) and by the live test in
-``tests/test_source_torchft.py``. Needs the tool venv of ``venv.sh`` (``TORCHFT_VENV``,
+``tests/importers/test_source_torchft.py``. Needs the tool venv of ``venv.sh`` (``TORCHFT_VENV``,
 default ``.venvs/torchft``); the driver itself runs in any python with
 ``opentelemetry-proto``.
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The tool venv for torchft 0.2.0 (tests/test_source_torchft.py's live test, regenerate.py).
+# The tool venv for torchft 0.2.0 (tests/importers/test_source_torchft.py's live test, regenerate.py).
 # torchft 0.2.0 needs opentelemetry 1.39.1: with 1.45, `import torchft` fails under
 # TORCHFT_USE_OTEL=true (TeeLogExporter lacks force_flush). torch is NOT reinstalled: a .pth
 # appends the main environment's site-packages (torch 2.13.0 CPU there), so the venv's own

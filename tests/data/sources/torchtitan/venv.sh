@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the pinned torchtitan 0.3.0 environment the LIVE test of tests/test_source_torchtitan.py
+# Build the pinned torchtitan 0.3.0 environment the LIVE test of tests/importers/test_source_torchtitan.py
 # and regenerate.py run in, without reinstalling torch: a tool venv whose .pth file appends
 # the main environment's site-packages (torch 2.13.0+cpu comes from there; the tool's own
 # pins win because they come first on sys.path).
@@ -7,7 +7,7 @@
 # Usage: tests/data/sources/torchtitan/venv.sh [DIR]   (default .venvs/torchtitan)
 # Then:  DIR/bin/python tests/data/sources/torchtitan/regenerate.py --workdir /tmp/tt-run \
 #            --out tests/data/sources/torchtitan
-# or:    TORCHTITAN_PYTHON=DIR/bin/python python -m pytest tests/test_source_torchtitan.py
+# or:    TORCHTITAN_PYTHON=DIR/bin/python python -m pytest tests/importers/test_source_torchtitan.py
 #
 # Run it with the main environment active (its python3 has torch), or set MAIN_PY.
 # Took 2 min 17 s on the shared 2-core machine of 2026-12-07 while two torchtitan runs went
