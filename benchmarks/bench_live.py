@@ -292,7 +292,7 @@ def install_clock() -> ShiftedClock:
 
 def mgm_datetime(clock: ShiftedClock):
     """A ``datetime`` module for mgm 0.2.3's ``goodput`` module whose ``now`` reads
-    ``clock`` (as ``tests/test_mgm_scenarios.py`` freezes it)."""
+    ``clock`` (as ``tests/compat/test_mgm_scenarios.py`` freezes it)."""
     import types
 
     class Shifted(_dt.datetime):

@@ -20,7 +20,7 @@ this one measures:
   flood's, the huge attributes') must be in the report with every acknowledged step.
 
 Prints a table; ``--json`` prints the :class:`Result` too; exit status 0 only when every
-check holds. ``run(Config(...))`` returns the Result (``tests/test_serve_limits.py`` runs a
+check holds. ``run(Config(...))`` returns the Result (``tests/serve/test_serve_limits.py`` runs a
 short one).
 
 The ceiling (:meth:`Result.ceiling_bytes`), from the limits: ``baseline +

@@ -16,7 +16,7 @@ itself:
   ``checkpoint saved step N`` right then; the driver notes when it reads it)
 
 The ground truth is also written as JSON (``WORKDIR/runs/ground_truth.json`` or
-``--truth-file``) for ``tests/test_instr_jax.py``. Run from the repository root
+``--truth-file``) for ``tests/instrumentation/test_instr_jax.py``. Run from the repository root
 (POSIX only)::
 
     python examples/jax_orbax/crash_restart.py

@@ -26,8 +26,8 @@ in torchrun's store; without it a restarted gloo group often fails to connect)::
     torchrun --standalone --nproc-per-node 2 --max-restarts 1 --no-python \\
         opentelemetry-instrument python examples/plain_torch/train.py --ckpt-dir ckpt/ddp
 
-``tests/test_instr_torch_checkpoints.py`` kills it with SIGKILL and compares the report
-with the truth. With ``--truth FILE`` every process appends what it did to ``FILE``, one
+``tests/instrumentation/test_instr_torch_checkpoints.py`` kills it with SIGKILL and compares
+the report with the truth. With ``--truth FILE`` every process appends what it did to ``FILE``, one
 JSON object a line, with ``O_APPEND`` and one ``os.write`` a line (the format of
 ``examples/launchers/train_ddp.py``): ``start`` (the OS process start), ``begin``/``end``
 of each ``step`` (from the end of the previous optimizer update, or for a process's first

@@ -4,7 +4,7 @@ Help texts, error hints and report footers name documentation by URL, never by a
 repository path (``docs/...``) that an installed user does not have, and give an install
 line that works today: the package is not published on a registry yet, so the line
 installs it from its Git repository. Both the training side and the processor
-(``goodput_processor``) take them from here; ``tests/test_cli.py`` checks the URLs
+(``goodput_processor``) take them from here; ``tests/cli/test_cli.py`` checks the URLs
 against ``pyproject.toml``'s ``[project.urls]`` and the files under ``docs/``.
 """
 

@@ -35,7 +35,7 @@ _time_ns = time.time_ns
 _recorder = api.get_recorder
 _error = api._recorder_or_none_error  # count and log an error, never raise
 # api.MAX_STEP (1 << 63) is written as a literal below (a constant: cheaper);
-# tests/test_never_raises.py checks the two agree.
+# tests/recorder/test_never_raises.py checks the two agree.
 
 
 class _Flight:

@@ -66,7 +66,8 @@ _RING_AT = schema.TAIL_DATA_AT + 2 * TEMPLATE
 _BLOB_AT = _RING_AT + RING * _REC.size
 SIZE = _BLOB_AT + BLOBS
 _MASK = RING - 1
-# _REC.size is 40: the record offsets below multiply by it (tests/test_spool_tail.py checks).
+# _REC.size is 40: the record offsets below multiply by it
+# (tests/recorder/test_spool_tail.py checks).
 _NAME_IDS = {name: i + 1 for i, name in enumerate(schema.TAIL_NAMES)}
 _STEP, _CKPT, _BLOCKING = schema.ATTR_STEP, schema.ATTR_CHECKPOINT_STEP, schema.ATTR_BLOCKING
 _BEGIN, _END, _STEP_START = schema.TAIL_BEGIN, schema.TAIL_END, schema.TAIL_STEP_START

@@ -10,7 +10,7 @@ that, so :func:`kept_recovery_report` keeps each such record under exactly those
 and a poll builds one key per disruption, looks it up, and redoes only the records it does
 not find (the disruption into the running attempt, or all of them when the ideal step time
 moved). The records are the same objects :func:`~.recovery.recovery_report` makes, so the
-result equals accounting afresh to the nanosecond (``tests/test_incremental.py``).
+result equals accounting afresh to the nanosecond (``tests/model/test_incremental.py``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Without a memo, order statistics come from ``np.partition`` of all steps. With a
 once (with running sums of time and count in that order) and kept; a poll sorts only the
 last attempt's steps and answers each order statistic and threshold sum with binary
 searches over the two sorted runs. Both ways give the same numbers, bit for bit
-(``tests/test_incremental.py``): every statistic is a function of selected values and
+(``tests/model/test_incremental.py``): every statistic is a function of selected values and
 integer sums, never of a floating-point sum's order.
 """
 

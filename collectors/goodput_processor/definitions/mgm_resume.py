@@ -7,7 +7,7 @@ phase starts not yet ended, the custom badput intervals, checkpoint statistics p
 (and, for the ideal step time and step deviation, mgm's step times so far).
 :class:`Replay` is that state; :func:`advance` carries it over the next events and
 :func:`core` finishes it into the same :class:`~.mgm_calc._Core` as ``_calculate`` of the
-whole stream, to the bit (sums in the same order: ``tests/test_mgm_incremental.py``).
+whole stream, to the bit (sums in the same order: ``tests/definitions/test_mgm_incremental.py``).
 
 :func:`resumed_core` keeps a :class:`Replay` in the memo at a *settled* point of the
 stream (all attempts but the last, and the last one's events older than

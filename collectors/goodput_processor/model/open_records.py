@@ -11,7 +11,7 @@ first of their start) are kept apart with what the later rows said about them, t
 written after the complete rows with their inferred end.
 
 The result is the same array as :func:`resolve_open`'s, byte for byte
-(``tests/test_open_records.py``). Where a new open record might match rows taken earlier
+(``tests/model/test_open_records.py``). Where a new open record might match rows taken earlier
 (a start at or before the latest start of its kind taken: overlapping asynchronous
 phases, a late span), those rows are searched; otherwise only the new rows are read.
 """

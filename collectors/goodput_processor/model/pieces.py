@@ -14,7 +14,7 @@ the attempt is not cut). The pieces before the last cut are kept in the
 The cuts hold while the rows before the last cut are unchanged and every row after it
 starts at or after it; a late row that breaks this (an old phase's span arriving late, an
 open record superseded) drops every cut, and the attempt is accounted whole and cut anew.
-``tests/test_incremental.py`` checks the result against accounting afresh.
+``tests/model/test_incremental.py`` checks the result against accounting afresh.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and parsed by forked worker processes (one per CPU, at most 4); the result is id
 reading serially.
 
 Most of a spool is read by fast paths that give exactly what reading span by span gives
-(``tests/test_reader_fast.py``): a compacted segment is decompressed in one call
+(``tests/read/test_reader_fast.py``): a compacted segment is decompressed in one call
 (:mod:`~goodput_processor.read.spool_io`), the recorder's step and phase spans are read from the
 line's text with numpy (:mod:`~goodput_processor.read.template`), the other spans of a
 process are made rows a batch at a time (:mod:`~goodput_processor.read.fast`), and only

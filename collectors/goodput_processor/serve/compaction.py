@@ -25,7 +25,7 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
 Only processes with an OS identity (``service.instance.id``, pid and start time: what the
 recorder writes) are packed: the accounting keeps a resolved copy of those, so a poll finds
 what it needs in the memo. A poll reads nothing that was packed; anything that does read
-it gets the same rows (``tests/test_serve_packing.py``, ``tests/test_incremental.py``).
+it gets the same rows (``tests/serve/test_serve_packing.py``, ``tests/model/test_incremental.py``).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def pack_runs(memos: list[AccountingMemo], packed: dict) -> int:
     :class:`~goodput_processor.model.packed.PackedProcessSpans` whose rows, if read, are
     :func:`~goodput_processor.model.open_records.resolve_open` of the packed rows
     (:class:`~goodput_processor.model.packed.DerivedRows`: the same rows as the resolver's,
-    ``tests/test_open_records.py``), kept in the process's state (shared by the memos);
+    ``tests/model/test_open_records.py``), kept in the process's state (shared by the memos);
     its open records' resolver is let go (a new row of the process resolves them afresh).
     Returns the rows let go (0 for those let go before)."""
     todo: dict[tuple, list] = {}

@@ -8,7 +8,7 @@ per job it holds), because the log keeps one segment per job.
 
 **The log holds what the accounting reads, cut to the limits** (issue 38), so that its
 size follows what is kept, not what a client sent, and a replay gives exactly the state
-before it (``tests/test_serve_wal.py``, ``tests/test_serve_parse_budget.py``):
+before it (``tests/serve/test_serve_wal.py``, ``tests/serve/test_serve_parse_budget.py``):
 
 - A ``ResourceSpans`` with no span is not taken in at all (:func:`split_pb`,
   :func:`split_json`): it touches no job and costs nothing in the log.

@@ -17,7 +17,7 @@ times integers or decimal strings, lists of attributes, events and links): a spa
 What those members say is the span's own: a span whose id is not hex or that ends before it
 starts is skipped and counted as ``invalid_span`` in its job, the same way ``goodput
 report`` counts it when it reads that job's write-ahead log or spool
-(``tests/test_serve_malformed.py`` compares the two).
+(``tests/serve/test_serve_malformed.py`` compares the two).
 
 **Skips that no job owns stay serve's.** A spool or log line that is not OTLP JSON before
 any line of its file named a job cannot be told to a job. :class:`ServeSkips` counts such
