@@ -38,8 +38,9 @@ from ..read.rows import (
     JobSpans,
 )
 from ..results.job import AttemptResult, JobResult, StepTimeSummary
+from . import live
 from .checks import job_warnings, recovery_warnings
-from .painting import _Acc
+from .painting import _Acc, attempt_types
 
 _log = logging.getLogger(__name__)
 
@@ -101,31 +102,44 @@ def _account(job, ideal_step_time_s, now_ns, keep_segments: bool, memo=None):
 
 def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
     attempts = build_attempts(job, now_ns, memo)
-    acc = _Acc(job, attempts, keep_segments, memo)
-    resume = [cached(memo, ("resume", proc_key(a.primary)),
-                     lambda a=a: resume_of(a.primary, memo)) for a in attempts]
-    rows, recovery_ns, bounds = [], 0, []
-    later = [None] * len(attempts)  # per attempt: the lowest resume step of those after it
-    for i in range(len(attempts) - 2, -1, -1):
+    n = len(attempts)
+    prefix = None if memo is None else memo.prefix  # the finished attempts folded (.live)
+    same = live.same_attempts(prefix, attempts)
+    resume = (prefix.resume[:same] if same else []) + [
+        cached(memo, ("resume", proc_key(a.primary)), lambda a=a: resume_of(a.primary, memo))
+        for a in attempts[same:]]
+    later = [None] * n  # per attempt: the lowest resume step of those after it
+    for i in range(n - 2, -1, -1):
         r, nxt = resume[i + 1], later[i + 1]
         later[i] = nxt if r is None else r if nxt is None else min(r, nxt)
-    for i, a in enumerate(attempts):
-        has_next = i + 1 < len(attempts)
-        bounds.append(later[i])
-        kept, wasted = acc.attempt(a, bounds[-1], has_next)
+    bounds = later
+    types = (prefix.types[:same] if same else []) + [
+        attempt_types(job, a, memo) for a in attempts[same:]]
+    acc = _Acc(job, attempts, keep_segments, memo, sorted(set().union(*types)))
+    k = live.valid_length(prefix, attempts[: n - 1], resume, bounds, tuple(acc.names),
+                          keep_segments)
+    k = live.restore(acc, prefix, k) if k else 0
+    rows = list(prefix.rows[:k]) if k else []
+    recovery_ns = sum(attempts[i + 1].start_ns - attempts[i].end_ns for i in range(n - 1))
+    for i in range(k, n):
+        a = attempts[i]
+        if i == n - 1 and memo is not None and k < n - 1:  # the finished ones, folded once
+            memo.prefix = live.Prefix(tuple(attempts[:i]), resume[:i], bounds[:i], types[:i],
+                                      tuple(acc.names), keep_segments, live.snapshot(acc),
+                                      list(rows))
+        has_next = i + 1 < n
+        kept, wasted = acc.attempt(a, bounds[i], has_next)
         if has_next and memo is not None and not any(
                 isinstance(p, PackedProcessSpans) for p in a.processes):
             # a finished attempt, the same Attempt object (kept alive by the value, so its id
             # names it; never one of packed processes: a copy keeps their rows once read)
             # and the same inputs: the same row
-            row = memo.get(("attempt_row", id(a), resume[i], bounds[-1], kept, wasted),
+            row = memo.get(("attempt_row", id(a), resume[i], bounds[i], kept, wasted),
                            lambda a=a, i=i, kept=kept, wasted=wasted: (a, _attempt_row(
-                               a, resume[i], bounds[-1], kept, wasted, True, memo)))[1]
+                               a, resume[i], bounds[i], kept, wasted, True, memo)))[1]
         else:
-            row = _attempt_row(a, resume[i], bounds[-1], kept, wasted, has_next, memo)
+            row = _attempt_row(a, resume[i], bounds[i], kept, wasted, has_next, memo)
         rows.append(row)
-        if has_next:
-            recovery_ns += attempts[i + 1].start_ns - a.end_ns
     result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
     result = replace(result, warnings=tuple(job_warnings(job, attempts, result, memo)),
                      over_limit=dict(job.over_limit))

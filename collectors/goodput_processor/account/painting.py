@@ -165,12 +165,13 @@ def _int_bincount(idx: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
 
 
 def _custom_types(job: JobSpans, attempts: list[Attempt], memo=None) -> list[str]:
-    types = set()
-    for a in attempts:
-        for s in cached(memo, ("custom", proc_key(a.primary)),
-                        lambda p=a.primary: custom_sids(p, memo)):
-            types.add(_type_name(job, s))
-    return sorted(types)
+    return sorted(set().union(*(attempt_types(job, a, memo) for a in attempts)))
+
+
+def attempt_types(job: JobSpans, a: Attempt, memo=None) -> set[str]:
+    """The custom badput types of attempt ``a``'s primary process."""
+    return {_type_name(job, s) for s in cached(memo, ("custom", proc_key(a.primary)),
+                                               lambda p=a.primary: custom_sids(p, memo))}
 
 
 def _type_name(job: JobSpans, sidx) -> str:
@@ -205,7 +206,7 @@ class _Acc:
     """Running totals of one job's accounting, per priority level (ns)."""
 
     def __init__(self, job: JobSpans, attempts: list[Attempt], keep_segments: bool = False,
-                 memo: AccountingMemo | None = None):
+                 memo: AccountingMemo | None = None, types: list[str] | None = None):
         self.job = job
         self.memo = memo
         # For windows: per attempt or piece of one (see attempt()), (attempt index,
@@ -217,8 +218,8 @@ class _Acc:
         self.names: list[str] = []
         for name in _PRIORITY:
             if name == "custom":
-                self.names += [schema.custom_bucket(t)
-                               for t in _custom_types(job, attempts, memo)]
+                self.names += [schema.custom_bucket(t) for t in (
+                    _custom_types(job, attempts, memo) if types is None else types)]
             else:
                 self.names.append(name)
         self.level = {n: i for i, n in enumerate(self.names)}
@@ -235,6 +236,7 @@ class _Acc:
         self.wasted_start: list[int] = []
         #: per part (an attempt, or a piece of the running one): its memo key
         self.part_keys: list = []
+        self.parts: list = []  # per part: what it added (see _part)
         self.attempt_index = 0  # attempts added so far
 
     @property
@@ -289,6 +291,7 @@ class _Acc:
         whole attempt, False for a piece before the last, the attempt's end for the last
         piece (only a whole attempt or its last piece ends it: its wasted-region start)."""
         self.part_keys.append(key)
+        self.parts.append(part)
         ns, async_ns, elastic, kept, ws, counts, segments = part
         self._ns += ns
         for k, v in async_ns.items():

@@ -165,6 +165,9 @@ class AccountingMemo:
         #: the processes' memo identities of the last accounting, by key
         #: (:func:`goodput_processor.model.attempts.build_attempts`)
         self.origins: dict = {}
+        #: the finished attempts' contribution, folded once (the account stage's
+        #: :class:`goodput_processor.account.live.Prefix`; None: none yet)
+        self.prefix = None
         self.hits = 0
         self.misses = 0
 
