@@ -90,7 +90,8 @@ def test_hundreds_of_attempts_polled_equal_fresh_accounting(ideal):
         for at in (now, now + MS // 2):  # new rows, then nothing new at a later now
             got = account(job, ideal, at, memo=memo)
             assert result_state(got) == result_state(account(job, ideal, at))
-            # the finished attempts, and the records of the disruptions into them, kept
-            assert len(memo.entries("attempt_of_runs")) == upto
-            assert len(memo.entries("recovery")) == upto - 1
+            # the finished attempts folded once (account.live.Prefix), and the records of
+            # the disruptions between them kept with them
+            assert len(memo.prefix.attempts) == upto
+            assert len(memo.prefix.kept["recovery"][1]) == upto - 1
         assert len(got.attempts) == upto + 1 and len(got.recovery) == upto

@@ -18,7 +18,7 @@ import numpy as np
 from goodput import schema
 
 from ..analysis.attribution import host_badput
-from ..analysis.disruptions import kept_recovery_report
+from ..analysis.disruptions import job_wide, kept_recovery_report
 from ..analysis.elastic import slice_efficiency, slice_records
 from ..analysis.step_arrays import StepArrays
 from ..analysis.steptimes import step_stats
@@ -120,13 +120,15 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
                           keep_segments)
     k = live.restore(acc, prefix, k) if k else 0
     rows = list(prefix.rows[:k]) if k else []
+    cur = prefix if k and k == len(prefix.attempts) else None  # (this poll's prefix)
     recovery_ns = sum(attempts[i + 1].start_ns - attempts[i].end_ns for i in range(n - 1))
     for i in range(k, n):
         a = attempts[i]
         if i == n - 1 and memo is not None and k < n - 1:  # the finished ones, folded once
-            memo.prefix = live.Prefix(tuple(attempts[:i]), resume[:i], bounds[:i], types[:i],
-                                      tuple(acc.names), keep_segments, live.snapshot(acc),
-                                      list(rows))
+            memo.prefix = cur = None if live.packed(attempts[:i]) else live.Prefix(
+                tuple(attempts[:i]), resume[:i], bounds[:i], types[:i], tuple(acc.names),
+                keep_segments, live.snapshot(acc), list(rows),
+                {} if cur is None else dict(cur.kept))  # (what analyses kept: extended)
         has_next = i + 1 < n
         kept, wasted = acc.attempt(a, bounds[i], has_next)
         if has_next and memo is not None and not any(
@@ -141,13 +143,17 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
             row = _attempt_row(a, resume[i], bounds[i], kept, wasted, has_next, memo)
         rows.append(row)
     result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
-    result = replace(result, warnings=tuple(job_warnings(job, attempts, result, memo)),
+    result = replace(result, warnings=tuple(job_warnings(
+        job, attempts, result, memo, live.warnings_done(cur, attempts, memo))),
                      over_limit=dict(job.over_limit))
     # --- stragglers (analysis.stragglers): per-host step times, not in the buckets
     result = replace(result, stragglers=straggler_report(attempts, bounds, memo=memo))
     # --- end stragglers
     # --- recovery phases, badput by host (goodput_processor.analysis.recovery, .attribution)
-    recs = kept_recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo)
+    wide = None if memo is None else job_wide(job, result, memo)
+    recs = kept_recovery_report(job, attempts, bounds, resume, result, acc.wasted_start, memo,
+                                live.kept_records(cur, wide), wide)
+    live.keep_records(cur, wide, recs)
     charges = host_badput(attempts, result, recs, memo=memo)
     result = replace(result, recovery=recs, host_badput=charges.observed,
                      host_badput_inferred=charges.inferred,

@@ -33,30 +33,13 @@ _MS = 1_000_000
 
 
 def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
-                 memo=None) -> list:
+                 memo=None, done: tuple | None = None) -> list:
     """The warnings of one accounted job (see the module docstring). ``memo``: an
-    :class:`~goodput_processor.model.memo.AccountingMemo` keeping each attempt's."""
-    out = [w for a in attempts for w in a.warnings]
-    out += _missing_attempts(attempts)
-    out += _source_losses(attempts)
-    reached = None  # highest step of the attempts so far
-    saved = False  # a checkpoint saved or restored in the attempts so far
-    for i, a in enumerate(attempts):
-        key = ("warnings", proc_key(a.primary), a.attempt, a.start_ns, a.primary.index,
-               i > 0, reached, saved)
-        found, reached = cached(memo, key, lambda a=a, i=i, r=reached, c=saved: (
-            _attempt_warnings(a, i, r, memo, c)))
-        out += found
-        if i + 1 < len(attempts):  # (what the last attempt saved matters to none)
-            saved = saved or any(_checkpointed(p, memo) for p in a.processes)
-    counts = [(a.attempt, a.declared_process_count) for a in attempts
-              if a.declared_process_count is not None]
-    for (a0, n0), (a1, n1) in zip(counts, counts[1:], strict=False):
-        if n0 != n1:
-            out.append(ReportWarning(
-                "world_size_changed",
-                f"attempt {a1} runs {n1} processes, attempt {a0} ran {n0}: per-host step "
-                "times (stragglers) compare ranks of different world sizes", a1))
+    :class:`~goodput_processor.model.memo.AccountingMemo` keeping each attempt's;
+    ``done``: :func:`fold_attempts` of the first attempts, made before (the caller keeps
+    it: :mod:`goodput_processor.account.live`)."""
+    f = fold_attempts(attempts, len(attempts), done, memo)
+    out = f[0] + f[1] + f[2] + f[3] + f[4]
     rejected = result.skipped.get("invalid_span", 0) + result.skipped.get(
         "unsupported_schema", 0)
     if rejected:
@@ -91,6 +74,40 @@ def job_warnings(job: JobSpans, attempts: list[Attempt], result: JobResult,
 
 #: ``goodput.imported_from`` values of the log importers (whole logs, nothing held back).
 _LOG_IMPORTS = ("ml-goodput-measurement", "resiliency")
+
+
+def fold_attempts(attempts: list[Attempt], n: int, done: tuple | None = None,
+                  memo=None) -> tuple:
+    """The attempt-by-attempt warnings of ``attempts`` (the first of a job of ``n``
+    attempts, or the rest after ``done``: this function's result for the attempts before):
+    ``(structure, missing attempts, source losses, per attempt, world size, state)``, each a
+    list in attempt order; ``state`` carries what the next attempt's checks read (highest
+    step reached, a checkpoint saved, the last attempt number and declared count)."""
+    i0 = 0 if done is None else done[5][4]
+    reached, saved, prev, count = (None, False, -1, None) if done is None else done[5][:4]
+    lists = ([], [], [], [], []) if done is None else tuple(list(x) for x in done[:5])
+    structure, missing, sources, per, world = lists
+    for i, a in enumerate(attempts[i0:], i0):
+        structure += a.warnings
+        missing += _missing_attempts([a], prev)
+        prev = a.attempt
+        sources += _source_losses([a])
+        key = ("warnings", proc_key(a.primary), a.attempt, a.start_ns, a.primary.index,
+               i > 0, reached, saved)
+        found, reached = cached(memo, key, lambda a=a, i=i, r=reached, c=saved: (
+            _attempt_warnings(a, i, r, memo, c)))
+        per += found
+        if i + 1 < n:  # (what the last attempt saved matters to none)
+            saved = saved or any(_checkpointed(p, memo) for p in a.processes)
+        if a.declared_process_count is not None:
+            if count is not None and count[1] != a.declared_process_count:
+                world.append(ReportWarning(
+                    "world_size_changed",
+                    f"attempt {a.attempt} runs {a.declared_process_count} processes, "
+                    f"attempt {count[0]} ran {count[1]}: per-host step times (stragglers) "
+                    "compare ranks of different world sizes", a.attempt))
+            count = (a.attempt, a.declared_process_count)
+    return (*lists, (reached, saved, prev, count, len(attempts)))
 
 
 def _source_losses(attempts: list[Attempt]) -> list:
@@ -159,10 +176,11 @@ def _attempt_warnings(a: Attempt, i: int, reached: int | None,
     return out, reached
 
 
-def _missing_attempts(attempts: list[Attempt]) -> list:
+def _missing_attempts(attempts: list[Attempt], prev: int = -1) -> list:
     """Gaps in the attempt numbers a launcher declared (the numbers found from evidence
-    alone have none): the spool of those attempts is missing."""
-    out, prev = [], -1
+    alone have none): the spool of those attempts is missing (``prev``: the number of the
+    attempt before them; -1: none)."""
+    out = []
     for a in attempts:
         if a.attempt > prev + 1:
             gap = (f"attempt {prev + 1}" if a.attempt == prev + 2

@@ -31,7 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Prefix", "restore", "snapshot", "valid_length"]
+from ..model.packed import PackedProcessSpans
+from .checks import fold_attempts
+
+__all__ = ["Prefix", "keep_records", "kept_records", "packed", "restore", "same_attempts",
+           "snapshot", "valid_length", "warnings_done"]
 
 
 @dataclass
@@ -85,6 +89,14 @@ def same_attempts(prefix: Prefix | None, attempts: list) -> int:
     return k
 
 
+def packed(attempts) -> bool:
+    """Whether a process of ``attempts`` has rows ``goodput serve`` packed
+    (:class:`~goodput_processor.model.packed.PackedProcessSpans`): such attempts are made
+    anew at each poll (a kept copy would keep their rows once read), so no prefix is kept
+    of them."""
+    return any(isinstance(p, PackedProcessSpans) for a in attempts for p in a.processes)
+
+
 def snapshot(acc) -> tuple:
     """The running totals of ``acc`` (a :class:`~.painting._Acc`), copied: what the
     attempts added so far contributed."""
@@ -120,3 +132,34 @@ def restore(acc, prefix: Prefix, k: int) -> int:
     acc._kept_before = before
     acc.attempt_index = k
     return k
+
+
+# --- what the analyses keep of the prefix (in Prefix.kept, each valid for a prefix of it)
+
+
+def warnings_done(prefix: Prefix | None, attempts: list, memo=None) -> tuple | None:
+    """:func:`~.checks.fold_attempts` of the prefix's attempts (the first of ``attempts``),
+    extended from what the prefix kept and kept again; None without a prefix."""
+    if prefix is None:
+        return None
+    p = len(prefix.attempts)
+    got = prefix.kept.get("warnings")
+    if got is None or got[5][4] < p:
+        got = fold_attempts(attempts[:p], len(attempts), got, memo)
+        prefix.kept["warnings"] = got
+    return got
+
+
+def kept_records(prefix: Prefix | None, wide) -> tuple:
+    """The recovery records of the disruptions between the prefix's attempts the prefix
+    kept, made with the same job-wide inputs ``wide``
+    (:func:`~goodput_processor.analysis.disruptions.job_wide`); () if none."""
+    got = None if prefix is None else prefix.kept.get("recovery")
+    return got[1] if got is not None and got[0] == wide else ()
+
+
+def keep_records(prefix: Prefix | None, wide, records) -> None:
+    """Keep the records of the disruptions between the prefix's attempts (the first
+    ``len(prefix.attempts) - 1`` of a job's ``records``), made with ``wide``."""
+    if prefix is not None and records:
+        prefix.kept["recovery"] = (wide, tuple(records[: len(prefix.attempts) - 1]))

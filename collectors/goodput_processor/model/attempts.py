@@ -40,6 +40,7 @@ skeleton of the timeline is built from evidence:
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, replace
 
@@ -282,14 +283,28 @@ def _restarts(r: _Run, current: list[_Run], memo) -> bool:
 
 def _group(runs: list[_Run], memo=None) -> list[list[_Run]]:
     """Runs grouped into attempts (see the module docstring), each group by start."""
-    groups: list[list[_Run]] = []
     legacy: dict[tuple, list[_Run]] = {}
-    current: list[_Run] = []
-    alive = slots = hints = procs = None
+    plain = []
     for r in sorted(runs, key=lambda r: (r.start, r.slot)):
         if r.legacy is not None:
             legacy.setdefault(r.legacy, []).append(r)
-            continue
+        else:
+            plain.append(r)
+    groups = _group_from(plain, 0, memo)[0]
+    groups.extend(legacy.values())
+    groups.sort(key=lambda g: (min(r.start for r in g), g[0].legacy or ()))
+    return groups
+
+
+def _group_from(order: list[_Run], lo: int, memo=None) -> tuple[list, list[int]]:
+    """:func:`_group` of the runs ``order[lo:]`` (sorted, none legacy) when ``order[lo]``
+    begins an attempt: the groups and the index in ``order`` of each one's first run."""
+    groups: list[list[_Run]] = []
+    starts: list[int] = []
+    current: list[_Run] = []
+    alive = slots = hints = procs = None
+    for i in range(lo, len(order)):
+        r = order[i]
         new = not current or (
             r.os_process in procs
             or (r.slot_known and r.slot in slots)
@@ -300,6 +315,7 @@ def _group(runs: list[_Run], memo=None) -> list[list[_Run]]:
         if new:
             current = []
             groups.append(current)
+            starts.append(i)
             alive, slots, hints, procs = r.last_alive, set(), set(), set()
         current.append(r)
         alive = max(alive, r.last_alive)
@@ -308,15 +324,43 @@ def _group(runs: list[_Run], memo=None) -> list[list[_Run]]:
             slots.add(r.slot)
         if r.hint is not None:
             hints.add(r.hint)
-    groups.extend(legacy.values())
-    groups.sort(key=lambda g: (min(r.start for r in g), g[0].legacy or ()))
-    return groups
+    return groups, starts
 
 
-def _number(groups: list[list[_Run]]) -> list[int]:
+def _kept_groups(runs: list[_Run], memo) -> tuple:
+    """The runs grouped into attempts, from what the last call kept (``memo.grouping``:
+    its runs in order, the first run of each group, the groups, their numbers): the groups
+    before the first run that differs (by identity) are kept, and grouping resumes at the
+    start of the group before it (whose end that run may change). -> ``(order, starts,
+    groups, numbers, g0)``, ``g0``: how many leading groups were kept."""
+    order = sorted(runs, key=lambda r: (r.start, r.slot))
+    state, g0 = memo.grouping, 0
+    if state is not None:
+        p_order, p_starts = state[0], state[1]
+        j = 0
+        for a, b in zip(order, p_order, strict=False):
+            if a is not b:
+                break
+            j += 1
+        g = bisect.bisect_right(p_starts, j) - 1 if j < len(p_order) else len(p_starts) - 1
+        if j < len(p_order) and j == p_starts[g]:
+            g -= 1
+        g0 = max(min(g, len(p_starts) - 1), 0)
+    if g0:
+        groups, starts = _group_from(order, state[1][g0], memo)
+        groups, starts = state[2][:g0] + groups, state[1][:g0] + starts
+        numbers = state[3][:g0] + _number(groups[g0:], state[3][g0 - 1])
+    else:
+        groups, starts = _group_from(order, 0, memo)
+        numbers = _number(groups)
+    return order, starts, groups, numbers, g0
+
+
+def _number(groups: list[list[_Run]], prev: int = -1) -> list[int]:
     """Attempt numbers: the declared one where all runs agree on one above the previous
-    attempt's (a launcher's restart count, an imported log's), else the previous + 1."""
-    out, prev = [], -1
+    attempt's (a launcher's restart count, an imported log's), else the previous + 1
+    (``prev``: the number of the attempt before ``groups``; -1: none)."""
+    out = []
     for g in groups:
         hints = {r.hint for r in g}
         n = hints.pop() if len(hints) == 1 else None
@@ -348,10 +392,21 @@ def build_attempts(job: JobSpans, now_ns: int | None = None,
     """
     if now_ns is None:
         now_ns = clock_ns()
-    groups = _group(_runs(job, memo), memo)
-    numbers = _number(groups)
-    attempts = []
+    runs = _runs(job, memo)
+    live = memo is not None and not any(r.legacy is not None for r in runs)
+    kept, g0 = (), 0
+    if not live:
+        groups = _group(runs, memo)
+        numbers = _number(groups)
+    else:  # (a live job: the groups and attempts before its last changes kept)
+        kept = () if memo.grouping is None else memo.grouping[4]
+        order, starts, groups, numbers, g0 = _kept_groups(runs, memo)
+    attempts, keys = [], []
     for i, (g, number) in enumerate(zip(groups, numbers, strict=True)):
+        if i + 1 < g0 and kept[i][1] is not None:  # the same runs up to the next attempt's
+            attempts.append(kept[i][1])
+            keys.append(kept[i])
+            continue
         start = min(r.start for r in g)
         interval = max(r.interval for r in g)
         # a process's end: its end marker (the time it gave), else its last sign of life
@@ -384,9 +439,15 @@ def build_attempts(job: JobSpans, now_ns: int | None = None,
         if memo is None or i + 1 == len(groups) or any(
                 isinstance(r.proc, PackedProcessSpans) for r in g):  # (a copy keeps read rows)
             attempts.append(_attempt(*args))
-        else:  # a finished attempt of the memo's same runs: the same Attempt (g keeps the ids)
-            key = ("attempt_of_runs", *args[1:-1], tuple(warnings), tuple(map(id, g)))
-            attempts.append(memo.get(key, lambda args=args: (args[0], _attempt(*args)))[1])
+            keys.append((None, None))
+        else:  # a finished attempt of the same runs as kept: the same Attempt (g keeps ids)
+            key = (*args[1:-1], tuple(warnings), tuple(map(id, g)))
+            k = kept[i] if i < len(kept) else None
+            a = k[1] if k is not None and k[0] == key else _attempt(*args)
+            attempts.append(a)
+            keys.append((key, a, g))
+    if memo is not None:
+        memo.grouping = (order, starts, groups, numbers, keys) if live else None
     return attempts
 
 

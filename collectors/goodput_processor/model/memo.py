@@ -168,6 +168,9 @@ class AccountingMemo:
         #: the finished attempts' contribution, folded once (the account stage's
         #: :class:`goodput_processor.account.live.Prefix`; None: none yet)
         self.prefix = None
+        #: the runs grouped into attempts by the last accounting
+        #: (:func:`goodput_processor.model.attempts.build_attempts`; None: none kept)
+        self.grouping = None
         self.hits = 0
         self.misses = 0
 
