@@ -394,6 +394,8 @@ def table(res: Result) -> str:
                    f"{e['total'] - e['exports']} more quiet or after, {e['acked_all']} of "
                    f"{e['total']} acked in all); report "
                    f"unchanged: {res.healthy_unchanged.get(p)} {res.healthy_diff.get(p) or ''}")
+        if e.get("not_200"):
+            out.append(f"  its answers other than 200 [s, status]: {e['not_200'][:12]}")
     out.append(f"after a restart         {res.acked_jobs} jobs with acknowledged spans, "
                f"{len(res.lost)} lost {res.lost[:5]}")
     if res.cpu_s:

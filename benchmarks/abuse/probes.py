@@ -67,6 +67,9 @@ class Exports:
     acked: list = field(default_factory=list)  # bool per export
     acked_steps: int = 0
     wall_starts: list = field(default_factory=list)  # time.time() at each export's start
+    #: HTTP only: the answers other than 200 (a retried export gets several), as
+    #: ``[s since the attack began, status]``
+    answers: list = field(default_factory=list)
 
     def attacked(self) -> list[int]:
         """Indexes of the exports begun while the attack ran."""
@@ -82,7 +85,7 @@ class Exports:
                                  if self.acked[i] and self.latencies[i] <= 1.0),
                 "p50_s": round(lat[len(lat) // 2], 3), "max_s": round(lat[-1], 3),
                 "total": len(self.acked), "acked_all": sum(self.acked),
-                "acked_steps": self.acked_steps}
+                "acked_steps": self.acked_steps, "not_200": self.answers}
 
 
 class HealthyJob:
@@ -120,11 +123,19 @@ class HealthyJob:
                 endpoint=target, insecure=True, timeout=timeout_s,
                 headers=(("authorization", f"Bearer {token}"),) if token else None)
         else:
+            import requests
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            session = requests.Session()  # (its hook notes each answer other than 200)
+            session.hooks["response"].append(self._answer)
             self.exporter = OTLPSpanExporter(
-                endpoint=target + "/v1/traces", timeout=timeout_s,
+                endpoint=target + "/v1/traces", timeout=timeout_s, session=session,
                 headers={"Authorization": f"Bearer {token}"} if token else None)
         logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
+
+    def _answer(self, r, *args, **kwargs) -> None:
+        if r.status_code != 200:
+            t = -1.0 if self.t0 is None else round(time.monotonic() - self.t0, 2)
+            self.out.answers.append([t, r.status_code])
 
     def batch(self, k: int) -> list:
         """Export ``k``'s spans: steps ``k*per .. (k+1)*per - 1``, 1 s each."""

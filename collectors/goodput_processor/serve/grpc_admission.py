@@ -49,7 +49,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .limits import ByteBudget
+from .limits import SMALL_REQUEST_BYTES, ByteBudget
 
 __all__ = ["NoSlot", "ReadSlot", "ReadSlots"]
 
@@ -104,7 +104,8 @@ class ReadSlot:
         readers. False (the reservation given back) when ``need`` does not fit now."""
         self.owner._leave(self)
         budget = self.owner.budget
-        if need > self.held and not budget.acquire(need - self.held):
+        if need > self.held and not budget.acquire(
+                need - self.held, small=need <= SMALL_REQUEST_BYTES, own=self.held):
             self.release()
             return False
         if need < self.held:
@@ -280,7 +281,8 @@ class ReadSlots:
                     self.reserved += self.reserve
                     break
                 if self.lean is None:  # (on what is left when less: HTTP may hold it all)
-                    held = self.lean_bytes if self.budget.acquire(self.lean_bytes) else 0
+                    held = self.lean_bytes if self.budget.acquire(self.lean_bytes,
+                                                                  small=True) else 0
                     lean = True
                     break
             if not (end_one and self._end_one(peer, by_age)):

@@ -60,6 +60,7 @@ from .receiver import (
     Gate,
     Rejected,
     _hostport,
+    _refused,
     _retry_info,
     _token_ok,
     parse_cost,
@@ -89,60 +90,6 @@ INLINE_BYTES = 8 << 10
 STREAMS_PER_CONNECTION = 8
 #: Seconds between its tries (besides each time a reader leaves).
 POLL_S = 0.1
-#: Seconds a refusal waits for its count to be in the store before it is answered.
-COUNT_WAIT_S = 0.25
-
-
-class _Counts:
-    """Refusals counted into the store from the event loop without waiting on the store's
-    lock (held while a request is taken in): added up here, handed over by one job at a
-    time on a thread of their own, so a flood of refusals costs O(reasons) memory.
-
-    :meth:`add` returns a future done once the count is in the store; ``export`` waits for
-    it at most :data:`COUNT_WAIT_S` before it answers (so counts are in before the client
-    sees its status, unless the store is busy)."""
-
-    def __init__(self, store: LiveStore, pool: ThreadPoolExecutor):
-        self.store, self.pool = store, pool
-        self.pending: dict[str, int] = {}
-        self.peer = None  # the last refused for its token (logged)
-        self.waiters: list[asyncio.Future] = []
-        self.busy = False
-
-    def add(self, reason: str, peer) -> asyncio.Future:
-        """Count one ``refused_<reason>``; a future done once it is in the store."""
-        loop = asyncio.get_running_loop()
-        self.pending[reason] = self.pending.get(reason, 0) + 1
-        if reason == "unauthenticated":
-            self.peer = peer
-        done = loop.create_future()
-        self.waiters.append(done)
-        if not self.busy:
-            self._hand_over(loop)
-        return done
-
-    def _hand_over(self, loop) -> None:
-        batch, waiters, self.pending, self.waiters = self.pending, self.waiters, {}, []
-        self.busy = True
-
-        def finished(_f):
-            self.busy = False
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
-            if self.pending:
-                self._hand_over(loop)
-
-        loop.run_in_executor(self.pool, self._count, batch, self.peer).add_done_callback(
-            finished)
-
-    def _count(self, batch: dict[str, int], peer) -> None:
-        for reason, n in batch.items():
-            total = self.store.count("refused_" + reason, n)
-            if reason == "unauthenticated" and (total - n < 10
-                                                or total // 1000 > (total - n) // 1000):
-                _log.warning("goodput serve: refused %d request(s) without the right bearer "
-                             "token, the last from %s (%d so far)", n, peer, total)
 
 
 def _eof(read: asyncio.Future) -> bool:
@@ -167,14 +114,14 @@ class _Export:
             if k == "authorization":
                 header = v
         if not _token_ok(header, rx.token):
-            await asyncio.wait((rx.counts.add("unauthenticated", peer),), timeout=COUNT_WAIT_S)
+            _refused(rx.store, "unauthenticated", peer)  # (its own lock: never waits long)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "goodput serve: missing or wrong bearer token "
                                 "(Authorization header)")
         r = await self._take_in(context, peer, loop)
         if r is not None:  # abort() raises, so it is called outside of any try
             if r.reason is not None:
-                await asyncio.wait((rx.counts.add(r.reason, peer),), timeout=COUNT_WAIT_S)
+                _refused(rx.store, r.reason, peer)
             trailing = _retry_info(r.retry_after) if r.retry_after is not None else ()
             await context.abort(r.grpc_status, f"goodput serve: {r.message}", trailing)
         return self.response()
@@ -195,7 +142,7 @@ class _Export:
             except asyncio.CancelledError:  # the call ended before its message was read:
                 if _eof(read):  # the client cancelled it, or gRPC core refused a message over
                     # --max-message-bytes (RESOURCE_EXHAUSTED): the two look the same here
-                    rx.counts.add("incomplete", peer)
+                    _refused(rx.store, "incomplete", peer)
                 read.cancel()
                 raise
             finally:
@@ -213,7 +160,7 @@ class _Export:
                 try:  # the call ended (as above): this task is cancelled
                     await asyncio.sleep(0.05)
                 except asyncio.CancelledError:
-                    rx.counts.add("incomplete", peer)
+                    _refused(rx.store, "incomplete", peer)
                     raise
                 return Rejected("malformed", 400, 3, "the call carried no request message")
             slot.arrived()  # no longer a reader (it cannot be ended early now)
@@ -376,8 +323,6 @@ class GrpcReceiver:
                 creds = grpc.ssl_server_credentials([(k.read(), c.read())])
         self.pool = ThreadPoolExecutor(workers, "goodput-serve-grpc")
         self.small_pool = ThreadPoolExecutor(2, "goodput-serve-grpc-small")
-        self.counter = ThreadPoolExecutor(1, "goodput-serve-grpc-count")
-        self.counts = _Counts(store, self.counter)
         self.slots.on_free = self._place_freed
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
@@ -445,4 +390,3 @@ class GrpcReceiver:
             self.loop.close()
         self.pool.shutdown(wait=False)
         self.small_pool.shutdown(wait=False)
-        self.counter.shutdown(wait=False)

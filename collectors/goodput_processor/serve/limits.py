@@ -10,7 +10,8 @@ unbounded.
 - :class:`Limits`: the values.
 - :class:`Refused`: raised by the store (before anything of the request is stored) and
   by the receivers; carries the reason counted in ``stats["refused_<reason>"]``.
-- :class:`ByteBudget`: bytes of request bodies held in memory across all requests.
+- :class:`ByteBudget`: bytes of request bodies held in memory across all requests (the
+  last 16th of them for small requests only).
 - :class:`RateLimiter`: spans per second per job (a token bucket per job).
 """
 
@@ -20,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["ByteBudget", "Limits", "RateLimiter", "Refused"]
+__all__ = ["SMALL_REQUEST_BYTES", "ByteBudget", "Limits", "RateLimiter", "Refused"]
 
 
 @dataclass(frozen=True)
@@ -106,24 +107,43 @@ class Refused(Exception):
         self.retryable, self.retry_after_s = retryable, retry_after_s
 
 
+#: A request holding at most this many bytes of the budget (its body and parse estimate)
+#: is *small*: an exporter's batch of some 300 spans (64 KiB, estimated at ~0.9 MiB).
+SMALL_REQUEST_BYTES = 1 << 20
+
+
 class ByteBudget:
     """Bytes held in memory by requests in flight, across all of them (thread-safe).
 
+    The last :attr:`reserve` bytes are for small requests (:data:`SMALL_REQUEST_BYTES`):
+    requests with large bodies (slow-loris bodies holding their ``Content-Length``, gRPC
+    calls being read) fill at most ``capacity - reserve``, so an exporter's batch finds
+    room while they hold the rest (issue 38: a healthy HTTP export refused ``503`` lost its
+    connection, then found the connection cap full, and was acknowledged seconds later).
+
     Args:
         capacity: bytes (> 0).
+        reserve: bytes only small requests may take (default a 16th of ``capacity``, at
+            most 16 MiB).
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, reserve: int | None = None):
         if not capacity > 0:
             raise ValueError(f"capacity must be > 0 bytes, got {capacity!r}")
         self.capacity = int(capacity)
+        self.reserve = (min(self.capacity // 16, 16 << 20) if reserve is None
+                        else max(0, min(int(reserve), self.capacity)))
         self.used = 0
         self._lock = threading.Lock()
 
-    def acquire(self, n: int) -> bool:
-        """Take ``n`` bytes if they fit now; False (nothing taken) if not. Never waits."""
+    def acquire(self, n: int, small: bool = False, own: int = 0) -> bool:
+        """Take ``n`` bytes if they fit now; False (nothing taken) if not. Never waits.
+        ``small``: for a small request, which may take the :attr:`reserve` too, as may a
+        request that holds all that is held (``own``: the bytes it holds already), so that
+        one needing more than ``capacity - reserve`` is taken in when it comes alone."""
         with self._lock:
-            if n > self.capacity - self.used:
+            keep = 0 if small or self.used <= own else self.reserve
+            if n > self.capacity - self.used - keep:
                 return False
             self.used += n
             return True

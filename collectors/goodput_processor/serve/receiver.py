@@ -45,7 +45,7 @@ import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from .limits import ByteBudget, Refused
+from .limits import SMALL_REQUEST_BYTES, ByteBudget, Refused
 from .parse_budget import json_cost, protobuf_cost
 from .store import LiveStore
 
@@ -162,7 +162,7 @@ class Held:
             raise Rejected("too_large", 413, 8, f"{what} needs {self.n + n} bytes of memory, "
                            f"more than the limit of {cap} bytes in flight "
                            "(--max-inflight-bytes)", close=True)
-        if not self.budget.acquire(n):
+        if not self.budget.acquire(n, small=self.n + n <= SMALL_REQUEST_BYTES, own=self.n):
             raise Rejected("inflight", 503, 14, f"too many bytes in flight: {what} needs {n} "
                            f"bytes, of {cap} (--max-inflight-bytes); retry later",
                            retry_after=1)

@@ -110,6 +110,7 @@ class LiveStore(SpanIntake, LiveResults, ForeignIntake):
         self._reader = rd._Reader(self.limits.max_attribute_bytes, self.limits.max_custom_types)
         self._rate = RateLimiter(self.limits.max_job_spans_per_s, self.limits.burst_s)
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()  # (:meth:`count` only)
         self._cache: dict[str, tuple[float, JobResult]] = {}  # job -> (monotonic s, result)
         self._rows: dict[str, dict[tuple, ProcessRows]] = {}  # job -> process -> rows taken
         self._dups: Counter = Counter()  # job -> duplicates dropped from its rows
@@ -143,9 +144,9 @@ class LiveStore(SpanIntake, LiveResults, ForeignIntake):
         ``too_large``, ``malformed``, ``unsupported``, ``unavailable``, and the reasons of
         :class:`Refused`).
         """
-        with self._lock:
-            self.stats[key] += n
-            return self.stats[key]
+        with self._count_lock:  # (not the store's lock, held while a request is taken in:
+            self.stats[key] += n  # a refusal never waits behind an ingest; no other code
+            return self.stats[key]  # adds to the keys counted here)
 
     # --- jobs, retirement, compaction -------------------------------------------
 
