@@ -207,13 +207,13 @@ def _poll_after_every_batch(reqs, rng, pack, store) -> None:
         if pack:
             store.results(now_ns=NOW)  # (what the memo keeps, before the rows are packed)
             store.compact(min_quiet_s=0, min_rows=0, map_least=1)
-            if store.spill is not None:  # whole attempts' kept steps mapped from files
+            if store.spill is not None:  # kept steps of attempts and pieces mapped from files
                 for memo in (store.memo(store.jobs()[0], windows=w) for w in (False, True)):
                     with memo as m:
-                        assert all(_mapped(p[3][0]) for _, p in m.entries("attempt")
-                                   if len(p[3][0]))
-                        assert all(_mapped(r.per) for _, r in m.entries("sorted_steps")
-                                   if len(r.per))
+                        assert all(_mapped(p[3][0]) for t in ("attempt", "piece")
+                                   for _, p in m.entries(t) if len(p[3][0]))
+                        assert all(_mapped(r.per) for t in ("sorted_steps", "sorted_attempt")
+                                   for _, r in m.entries(t) if len(r.per))
             if k:  # and every painted segment the windows' memo keeps (read if reached)
                 with store.memo(store.jobs()[0], windows=True) as memo:
                     pack_segments(memo, NOW)

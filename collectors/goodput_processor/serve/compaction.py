@@ -16,9 +16,10 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
   spill, written to disk with the rows (:func:`spill_segments`),
   and their memo shares the other memo's kept steps where they are equal
   (:func:`share_parts`);
-- with the spill, the kept steps of whole attempts and the sorted step times of the
-  finished ones are moved to memory-mapped files (:func:`map_steps`): a poll's binary
-  searches read a few pages of them;
+- with the spill, the kept steps of whole attempts and of a running attempt's pieces
+  (many small attempts together, in one file) and the sorted step times of the finished
+  ones and of the pieces are moved to memory-mapped files (:func:`map_steps`): a poll's
+  binary searches read a few pages of them;
 - then the C heap's free pages go back to the system
   (:func:`~goodput_processor.read.heap.trim_heap`).
 
@@ -214,45 +215,63 @@ def share_parts(memo: AccountingMemo, windows: AccountingMemo) -> int:
 
 
 def map_steps(memos: list[AccountingMemo], mapper, min_steps: int | None = None) -> int:
-    """Move what the ``memos`` of one job keep of whole attempts' kept steps (the painted
-    parts' five arrays) and the finished attempts' sorted step times
-    (:func:`~goodput_processor.analysis.steptimes.step_stats`' "sorted_steps" runs) to where
-    ``mapper`` puts them (:meth:`~goodput_processor.serve.spill.Spill.map`: memory-mapped
-    files), each once, when they hold at least ``min_steps`` (default :data:`MAP_STEPS`)
-    steps. A part shared by the memos (:func:`share_parts`) stays one copy. Returns the
-    steps moved."""
+    """Move what the ``memos`` of one job keep per kept step to where ``mapper`` puts it
+    (:meth:`~goodput_processor.serve.spill.Spill.map`: memory-mapped files), each array
+    once: the kept-step arrays of the painted parts that no new row changes (whole
+    attempts and a running attempt's pieces: the five arrays of
+    :meth:`~goodput_processor.account.painting._Acc._part`), gathered into one file once
+    those not moved yet hold at least ``min_steps`` (default :data:`MAP_STEPS`) steps (200
+    attempts of 5,000 steps: one file), and the sorted step times of finished attempts
+    and of a running attempt's pieces (:func:`~goodput_processor.analysis.steptimes.
+    step_stats`' "sorted_steps" and "sorted_attempt" runs) of at least ``min_steps``
+    steps, in place. A part shared by the memos (:func:`share_parts`) stays one copy.
+    Where a run moved, the step statistics the memos keep of it (their order statistics
+    read the run's arrays as they were: a second copy) are let go, made again from the
+    moved run by the next accounting. Returns the steps moved."""
     least = MAP_STEPS if min_steps is None else min_steps
-    moved, done = {}, 0  # id(kept arrays) -> (them, their mapped copy)
+    todo: dict[int, tuple] = {}  # id(kept arrays) -> them: not moved yet
     for memo in memos:
-        for key, part in memo.entries("attempt"):
-            kept = part[_KEPT]
-            if id(kept) in moved:
-                new = moved[id(kept)][1]
-            elif len(kept[0]) < least or _mapped(kept[0]):
-                continue
-            else:
-                new = _map_some(kept, mapper)
-                moved[id(kept)] = (kept, new)
-                done += len(kept[0]) if new is not kept else 0
-            if new is not kept:
-                memo.put(key, (*part[:_KEPT], new, *part[_KEPT + 1:]))
-        for _key, run in memo.entries("sorted_steps"):  # (in place: shared ones too)
-            if len(run.per) >= least and not _mapped(run.per) and run.spill(mapper):
-                done += len(run.per)
+        for tag in ("attempt", "piece"):
+            for _key, part in memo.entries(tag):
+                kept = part[_KEPT]
+                if len(kept[0]) and not _mapped(kept[0]):
+                    todo[id(kept)] = kept
+    done = 0
+    if sum(len(k[0]) for k in todo.values()) >= least:
+        moved = _map_many(list(todo.values()), mapper)  # id(kept) -> its mapped copy
+        done += sum(len(todo[i][0]) for i in moved)
+        for memo in memos:
+            for tag in ("attempt", "piece"):
+                for key, part in memo.entries(tag):
+                    new = moved.get(id(part[_KEPT]))
+                    if new is not None:
+                        memo.put(key, (*part[:_KEPT], new, *part[_KEPT + 1:]))
+    runs = False
+    for memo in memos:
+        for tag in ("sorted_steps", "sorted_attempt"):  # (in place: shared ones too)
+            for _key, run in memo.entries(tag):
+                if len(run.per) >= least and not _mapped(run.per) and run.spill(mapper):
+                    done += len(run.per)
+                    runs = True
+    if runs:  # (the statistics are made again from the runs, where they are now)
+        for memo in memos:
+            for key, _stats in memo.entries("step_stats"):
+                memo.put(key, None)
     return done
 
 
-def _map_some(arrays: tuple, mapper) -> tuple:
-    """``arrays`` with those that hold a value per element mapped by ``mapper`` (a
-    broadcast view, one value, stays); ``arrays`` itself if none moved."""
-    which = [i for i, a in enumerate(arrays) if a.strides != (0,)]
-    got = mapper([arrays[i] for i in which]) if which else None
+def _map_many(kept: list[tuple], mapper) -> dict[int, tuple]:
+    """The kept-step arrays of each of ``kept`` (tuples of arrays) moved by one call of
+    ``mapper`` (one file), by ``id`` of the tuple (a broadcast view, one value, stays);
+    empty if they could not be moved."""
+    which = [(k, i) for k in kept for i, a in enumerate(k) if a.strides != (0,)]
+    got = mapper([k[i] for k, i in which]) if which else None
     if got is None:
-        return arrays
-    out = list(arrays)
-    for i, a in zip(which, got, strict=True):
-        out[i] = a
-    return tuple(out)
+        return {}
+    out: dict[int, list] = {}
+    for (k, i), a in zip(which, got, strict=True):
+        out.setdefault(id(k), list(k))[i] = a
+    return {key: tuple(v) for key, v in out.items()}
 
 
 def _mapped(a: np.ndarray) -> bool:
