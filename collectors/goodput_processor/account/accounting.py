@@ -19,7 +19,7 @@ from goodput import schema
 
 from ..analysis.attribution import host_badput
 from ..analysis.disruptions import job_wide, kept_recovery_report
-from ..analysis.elastic import slice_efficiency, slice_records
+from ..analysis.elastic import records_of, slice_efficiency
 from ..analysis.step_arrays import StepArrays
 from ..analysis.steptimes import step_stats
 from ..analysis.stragglers import straggler_report
@@ -142,12 +142,13 @@ def _account_with(job, ideal_step_time_s, now_ns, keep_segments: bool, memo):
         else:
             row = _attempt_row(a, resume[i], bounds[i], kept, wasted, has_next, memo)
         rows.append(row)
-    result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s)
+    result = _finish(job, attempts, rows, acc, recovery_ns, ideal_step_time_s, cur)
     result = replace(result, warnings=tuple(job_warnings(
         job, attempts, result, memo, live.warnings_done(cur, attempts, memo))),
                      over_limit=dict(job.over_limit))
     # --- stragglers (analysis.stragglers): per-host step times, not in the buckets
-    result = replace(result, stragglers=straggler_report(attempts, bounds, memo=memo))
+    result = replace(result, stragglers=straggler_report(
+        attempts, bounds, memo=memo, done=live.stragglers_done(cur, attempts, memo)))
     # --- end stragglers
     # --- recovery phases, badput by host (goodput_processor.analysis.recovery, .attribution)
     wide = None if memo is None else job_wide(job, result, memo)
@@ -188,8 +189,10 @@ def _attempt_row(a, resume, bound, kept, wasted, has_next: bool, memo) -> Attemp
     )
 
 
-def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s):
-    """Ideal step time, noise band, slowdown and the :class:`JobResult` (see the docs)."""
+def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time_s,
+            prefix=None):
+    """Ideal step time, noise band, slowdown and the :class:`JobResult` (see the docs);
+    ``prefix``: the finished attempts' :class:`.live.Prefix` (what it kept is not redone)."""
     level_names, level_ns = acc.names, acc.ns
     total_ns = attempts[-1].end_ns - attempts[0].start_ns if attempts else 0
     given = None if ideal_step_time_s is None else round(ideal_step_time_s * _NS)
@@ -216,11 +219,10 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
             buckets[name] = level_ns[acc.level[name]]
     if sum(buckets.values()) != total_ns:  # pragma: no cover - a bug, never expected
         raise AccountingInvariantError(f"buckets {buckets} do not sum to total {total_ns} ns")
-    run = _run_attributes(attempts)
+    run = live.run_attributes(prefix, attempts, _run_attributes)
     mfu = _mfu(run, stats.steps, buckets[schema.PRODUCTIVE])
     goodput = buckets[schema.PRODUCTIVE] / total_ns if total_ns else 0.0
-    slices = slice_efficiency(slice_records(job, [p for a in attempts for p in a.processes],
-                                            acc.memo),
+    slices = slice_efficiency(records_of(live.marker_rows(prefix, job, attempts, acc.memo)),
                               attempts[0].start_ns, attempts[-1].end_ns) if attempts else None
     has_steps = any(len(p[0]) for p in acc.kept)
     return JobResult(
@@ -255,9 +257,10 @@ def _finish(job, attempts, attempt_rows, acc: _Acc, recovery_ns, ideal_step_time
     )
 
 
-def _run_attributes(attempts) -> dict:
-    """The ML run's resource attributes: the latest attempt's primary process first."""
-    run: dict = {}
+def _run_attributes(attempts, run: dict | None = None) -> dict:
+    """The ML run's resource attributes: the latest attempt's primary process first
+    (``run``: those of the attempts before, updated in place)."""
+    run = {} if run is None else run
     for a in attempts:
         for p in (*a.processes[1:], a.primary):  # the primary process wins
             run.update((k, v) for k, v in p.run.items() if k in RUN_ATTRIBUTES)

@@ -31,11 +31,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..analysis.elastic import marker_rows as _marker_rows
+from ..analysis.stragglers import fold_parts
 from ..model.packed import PackedProcessSpans
 from .checks import fold_attempts
 
-__all__ = ["Prefix", "keep_records", "kept_records", "packed", "restore", "same_attempts",
-           "snapshot", "valid_length", "warnings_done"]
+__all__ = ["Prefix", "keep_records", "kept_records", "marker_rows", "packed", "restore",
+           "run_attributes", "same_attempts", "snapshot", "stragglers_done", "valid_length",
+           "warnings_done"]
 
 
 @dataclass
@@ -163,3 +166,43 @@ def keep_records(prefix: Prefix | None, wide, records) -> None:
     ``len(prefix.attempts) - 1`` of a job's ``records``), made with ``wide``."""
     if prefix is not None and records:
         prefix.kept["recovery"] = (wide, tuple(records[: len(prefix.attempts) - 1]))
+
+
+def marker_rows(prefix: Prefix | None, job, attempts: list, memo=None) -> list:
+    """:func:`~goodput_processor.analysis.elastic.marker_rows` of every process of
+    ``attempts``, the prefix's attempts' kept."""
+    p = 0 if prefix is None else len(prefix.attempts)
+    got = None if prefix is None else prefix.kept.get("slices")
+    if p and (got is None or got[0] < p):
+        start, done = (0, []) if got is None else got
+        got = (p, done + _marker_rows(job, [x for a in attempts[start:p]
+                                            for x in a.processes], memo))
+        prefix.kept["slices"] = got
+    head = got[1] if p else []
+    return head + _marker_rows(job, [x for a in attempts[p:] for x in a.processes], memo)
+
+
+def run_attributes(prefix: Prefix | None, attempts: list, fold) -> dict:
+    """``fold(attempts)``, the ML run's resource attributes
+    (:func:`~.accounting._run_attributes`), from those of the prefix's attempts, kept."""
+    p = 0 if prefix is None else len(prefix.attempts)
+    if not p:
+        return fold(attempts)
+    got = prefix.kept.get("run")
+    if got is None or got[0] < p:
+        got = (p, fold(attempts[got[0] if got else 0:p], dict(got[1]) if got else None))
+        prefix.kept["run"] = got
+    return fold(attempts[p:], dict(got[1]))
+
+
+def stragglers_done(prefix: Prefix | None, attempts: list, memo=None) -> tuple | None:
+    """:func:`~goodput_processor.analysis.stragglers.fold_parts` of the prefix's attempts,
+    extended from what the prefix kept and kept again; None without a prefix."""
+    if prefix is None:
+        return None
+    p = len(prefix.attempts)
+    got = prefix.kept.get("stragglers")
+    if got is None or got[0] < p:
+        got = fold_parts(attempts[:p], prefix.bounds, memo, got)
+        prefix.kept["stragglers"] = got
+    return got

@@ -18,7 +18,7 @@ import numpy as np
 from goodput import schema
 
 from ..model.attempts import Attempt
-from ..model.memo import AccountingMemo, cached, proc_key, rows_key
+from ..model.memo import AccountingMemo, HashedKey, cached, proc_key, rows_key
 from ..model.packed import PackedSegments
 from ..model.pieces import running_pieces
 from ..model.summaries import custom_sids, resume_step
@@ -258,8 +258,8 @@ class _Acc:
         if self.memo is not None and bound is None and not has_next and not self.elastic:
             cuts = running_pieces(self.memo, a)
         if not cuts:  # (the rows read only when the part is not kept: they may be packed)
-            key = ("attempt", a.attempt, a.start_ns, a.end_ns, proc_key(a.primary), bound, has_next,
-                   names, self.elastic, seg)
+            key = HashedKey(("attempt", a.attempt, a.start_ns, a.end_ns, proc_key(a.primary),
+                             bound, has_next, names, self.elastic, seg))
             return self._add(cached(self.memo, key, lambda: self._part(
                 a.primary.data, a.start_ns, a.end_ns, a.attempt, bound, has_next)), key, a1=None)
         starts = [0] + [n for n, _ in cuts[:-1]]

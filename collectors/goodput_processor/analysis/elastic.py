@@ -29,7 +29,7 @@ from ..model.memo import cached, proc_key
 from ..model.summaries import elastic_markers
 from ..read.rows import C_AUX, C_IVAL, C_SIDX, C_START, NONE, JobSpans
 
-__all__ = ["SliceEfficiency", "slice_efficiency", "slice_records"]
+__all__ = ["SliceEfficiency", "marker_rows", "records_of", "slice_efficiency", "slice_records"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,17 @@ def slice_records(job: JobSpans, processes=None, memo=None) -> np.ndarray:
     kept once). An absent count is 0; ``total`` is at least 1. ``memo``: an
     :class:`~goodput_processor.model.memo.AccountingMemo` keeping each process's markers.
     """
+    rows = marker_rows(job, job.processes.values() if processes is None else processes,
+                       memo)
+    return records_of(rows)
+
+
+def marker_rows(job: JobSpans, processes, memo=None) -> list[tuple]:
+    """The ``goodput.elastic_slices`` markers of ``processes`` as ``(time ns, stepping,
+    available, total)`` tuples, in the processes' order (:func:`slice_records` before its
+    sort; those of a list of processes are those of its parts, concatenated)."""
     rows = []
-    for p in (job.processes.values() if processes is None else processes):
+    for p in processes:
         for r in cached(memo, ("slices", proc_key(p)), lambda p=p: elastic_markers(p, memo)):
             sidx = int(r[C_SIDX])
             try:
@@ -70,6 +79,11 @@ def slice_records(job: JobSpans, processes=None, memo=None) -> np.ndarray:
                 available = 0
             rows.append((int(r[C_START]), _count(r[C_IVAL]), available,
                          max(_count(r[C_AUX]), 1)))
+    return rows
+
+
+def records_of(rows: list[tuple]) -> np.ndarray:
+    """:func:`slice_records` of its :func:`marker_rows`."""
     if not rows:
         return np.zeros((0, 4), np.int64)
     out = np.array(rows, np.int64)

@@ -151,7 +151,12 @@ class StepArrays:
         start_ns, time_ns, count)``, in time order; [] if it kept no step) and the memo keys
         the accounting gave them (None without a memo). The parts are the accounting's
         own: do not modify them."""
-        by = self.__dict__.setdefault("_by_attempt", {})  # (indexed once, not per call)
+        by = self.__dict__.get("_by_attempt")
+        if by is None:  # the last attempts' (a live poll's), found from the end: parts come
+            got = self._from_end(attempt)  # in attempt order
+            if got is not None:
+                return got
+            by = self.__dict__.setdefault("_by_attempt", {})  # (indexed once, not per call)
         for off, p, key in [] if by else zip(self._offsets[:-1].tolist(), self._parts,
                                              self._keys, strict=True):
             if len(p[1]):
@@ -159,3 +164,23 @@ class StepArrays:
                 got[1].append(p), got[2].append(key)
         first, parts, keys = by.get(attempt, (0, (), ()))
         return first, list(parts), list(keys)
+
+    def _from_end(self, attempt: int, most: int = 8):
+        """:meth:`of_attempt` from the last parts back, or None after ``most`` parts with
+        steps (then index them all)."""
+        parts, keys, first, seen = [], [], 0, 0
+        for i in range(len(self._parts) - 1, -1, -1):
+            p = self._parts[i]
+            if not len(p[1]):
+                continue
+            a = int(p[1][0])
+            if a < attempt:
+                break
+            seen += 1
+            if seen > most:
+                return None
+            if a == attempt:
+                parts.append(p), keys.append(self._keys[i])
+                first = int(self._offsets[i])
+        parts.reverse(), keys.reverse()
+        return first, parts, keys

@@ -44,7 +44,7 @@ from ..model.memo import cached, data_key, proc_key, rows_key
 from ..read.rows import C_AUX, C_END, C_FLAGS, C_IVAL, C_KIND, C_START, F_NONBLOCKING, K_STEP, NONE
 from .keyed_runs import KeyedRun, loc_of, union_median
 
-__all__ = ["DEFAULT_TOP", "StragglerHost", "StragglerReport", "straggler_report"]
+__all__ = ["DEFAULT_TOP", "StragglerHost", "StragglerReport", "fold_parts", "straggler_report"]
 
 #: Slowest hosts listed in the report and the metrics.
 DEFAULT_TOP = 5
@@ -106,7 +106,8 @@ def _group_median(keys: np.ndarray, values: np.ndarray, nkeys: int):
 
 
 def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
-                     top: int = DEFAULT_TOP, memo=None) -> StragglerReport | None:
+                     top: int = DEFAULT_TOP, memo=None,
+                     done: tuple | None = None) -> StragglerReport | None:
     """The straggler report of a job's attempts.
 
     Args:
@@ -119,6 +120,8 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
             (:func:`_part`), the finished attempts' merged, and the running attempt's
             folded as its rows arrive (:func:`_running`), so that a poll sorts only its
             new steps, and nothing when nothing is new.
+        done: :func:`fold_parts` of the first attempts (with ``memo``), kept by the
+            caller: they are not looked at again.
 
     Returns:
         A :class:`StragglerReport`, or None when fewer than two host processes have kept
@@ -131,23 +134,26 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
         raise ValueError(f"top must be >= 1, got {top!r}")
     if len(bounds) != len(attempts):
         raise ValueError(f"{len(bounds)} bounds for {len(attempts)} attempts")
-    ident: dict[tuple, int] = {}  # (host, process index) -> key
-    groups = []  # per attempt with rows: its (process, bound) pairs
-    for a, bound in zip(attempts, bounds, strict=True):
-        pairs = [(p, NONE if bound is None else bound) for p in a.processes  # NONE: no bound
-                 if data_key(p)[0]]
-        for p, _ in pairs:
-            ident.setdefault((p.host, p.index), len(ident))
-        if pairs:
-            groups.append(pairs)
+    k0, ident, groups, parts, token, reach = (0, {}, [], [], None, None) if done is None else (
+        done[0], dict(done[1]), list(done[2]), list(done[3]), done[4], done[5])
+    kd = len(groups)
+    _groups(attempts[k0:], bounds[k0:], ident, groups)
     if len(ident) < 2:
         return None
     # (each looked up at every poll, so that the memo keeps them while they are used)
-    parts = [cached(memo, _part_key(g), lambda g=g: _part(g)) for g in groups[:-1]]
+    parts += [cached(memo, _part_key(g), lambda g=g: _part(g)) for g in groups[kd:-1]]
     last = groups[-1]
-    parts.append(_running(last, memo) if memo is not None and all(
-        cap == NONE for _, cap in last) else cached(memo, _part_key(last), lambda: _part(last)))
-    comps = _components([(pt.lo, pt.hi) for pt in parts])
+    if len(parts) < len(groups):
+        parts.append(_running(last, memo) if memo is not None and all(
+            cap == NONE for _, cap in last) else cached(memo, _part_key(last),
+                                                        lambda: _part(last)))
+    else:  # (the done attempts' last group is the last: no attempt after them has rows)
+        kd -= 1
+    if reach is not False and _after(parts[len(done[3]) if done else 0:], reach):
+        comps = [[i] for i in range(len(parts))]  # (none overlaps: as _components gives)
+    else:
+        comps = _components([(pt.lo, pt.hi) for pt in parts])
+        token, kd = None, 0
     if len(comps) < len(groups):  # step numbers shared by attempts: those taken together
         groups = [[x for i in c for x in groups[i]] for c in comps]
         parts = [parts[c[0]] if len(c) == 1 else
@@ -155,18 +161,65 @@ def straggler_report(attempts: Sequence, bounds: Sequence[int | None],
                      comps, groups, strict=True)]
         parts[-1] = parts[-1] if len(comps[-1]) == 1 else _part(groups[-1])
     nkeys = len(ident)
-    locs = [_loc(pt.names, ident) for pt in parts]
+    loc_last = _loc(parts[-1].names, ident)
+    head = (token, kd, *(_part_key(g) for g in groups[kd:-1])) if token is not None else (
+        tuple(_part_key(g) for g in groups[:-1]))
     if len(parts) > 2:  # the finished attempts' runs merged (the last one's change)
-        done = tuple(_part_key(g) for g in groups[:-1])
-        merged = cached(memo, ("straggler_merged", done, nkeys), lambda: _merge(
-            parts[:-1], locs[:-1], nkeys))
-        runs_t = [(merged[0], np.arange(nkeys)), *((r, locs[-1]) for r in parts[-1].times)]
-        runs_l = [(merged[1], np.arange(nkeys)), *((r, locs[-1]) for r in parts[-1].lags)]
+        merged = cached(memo, ("straggler_merged", head, nkeys), lambda: _merge(
+            parts[:-1], [_loc(pt.names, ident) for pt in parts[:-1]], nkeys))
+        runs_t = [(merged[0], np.arange(nkeys)), *((r, loc_last) for r in parts[-1].times)]
+        runs_l = [(merged[1], np.arange(nkeys)), *((r, loc_last) for r in parts[-1].lags)]
     else:
+        locs = [_loc(pt.names, ident) for pt in parts]
         runs_t = [(r, loc) for pt, loc in zip(parts, locs, strict=True) for r in pt.times]
         runs_l = [(r, loc) for pt, loc in zip(parts, locs, strict=True) for r in pt.lags]
-    key = ("stragglers", tuple(_part_key(g) for g in groups), top)
+    key = ("stragglers", head, _part_key(groups[-1]), top)
     return cached(memo, key, lambda: _report(runs_t, runs_l, ident, top))
+
+
+def _groups(attempts, bounds, ident: dict, groups: list) -> None:
+    """Per attempt with rows, its ``(process, bound)`` pairs appended to ``groups``, and
+    its host processes given keys in ``ident`` (in place)."""
+    for a, bound in zip(attempts, bounds, strict=True):
+        pairs = [(p, NONE if bound is None else bound) for p in a.processes  # NONE: no bound
+                 if data_key(p)[0]]
+        for p, _ in pairs:
+            ident.setdefault((p.host, p.index), len(ident))
+        if pairs:
+            groups.append(pairs)
+
+
+def _after(parts: list, reach) -> bool:
+    """Whether each of ``parts`` has step numbers above every one before it (those
+    without numbers aside), the numbers before reaching up to ``reach`` (None: none)."""
+    for pt in parts:
+        if pt.lo is None:
+            continue
+        if reach is not None and pt.lo <= reach:
+            return False
+        reach = pt.hi if reach is None else max(reach, pt.hi)
+    return True
+
+
+def fold_parts(attempts, bounds, memo=None, done: tuple | None = None) -> tuple:
+    """What :func:`straggler_report` needs of finished ``attempts`` (with their
+    ``bounds``), for a later call's ``done`` (the caller keeps it:
+    :mod:`goodput_processor.account.live`): ``(attempts folded, host process keys, their
+    groups of (process, bound) pairs, their parts, a token naming them in memo keys, the
+    highest step number in them (False: some overlap))``; extends ``done``, made of the
+    first of ``attempts``."""
+    k0, ident, groups, parts, _, reach = (0, {}, [], [], None, None) if done is None else (
+        done[0], dict(done[1]), list(done[2]), list(done[3]), done[4], done[5])
+    kd = len(groups)
+    _groups(attempts[k0:], bounds[k0:], ident, groups)
+    parts += [cached(memo, _part_key(g), lambda g=g: _part(g)) for g in groups[kd:]]
+    new = parts[len(done[3]) if done else 0:]
+    if reach is not False:
+        reach = reach if _after(new, reach) else False
+        for pt in new:
+            if reach is not False and pt.hi is not None:
+                reach = pt.hi if reach is None else max(reach, pt.hi)
+    return (len(attempts), ident, groups, parts, object(), reach)
 
 
 def _part_key(pairs) -> tuple:

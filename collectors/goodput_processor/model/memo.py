@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["AccountingMemo", "cached", "data_key", "folded", "proc_key", "process_state",
-           "rows_key"]
+__all__ = ["AccountingMemo", "HashedKey", "cached", "data_key", "folded", "proc_key",
+           "process_state", "rows_key"]
 
 _MISS = object()
 
@@ -136,6 +136,18 @@ def _in_pieces(summarize, combine, d):
     return s
 
 
+class HashedKey(tuple):
+    """A memo key (a tuple) that computes its hash once: a key kept from poll to poll and
+    hashed inside longer keys (the parts' keys of a job's kept steps) costs one call, not
+    a walk of its items, each time. Equal to, and hashed as, the plain tuple."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_h")
+        if h is None:
+            h = self.__dict__["_h"] = tuple.__hash__(self)
+        return h
+
+
 def cached(memo: AccountingMemo | None, key, compute):
     """``compute()``, kept in ``memo`` under ``key`` (:meth:`AccountingMemo.get`); without
     a memo, just ``compute()``."""
@@ -208,7 +220,7 @@ class AccountingMemo:
     def entries(self, tag) -> list[tuple]:
         """``(key, value)`` of every result kept under a key whose first item is ``tag``."""
         return [(k, v) for d in (self._old, self._new) for k, v in d.items()
-                if type(k) is tuple and k and k[0] == tag]
+                if isinstance(k, tuple) and k and k[0] == tag]
 
     def peek(self, key):
         """The value under ``key`` if one is kept (then it counts as used), else None."""

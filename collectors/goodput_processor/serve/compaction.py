@@ -19,7 +19,8 @@ segments the rolling windows keep, and the kept steps of both memos. :func:`comp
 - with the spill, the kept steps of whole attempts and of a running attempt's pieces
   (many small attempts together, in one file) and the sorted step times of the finished
   ones and of the pieces are moved to memory-mapped files (:func:`map_steps`): a poll's
-  binary searches read a few pages of them;
+  binary searches read a few pages of them; so are the painted segments the windows may
+  still reach (:func:`map_segments`);
 - then the C heap's free pages go back to the system
   (:func:`~goodput_processor.read.heap.trim_heap`).
 
@@ -44,8 +45,8 @@ from ..model.packed import DerivedRows, PackedProcessSpans, PackedSegments
 from ..read.heap import trim_heap
 from .rows import pack_rows
 
-__all__ = ["MAP_STEPS", "compact", "map_steps", "pack_runs", "pack_segments", "share_parts",
-           "spill_segments"]
+__all__ = ["MAP_STEPS", "compact", "map_segments", "map_steps", "pack_runs", "pack_segments",
+           "share_parts", "spill_segments"]
 
 #: Kept steps at least this many (of one attempt, or in one sorted run) are mapped to a
 #: file by :func:`map_steps`; fewer stay in memory (one file, and one descriptor, each).
@@ -106,7 +107,9 @@ def compact(store, min_quiet_s: float, min_rows: int = 4096,
             if False in memos and True in memos:  # one copy of the kept steps
                 shared += share_parts(memos[False], memos[True])
             if store.spill is not None and map_steps(  # whole attempts' kept steps, to files
-                    list(memos.values()), store.spill.map, map_least):
+                    list(memos.values()), store.spill.map, map_least) + (
+                    map_segments(memos[True], store.spill.map, map_least)
+                    if True in memos else 0):
                 shared += 1
                 with store._lock:  # (a finished job's result held the arrays: made anew)
                     store._done.pop(job, None)
@@ -257,6 +260,28 @@ def map_steps(memos: list[AccountingMemo], mapper, min_steps: int | None = None)
         for memo in memos:
             for key, _stats in memo.entries("step_stats"):
                 memo.put(key, None)
+    return done
+
+
+def map_segments(memo: AccountingMemo, mapper, min_segments: int | None = None) -> int:
+    """Move the painted segments ``memo`` (the accountings with rolling windows) keeps of
+    the parts that no new row changes (whole attempts, a running attempt's pieces) and
+    :func:`pack_segments` left as they are (those the windows may reach) to where
+    ``mapper`` puts them (:meth:`~goodput_processor.serve.spill.Spill.map`), one file per
+    part of at least ``min_segments`` (default :data:`MAP_STEPS`) segments: a window finds
+    its first and last segment by binary search (a few pages) and reads the segments in
+    between. Returns the segments moved."""
+    least = MAP_STEPS if min_segments is None else min_segments
+    done = 0
+    for tag in ("attempt", "piece"):
+        for key, part in memo.entries(tag):
+            seg = part[_SEGMENTS]
+            if isinstance(seg, tuple) and len(seg[0]) >= max(least, 2) and not _mapped(
+                    seg[0]):
+                got = mapper(list(seg))
+                if got is not None:
+                    memo.put(key, (*part[:_SEGMENTS], tuple(got)))
+                    done += len(seg[0])
     return done
 
 

@@ -98,21 +98,23 @@ class Spill:
         return n
 
     def map(self, arrays: list[np.ndarray]) -> list[np.ndarray] | None:
-        """The same ``arrays`` (1-D, of 8-byte dtypes), read from now on from a file in the
+        """The same ``arrays`` (1-D numeric), read from now on from a file in the
         directory through a read-only memory map: views of it, equal element by element,
-        not writable. The file has no name (``tempfile.TemporaryFile``); its disk space
-        goes when the last of the views is let go, and :attr:`mapped_bytes` drops with it.
-        Returns None when the file cannot be written or mapped (the caller keeps the
-        arrays in memory; logged once)."""
-        total = sum(a.nbytes for a in arrays)
-        if not total:
+        not writable (each at an offset that is a multiple of 8 bytes). The file has no
+        name (``tempfile.TemporaryFile``); its disk space goes when the last of the views
+        is let go, and :attr:`mapped_bytes` drops with it. Returns None when the file
+        cannot be written or mapped (the caller keeps the arrays in memory; logged
+        once)."""
+        if not sum(a.nbytes for a in arrays):
             return None
         try:
             with tempfile.TemporaryFile(dir=self.directory, prefix="steps-") as f:
                 at = []
                 for a in arrays:
-                    at.append(f.tell())
+                    at.append(f.tell() + -f.tell() % 8)  # (aligned: int16 arrays among them)
+                    f.write(bytes(at[-1] - f.tell()))
                     f.write(np.ascontiguousarray(a).data)
+                total = f.tell()
                 f.flush()
                 mm = mmap.mmap(f.fileno(), total, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as e:

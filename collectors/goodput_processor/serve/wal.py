@@ -15,7 +15,12 @@ Durability: ``write()`` of the whole line happens before the acknowledgement, so
 SIGKILL of serve loses nothing that was acknowledged (the data is in the kernel). Files
 are fsynced by a background thread every ``fsync_interval_s`` seconds, so a crash of the
 machine itself loses at most that much acknowledged data; ``fsync_interval_s=0`` fsyncs
-before every acknowledgement. A write that fails (disk full, I/O error, file size limit)
+before every acknowledgement. So are the directories that got a new segment, and the
+segments closed to keep ``max_open_files`` open (fsynced, then closed, by that thread; at
+most ``max_open_files`` of them wait for it): an append never waits for an fsync, which
+it does under the store's lock (issue 38: a request of 25 new jobs held that lock
+~0.3 s for their directories' and the evicted segments' fsyncs, and healthy exports
+waited for it). A write that fails (disk full, I/O error, file size limit)
 is undone (the segment is truncated back to its last whole line) and raises ``OSError``:
 the store refuses the request with the retryable status, never acknowledging it.
 
@@ -112,6 +117,9 @@ class WriteAheadLog:
         #: (see refusals())
         self._refused: dict[str, tuple[float, str, bool]] = {}
         self.fsyncs = 0
+        #: Directories with a new entry, and closed segments, not fsynced yet (:meth:`sync`).
+        self._dirs: set[Path] = set()
+        self._closing: list[_Segment] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -242,17 +250,27 @@ class WriteAheadLog:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         seg = _Segment(path, fd, os.fstat(fd).st_size)
         if new or not segs:  # a new file: make its name durable too
-            _fsync_dir(job_dir)
-            if fresh_dir:
-                _fsync_dir(self.jobs_dir)
+            dirs = (job_dir, self.jobs_dir) if fresh_dir else (job_dir,)
+            if self.fsync_interval_s == 0:
+                for d in dirs:
+                    _fsync_dir(d)
+            else:  # (with the data, by the background thread)
+                self._dirs.update(dirs)
         self._open[slug] = seg
         while len(self._open) > self.max_open_files:
-            self._close(next(iter(self._open)))
+            self._close(next(iter(self._open)), later=True)
         return seg
 
-    def _close(self, slug: str) -> None:
+    def _close(self, slug: str, later: bool = False) -> None:
+        """Close ``slug``'s segment, fsynced first if written since the last fsync;
+        ``later``: by the background thread (:meth:`sync`), unless ``max_open_files``
+        closed ones wait for it already (then now)."""
         seg = self._open.pop(slug, None)
         if seg is None:
+            return
+        if (later and seg.dirty and self.fsync_interval_s > 0
+                and len(self._closing) < self.max_open_files):
+            self._closing.append(seg)
             return
         try:
             if seg.dirty:
@@ -262,11 +280,30 @@ class WriteAheadLog:
             os.close(seg.fd)
 
     def sync(self) -> None:
-        """fsync every segment written since the last sync (the background thread's job)."""
+        """fsync every segment written since the last sync, then close those closed meanwhile
+        and fsync the directories that got a new segment (the background thread's job)."""
         with self._lock:
             dirty = [s for s in self._open.values() if s.dirty]
             for s in dirty:
                 s.dirty = False
+            closing, self._closing = self._closing, []
+            dirs, self._dirs = self._dirs, set()
+        for s in closing:
+            try:
+                os.fsync(s.fd)
+                self.fsyncs += 1
+            except OSError as e:
+                self.error = f"cannot fsync {s.path}: {e.strerror or e}"
+                _log.error("goodput serve: %s", self.error)
+            finally:
+                os.close(s.fd)
+        for d in sorted(dirs, key=lambda p: -len(p.parts)):  # (a job's, then jobs/)
+            try:
+                _fsync_dir(d)
+            except OSError as e:  # (a retired job's directory is gone: nothing to keep)
+                if e.errno != errno.ENOENT:
+                    self.error = f"cannot fsync {d}: {e.strerror or e}"
+                    _log.error("goodput serve: %s", self.error)
         for s in dirty:
             try:
                 os.fsync(s.fd)
@@ -361,6 +398,7 @@ class WriteAheadLog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        self.sync()  # (closed segments and new directories too)
         with self._lock:
             for slug in list(self._open):
                 try:
