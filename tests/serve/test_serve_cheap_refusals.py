@@ -10,6 +10,9 @@ refusals, ~3 ms of CPU each).
   of it reads the answer and a clean close, and the server goes on.
 - The byte budget keeps its last part for small requests (an exporter's batch), unless a
   request comes alone; a small request refused for the budget keeps its connection.
+- Appends of new jobs to the write-ahead log (under the store's lock) leave the fsyncs of
+  new directories and of segments closed for ``max_open_files`` to the background thread;
+  a replay reads everything back; ``fsync_interval_s=0`` still fsyncs in the append.
 
 Real GoodputServer on loopback, real gRPC and HTTP clients; about 3 s.
 """
@@ -31,6 +34,7 @@ from goodput import schema
 from goodput_processor.serve import GoodputServer, LiveStore
 from goodput_processor.serve import parse_budget as pb
 from goodput_processor.serve.limits import ByteBudget, Limits
+from goodput_processor.serve.wal import WriteAheadLog
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -167,3 +171,22 @@ def test_a_small_request_refused_for_the_budget_keeps_its_connection():
         assert srv.store.stats["refused_inflight"] == 1 and "small" in srv.store.jobs()
     finally:
         srv.stop(5, final=False)
+
+
+def test_wal_appends_of_new_jobs_leave_their_fsyncs_to_the_background(tmp_path):
+    wal = WriteAheadLog(tmp_path / "a", max_open_files=4)  # (no thread started)
+    for i in range(20):
+        wal.append(f"job-{i}", b'{"n": %d}\n' % i)
+    assert wal.fsyncs == 0  # none in the appends: 16 segments closed, 21 directories new
+    assert len(wal._open) == 4 and len(wal._closing) == 16 and len(wal._dirs) == 21
+    wal.sync()
+    assert wal.fsyncs == 20 and not wal._closing and not wal._dirs
+    wal.close()
+    lines = []
+    WriteAheadLog(tmp_path / "a").replay(lambda line, where: lines.append(line))
+    assert sorted(lines) == sorted(b'{"n": %d}\n' % i for i in range(20))
+    eager = WriteAheadLog(tmp_path / "b", fsync_interval_s=0, max_open_files=4)
+    for i in range(20):
+        eager.append(f"job-{i}", b"{}\n")
+    assert eager.fsyncs == 20 and not eager._closing and not eager._dirs
+    eager.close()

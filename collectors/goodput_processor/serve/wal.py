@@ -17,12 +17,14 @@ are fsynced by a background thread every ``fsync_interval_s`` seconds, so a cras
 machine itself loses at most that much acknowledged data; ``fsync_interval_s=0`` fsyncs
 before every acknowledgement. So are the directories that got a new segment, and the
 segments closed to keep ``max_open_files`` open (fsynced, then closed, by that thread; at
-most ``max_open_files`` of them wait for it): an append never waits for an fsync, which
-it does under the store's lock (issue 38: a request of 25 new jobs held that lock
-~0.3 s for their directories' and the evicted segments' fsyncs, and healthy exports
-waited for it). A write that fails (disk full, I/O error, file size limit)
-is undone (the segment is truncated back to its last whole line) and raises ``OSError``:
-the store refuses the request with the retryable status, never acknowledging it.
+most :data:`MAX_CLOSING` of them, or a quarter of the process's file limit, wait for it):
+an append does not wait for an fsync, which it does under the store's lock (issue 38: a
+request of 25 new jobs held that lock ~0.2-0.3 s for their directories' and the evicted
+segments' fsyncs, and healthy exports waited for it).
+
+A write that fails (disk full, I/O error, file size limit) is undone (the segment is
+truncated back to its last whole line) and raises ``OSError``: the store refuses the
+request with the retryable status, never acknowledging it.
 
 On start, :meth:`WriteAheadLog.replay` reads every segment back in order; a torn last
 line (serve killed mid-write, or a failed undo) is cut off and counted.
@@ -52,6 +54,10 @@ REFUSAL_MEMORY_S = 60.0
 _SEG = re.compile(r"seg-(\d{8})\.jsonl$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _PROBE_BYTES = 64 << 10
+#: Closed segments that wait, open, for the background thread's fsync at most (fewer
+#: when a quarter of the process's limit of open files is less); past them a segment
+#: closed is fsynced at once.
+MAX_CLOSING = 1024
 
 
 def job_slug(job: str) -> str:
@@ -120,6 +126,7 @@ class WriteAheadLog:
         #: Directories with a new entry, and closed segments, not fsynced yet (:meth:`sync`).
         self._dirs: set[Path] = set()
         self._closing: list[_Segment] = []
+        self._max_closing = min(MAX_CLOSING, _file_limit() // 4)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -263,13 +270,13 @@ class WriteAheadLog:
 
     def _close(self, slug: str, later: bool = False) -> None:
         """Close ``slug``'s segment, fsynced first if written since the last fsync;
-        ``later``: by the background thread (:meth:`sync`), unless ``max_open_files``
+        ``later``: by the background thread (:meth:`sync`), unless ``_max_closing``
         closed ones wait for it already (then now)."""
         seg = self._open.pop(slug, None)
         if seg is None:
             return
         if (later and seg.dirty and self.fsync_interval_s > 0
-                and len(self._closing) < self.max_open_files):
+                and len(self._closing) < self._max_closing):
             self._closing.append(seg)
             return
         try:
@@ -405,6 +412,17 @@ class WriteAheadLog:
                     self._close(slug)
                 except OSError:
                     _log.exception("goodput serve: closing the write-ahead log")
+
+
+def _file_limit() -> int:
+    """The process's soft limit of open files (4096 where it cannot be read)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 4096
+    return soft if soft > 0 else 4096
 
 
 def _fsync_dir(path: Path) -> None:
