@@ -42,6 +42,7 @@ import os
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectors"))
@@ -123,10 +124,28 @@ def breakdown(store, name: str) -> str:
     return "; ".join(parts) + " (MiB)"
 
 
-def each_job(base: Path, steps: int, restarts: list[int], shape: str) -> int:
+def print_traced(n: int, steps: int) -> None:
+    """Print what the allocations traced since ``tracemalloc.start()`` still hold: in all,
+    by file, and the ``n`` lines holding the most (MiB, and bytes per step of ``steps``)."""
+    gc.collect()
+    snap = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    total = sum(s.size for s in snap.statistics("filename"))
+    print(f"traced, held: {total / 2**20:.1f} MiB, {total / steps:.1f} bytes per step")
+    for kind, top in (("filename", 12), ("lineno", n)):
+        for s in snap.statistics(kind)[:top]:
+            f = s.traceback[0]
+            where = f.filename.split("goodput_processor/")[-1] + (
+                f":{f.lineno}" if kind == "lineno" else "")
+            print(f"  {s.size / 2**20:8.2f} MiB {s.size / steps:6.2f} B/step "
+                  f"{s.count:9,} blocks  {where}")
+
+
+def each_job(base: Path, steps: int, restarts: list[int], shape: str,
+             extra: list[str] = ()) -> int:
     """Record (unless there) and measure each job of ``restarts`` under ``base``, each in
-    a child process running this script on its spool; returns the first failing child's
-    exit status, or 0."""
+    a child process running this script on its spool (with the options ``extra``);
+    returns the first failing child's exit status, or 0."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"),
                                                          str(root / "collectors")])}
@@ -137,7 +156,7 @@ def each_job(base: Path, steps: int, restarts: list[int], shape: str) -> int:
             done.write_text(json.dumps(recorded_job.write_job(str(d), steps, n, env=env,
                                                               shape=shape)))
         print(f"--- {steps:,} steps, {n} restarts ({shape}): {d}", flush=True)
-        rc = subprocess.run([sys.executable, __file__, str(d)], env=env).returncode
+        rc = subprocess.run([sys.executable, __file__, str(d), *extra], env=env).returncode
         if rc:
             return rc
     return 0
@@ -154,16 +173,22 @@ def main(argv=None) -> int:
                     help="stop before packing the quiet processes' rows (LiveStore.compact)")
     ap.add_argument("--no-spill", action="store_true",
                     help="keep the packed rows in memory (goodput serve --spill-dir off)")
+    ap.add_argument("--trace", type=int, default=0, metavar="N",
+                    help="trace allocations (tracemalloc, from before the spool is taken "
+                    "in; slower) and print the N sites that hold the most at the end")
     args = ap.parse_args(argv)
     if args.steps:
         Path(args.run_dir).mkdir(parents=True, exist_ok=True)
-        return each_job(Path(args.run_dir), args.steps, args.restarts, args.shape)
+        return each_job(Path(args.run_dir), args.steps, args.restarts, args.shape,
+                        ["--trace", str(args.trace)] if args.trace else [])
     from goodput_processor.exporters.metrics import DEFAULT_WINDOWS_S
     from goodput_processor.read.heap import trim_heap
     from goodput_processor.serve.rows import PackedProcessSpans
     from goodput_processor.serve.store import LiveStore
     from goodput_processor.serve.tail import SpoolTailer
 
+    if args.trace:
+        tracemalloc.start()
     gc.collect()
     r0, f0 = rss_mb(), rss_file_mb()
     from goodput_processor.serve.spill import Spill
@@ -224,6 +249,8 @@ def main(argv=None) -> int:
     r6 = rss_mb()
     print(f"then the C heap's free pages given back (heap.trim_heap, unconditionally): RSS "
           f"+{r6 - r0:.0f} MiB, {(r6 - r0) * 2**20 / steps:.0f} bytes per step")
+    if args.trace:  # (before a packed process is read below)
+        print_traced(args.trace, steps)
     # What reading a packed process costs (a memo dropped, a fresh accounting)
     big = max(store.snapshot(name).processes.values(), key=lambda p: p.rows_id[0]
               if isinstance(p, PackedProcessSpans) else -1)
