@@ -59,7 +59,7 @@ from ..read.rows import (
     JobSpans,
     ProcessSpans,
 )
-from .memo import AccountingMemo, cached, data_key, folded, process_state
+from .memo import AccountingMemo, HashedKey, cached, data_key, folded, process_state
 from .open_records import OpenResolver, resolve_open
 from .packed import PackedProcessSpans, replace_rows
 from .summaries import evidence, evidence_both
@@ -197,7 +197,8 @@ def _run(job: JobSpans, proc: ProcessSpans, legacy: tuple | None, memo=None) -> 
 
 def _origin(key: tuple, proc: ProcessSpans, kept: dict, seen: dict | None) -> tuple:
     """``(key, rows, resource)``: the memo identity of process ``proc`` (its key in the
-    job, :func:`data_key` of its rows, the ``repr`` of its resource), taken from ``kept``
+    job, :func:`data_key` of its rows, the ``repr`` of its resource), and the memo key of
+    its runs (``("runs", *origin)``), taken from ``kept``
     (``memo.origins``: the last accounting's, by key) when ``proc`` holds the same rows
     array (rows never change in place under a memo) and the same resource, and noted in
     ``seen`` (the next accounting's ``kept``; None: no memo)."""
@@ -208,25 +209,26 @@ def _origin(key: tuple, proc: ProcessSpans, kept: dict, seen: dict | None) -> tu
     if data is not None and k is not None and k[0] is data and k[1] == fields and (
             k[2] == proc.run):
         seen[key] = k
-        return k[3]
+        return k[3], k[4]
     # (the resource's attributes may change without a new row: they are in the key)
     ident = repr((*fields[:3], sorted(proc.run.items()), *fields[3:]))
     origin = (key, data_key(proc), ident)  # (rows serve keeps packed are not read for it)
+    runs_key = HashedKey(("runs", *origin))  # (kept: hashed once)
     if seen is not None and data is not None:
-        seen[key] = (data, fields, dict(proc.run), origin)
-    return origin
+        seen[key] = (data, fields, dict(proc.run), origin, runs_key)
+    return origin, runs_key
 
 
 def _runs(job: JobSpans, memo=None) -> list[_Run]:
     runs = []
     kept, seen = ({}, None) if memo is None else (memo.origins, {})
     for key, proc in sorted(job.processes.items()):
-        origin = _origin(key, proc, kept, seen)
+        origin, runs_key = _origin(key, proc, kept, seen)
         rows = origin[1]
         if not rows[0] or proc.run.get(schema.RES_PROCESS_ROLE) == "launcher":
             continue  # a launcher's own process (its events: goodput_processor.analysis.recovery)
         state = None if memo is None else process_state(memo, origin)  # (kept while seen)
-        runs += cached(memo, ("runs", *origin),
+        runs += cached(memo, runs_key,
                        lambda proc=proc, a=key[0], o=origin, s=state:
                        _process_runs(job, a, proc, o, s, memo))
     if memo is not None:
