@@ -27,6 +27,14 @@ Times are the median of ``--repeat`` runs, peak memory their maximum.
     python benchmarks/bench_report.py --source megatron --steps 100000 --repeat 3
     python benchmarks/bench_report.py --keep /tmp/spools --restarts 3 200 --shape incumbent
 
+``--spools recorder import`` measures, beside the recorder's spool, the import-shaped spool
+of the same job: ml-goodput-measurement's entries of it (:func:`mgm_payloads`) through
+``goodput import`` (:func:`write_import`: plain ``*.jsonl``, 512 spans a line, the resource on
+each; "rec s" is the import's wall time), kept under ``--keep`` as ``import-<job>``.
+
+    python benchmarks/bench_report.py --keep /tmp/spools --restarts 200 --shape incumbent \
+        --spools recorder import
+
 ``--restarts`` (several: one spool each, side by side) and ``--shape`` are
 ``recorded_job.add_job_options``'s; each spool's line after its rows gives an orjson parse
 of the bytes a report reads, on one core, the reports' ratio to it (issue 40: within 2x)
@@ -53,6 +61,85 @@ import recorded_job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _DONE = ".recorded"  # DIR.recorded is written beside a spool DIR once it is recorded
+
+
+def mgm_payloads(steps: int, restarts: int, shape: str):
+    """ml-goodput-measurement's recorder payloads (its local cache's bare payloads: POSIX
+    seconds) of the job ``recorded_job.run_attempt`` records, attempt by attempt on the same
+    clock and draws: job start, TPU init (5 s), training prep (10 s), an Orbax restore
+    (3 s) after the first attempt, 20 s to the first step, a data-loading phase and a step
+    per step, a 2 s save every ``ckpt_every`` steps, a 5 s ``eval`` every ``eval_every``,
+    a killed attempt resumed 60 s later from its last save, a job end after the last."""
+    import random
+
+    sec = recorded_job.SEC
+    state = recorded_job.state_of(steps, restarts, shape)
+    t, done, kill_at = state["t"], 0, state["kill_at"]
+    step_ns = int(state["step_s"] * sec)
+    for attempt in range(len(kill_at) + 1):
+        rng = random.Random(state["seed"] * 1000 + attempt)
+        yield {"job_name": "recorded", "job_start_time": t / sec}
+        yield {"job_name": "recorded", "tpu_init_start_time": t / sec}
+        yield {"job_name": "recorded", "tpu_init_end_time": (t + 5 * sec) / sec}
+        yield {"job_name": "recorded", "training_prep_start_time": (t + 5 * sec) / sec}
+        yield {"job_name": "recorded", "training_prep_end_time": (t + 15 * sec) / sec}
+        t += 15 * sec
+        if done:
+            yield {"event_type": "restore", "step": done,
+                   "checkpoint_manager_start_time": t / sec,
+                   "checkpoint_manager_duration_secs": 3.0}
+            t += 3 * sec
+        t += 20 * sec  # program startup (mgm: the first step's extra time)
+        stop = kill_at[attempt] if attempt < len(kill_at) else state["steps"]
+        for n in range(done + 1, stop + 1):
+            yield {"job_name": "recorded", "data_loading_start_time": t / sec}
+            t += step_ns // 50
+            yield {"job_name": "recorded", "data_loading_end_time": t / sec}
+            yield {"job_name": "recorded", "step_count": n, "step_start_time": t / sec}
+            t += int(step_ns * rng.uniform(0.95, 1.05))
+            if n % state["ckpt_every"] == 0:
+                yield {"event_type": "save", "step": n,
+                       "checkpoint_manager_blocking_start_time": t / sec,
+                       "checkpoint_manager_blocking_duration_secs": 2.0,
+                       "wait_for_prev_start_time": t / sec}
+                t += 2 * sec
+                done = n
+            if n % state["eval_every"] == 0:
+                yield {"job_name": "recorded", "custom_badput_event_type": "eval",
+                       "custom_badput_event_start_time": t / sec}
+                t += 5 * sec
+                yield {"job_name": "recorded", "custom_badput_event_type": "eval",
+                       "custom_badput_event_end_time": t / sec}
+        if attempt < len(kill_at):
+            t += 60 * sec
+        else:
+            yield {"job_name": "recorded", "job_end_time": t / sec}
+
+
+def write_import(out_dir: str, steps: int, restarts: int, shape: str, env=None) -> dict:
+    """The import-shaped spool of the job: :func:`mgm_payloads` written as JSON lines, then
+    ``goodput import --from mgm`` of them into ``out_dir`` (one plain ``*.jsonl`` per
+    attempt, 512 spans a line, the resource on every line); the payloads file is removed.
+    Returns ``{"seconds": wall time of the import, "run_dir": the job's directory}``.
+
+    Raises:
+        subprocess.CalledProcessError: the import failed.
+    """
+    import orjson
+
+    os.makedirs(out_dir, exist_ok=True)
+    src = os.path.join(out_dir, "mgm-payloads.jsonl")
+    with open(src, "wb") as f:
+        for p in mgm_payloads(steps, restarts, shape):
+            f.write(orjson.dumps(p) + b"\n")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "goodput_processor.cli", "import", src, "--from",
+                    "mgm", "--to", out_dir, "--format", "json"], check=True,
+                   capture_output=True, env=env)
+    seconds = time.perf_counter() - t0
+    os.remove(src)
+    (job,) = [p for p in Path(out_dir).iterdir() if p.is_dir()]
+    return {"seconds": seconds, "run_dir": str(job)}
 
 
 def measure(run_dir: str, definitions: str, cache: bool = False,
@@ -264,12 +351,18 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", help="record into this directory and keep the spools; a "
                     "spool already there (from an earlier run) is reused, not recorded again "
                     "(rec s: nan)")
+    ap.add_argument("--spools", nargs="+", choices=("recorder", "import"),
+                    default=["recorder"], help="recorder: the real recorder's spool of the "
+                    "job; import: the spool `goodput import` writes of ml-goodput-measurement's "
+                    "entries of the same job (mgm_payloads); both: side by side")
     recorded_job.add_job_options(ap)  # --restarts R [R ...], --shape (not with --source)
     args = ap.parse_args(argv)
     if args.source:
         return compare_source(args)
     here = os.pathsep.join([str(ROOT / "src"), str(ROOT / "collectors")])
-    recorders = {"this": here}
+    recorders = {"this": here} if "recorder" in args.spools else {}
+    if "import" in args.spools:
+        recorders["import"] = here
     if args.baseline_src:
         recorders["baseline"] = os.pathsep.join([args.baseline_src, str(ROOT / "collectors")])
     print(f"{'recorder':<9} {'steps':>9} {'spans read':>11} {'files':>6} {'spool MB':>9} "
@@ -284,7 +377,13 @@ def main(argv=None) -> int:
                                  f"{recorded_job.job_name(steps, restarts, args.shape)}")
                 env = {**os.environ, "PYTHONPATH": path}
                 if args.keep and os.path.isfile(d + _DONE):
-                    info = {"seconds": float("nan")}  # reused
+                    info = {**json.loads(Path(d + _DONE).read_text()),
+                            "seconds": float("nan")}  # reused
+                    d = info.get("run_dir", d)
+                elif name == "import":
+                    info = write_import(d, steps, restarts, args.shape, env=env)
+                    Path(d + _DONE).write_text(json.dumps(info))
+                    d = info["run_dir"]
                 else:
                     info = recorded_job.write_job(d, steps, restarts, env=env,
                                                   shape=args.shape)

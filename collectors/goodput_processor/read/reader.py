@@ -64,6 +64,7 @@ from .spans import (  # noqa: F401 - goodput serve reads these as reader.X
     _KIND_ATTRS,
     _KIND_CODES,
     _U64,
+    SCAN_POLICY,
     STRUCTURE,
     SpanRows,
     _as_int,
@@ -427,6 +428,7 @@ def read_run_dir(path: str | os.PathLike, workers: int | None = None,
         cached = _cache.load(root, files + tails)
         if cached is not None:
             return cached
+    SCAN_POLICY.reset()  # (before the workers fork: each starts from it)
     n = rp.worker_count(workers, nbytes, max(len(files), nbytes // rp.UNIT_BYTES + 1))
     tick = progress.ticker(files)  # (None: nobody watches)
     reader = None

@@ -69,6 +69,55 @@ _CHUNK_LINES = 1024
 _CHUNK_BYTES = 2 << 20
 
 
+class ScanPolicy:
+    """Whether a chunk of lines is worth :func:`read_template.scan`: it is when the scan
+    takes (nearly) every span of the lines (a journal's lines of a flush each, an import's
+    lines of 512 steps), not when a line's leading run of forms stops early and most of its
+    spans are left in the skeleton, which is parsed as well (a compacted segment's lines of
+    a batch window, cut by a heartbeat or a checkpoint: there the scan and the parse of the
+    rest together cost about 1.3x parsing the whole line). The rows are the same either
+    way (the scan gives exactly what parsing gives): this only decides the cost.
+
+    After a scanned chunk where the scan took less than :attr:`MIN_TAKEN` of the spans
+    (spans counted by their ``"traceId":"`` keys), the next :attr:`SKIP` chunks are
+    parsed without it, then one is scanned again (a probe). The state is the process's
+    (a reader worker reads many files, one chunk or a few each).
+    """
+
+    MIN_TAKEN = 0.9
+    SKIP = 15
+
+    def __init__(self) -> None:
+        self.skip = 0
+
+    def reset(self) -> None:
+        """Scan the next chunk (a new read: :func:`~.reader.read_run_dir` starts with it)."""
+        self.skip = 0
+
+    def wanted(self) -> bool:
+        """Scan the next chunk?"""
+        if self.skip:
+            self.skip -= 1
+            return False
+        return True
+
+    def saw(self, lines: list[bytes], found: list) -> None:
+        """What the scan of ``lines`` gave (``found``, :func:`read_template.scan`'s)."""
+        taken = left = 0
+        for line, got in zip(lines, found, strict=True):
+            if got is None:
+                left += line.count(b'"traceId":"')
+            else:
+                taken += got[1].n
+                left += got[0].count(b'"traceId":"')
+        if taken < self.MIN_TAKEN * (taken + left):
+            self.skip = self.SKIP
+
+
+#: The reader's :class:`ScanPolicy` (one per process).
+SCAN_POLICY = ScanPolicy()
+
+
 _VALUE_TYPES = (("intValue", int), ("stringValue", str), ("boolValue", bool),
                 ("doubleValue", float))
 
@@ -146,7 +195,11 @@ class SpanRows:
 
     @staticmethod
     def _scanned(chunk: list, scan: bool):
-        found = read_template.scan([line for _, line in chunk]) if scan else None
+        found = None
+        if scan and SCAN_POLICY.wanted():
+            lines = [line for _, line in chunk]
+            found = read_template.scan(lines)
+            SCAN_POLICY.saw(lines, found)
         for i, (lineno, line) in enumerate(chunk):
             yield lineno, line, found and found[i]
 
