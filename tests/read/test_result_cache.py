@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
-from otlp_fixtures import Timeline
+from otlp_fixtures import T0_NS, Timeline, otlp_span, resource
 from random_jobs import PROPS, jobs, otlp_requests, write_requests
 
 from goodput import schema
@@ -212,15 +212,35 @@ def test_a_damaged_or_foreign_entry_is_a_miss(tmp_path, monkeypatch, damage):
     _same(run_dir.report_run_dir(run), _fresh(run, monkeypatch))
 
 
+def _or_error(report):
+    """``report()``, or the message of the :class:`~goodput_processor.read.reader.RunDirError`
+    it raises (a random job may hold only invalid spans: ``jobs`` draws them)."""
+    try:
+        return report()
+    except reader.RunDirError as e:
+        return str(e)
+
+
+#: a job whose one span ends before it starts: no goodput span, the run is refused
+_ONLY_INVALID = [(resource("prop", 0, 0, 3),
+                  otlp_span(schema.DATA_LOADING, T0_NS + 2 * 10**9, T0_NS + 10**9,
+                            trace_id=f"{1:016x}{1:016x}", span_id=1))]
+
+
 @PROPS
 @given(pairs=jobs(), ideal=st.sampled_from([None, 0.5]))
+@example(pairs=_ONLY_INVALID, ideal=None)
 def test_kept_results_equal_accounting_on_random_jobs(tmp_path_factory, pairs, ideal):
     run = _age(write_requests(tmp_path_factory.mktemp("kept"), otlp_requests(pairs, None)))
     os.environ["GOODPUT_REPORT_CACHE"] = "0"
     try:
-        want = run_dir.report_run_dir(run, ideal_step_time_s=ideal)
+        want = _or_error(lambda: run_dir.report_run_dir(run, ideal_step_time_s=ideal))
     finally:
         del os.environ["GOODPUT_REPORT_CACHE"]
+    if isinstance(want, str):  # every span invalid: the same error with the cache, none kept
+        assert _or_error(lambda: run_dir.report_run_dir(run, ideal_step_time_s=ideal)) == want
+        assert not _entries(run)
+        return
     first = run_dir.report_run_dir(run, ideal_step_time_s=ideal)
     assert len(_entries(run)) == 1
     second = run_dir.report_run_dir(run, ideal_step_time_s=ideal)
@@ -290,13 +310,18 @@ def test_mgm_second_report_reads_the_kept_results(tmp_path, monkeypatch, capsys)
 
 @PROPS
 @given(pairs=jobs(), ideal=st.sampled_from([None, 0.5, 2.0]))
+@example(pairs=_ONLY_INVALID, ideal=None)
 def test_kept_mgm_results_equal_accounting_on_random_jobs(tmp_path_factory, pairs, ideal):
     run = _age(write_requests(tmp_path_factory.mktemp("kept"), otlp_requests(pairs, None)))
     os.environ["GOODPUT_REPORT_CACHE"] = "0"
     try:
-        want = definitions.report(run, "mgm", ideal_step_time_s=ideal)
+        want = _or_error(lambda: definitions.report(run, "mgm", ideal_step_time_s=ideal))
     finally:
         del os.environ["GOODPUT_REPORT_CACHE"]
+    if isinstance(want, str):  # every span invalid: the same error with the cache, none kept
+        assert _or_error(lambda: definitions.report(run, "mgm", ideal_step_time_s=ideal)) == want
+        assert not _entries(run)
+        return
     first = definitions.report(run, "mgm", ideal_step_time_s=ideal)
     assert len(_entries(run)) == 1
     second = definitions.report(run, "mgm", ideal_step_time_s=ideal)
